@@ -1,0 +1,25 @@
+# One command sets up, one runs the tests. See README.md.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# the runtime extra: cpu (onnxruntime) by default; gpu installs onnxruntime-gpu instead, never both
+RUNTIME ?= cpu
+PYTEST_ARGS ?=
+
+.PHONY: install test test-slow clean
+
+install:
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned, so that the local CPU build is used and nothing pulls a CUDA build
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[$(RUNTIME),test]'
+	$(VENV)/bin/specc --version
+
+test:
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow:
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,109 @@
+"""The `specc` command. The only module that prints to a user.
+
+Exit codes (../shared/design/cli.md): 0 success, 1 a user error (bad spec, bad input,
+verification failure), 2 bad usage. No Python traceback ever reaches the user: specc's own
+errors print their located message; anything unexpected prints one line naming the error
+(SPECC_DEBUG=1 shows the traceback for a bug report).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from specc import __version__
+from specc.errors import Issue, SpeccError, SpecError
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except SpeccError as exc:
+            # spec errors are already FILE:LINE:COL: key: message lines
+            click.echo(str(exc) if isinstance(exc, SpecError) else f"specc: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("specc: interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:  # a bug in specc: one line, never a traceback
+            if os.environ.get("SPECC_DEBUG"):
+                raise
+            click.echo(
+                f"specc: internal error: {type(exc).__name__}: {exc}\n"
+                "(this is a bug in specc; run with SPECC_DEBUG=1 for the traceback)",
+                err=True,
+            )
+            ctx.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="specc", message="%(prog)s %(version)s")
+def main() -> None:
+    """specc: declarative Transformer specs compiled to verified PyTorch and ONNX artifacts.
+
+    SPEC arguments take a YAML file or a catalog name (e.g. gpt2-small)."""
+
+
+# --- validate / resolve / schema ----------------------------------------------------------
+
+
+@main.command()
+@click.argument("specs", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+def validate(specs: tuple[str, ...], as_json: bool) -> None:
+    """Validate each SPEC; exit 0 only if all are valid."""
+    from specc.spec import load_spec
+
+    results = []
+    for ref in specs:
+        try:
+            load_spec(ref)
+            issues: list[Issue] = []
+        except SpecError as exc:
+            issues = exc.issues
+        results.append({"path": ref, "valid": not issues, "errors": [i.to_dict() for i in issues]})
+        if not as_json:
+            if issues:
+                click.echo(f"{ref}: invalid ({len(issues)} error{'s' if len(issues) > 1 else ''})")
+                for issue in issues:
+                    click.echo(f"  {issue}", err=True)
+            else:
+                click.echo(f"{ref}: valid")
+    if as_json:
+        _emit_json({"specs": results})
+    if not all(r["valid"] for r in results):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("spec")
+@click.option("--json", "as_json", is_flag=True, help="The resolved spec as JSON.")
+def resolve(spec: str, as_json: bool) -> None:
+    """Print the resolved SPEC: extends merged, every default filled."""
+    from specc.spec import load_spec
+    from specc.spec.dump import spec_to_data, spec_to_yaml
+    from specc.spec.resolve import explicit
+
+    full = explicit(load_spec(spec))
+    if as_json:
+        _emit_json(spec_to_data(full))
+    else:
+        click.echo(spec_to_yaml(full), nl=False)
+
+
+@main.command()
+def schema() -> None:
+    """Print the JSON Schema (Draft 2020-12) of the spec language."""
+    from specc.spec.jsonschema import language_schema
+
+    _emit_json(language_schema())

@@ -1,0 +1,46 @@
+"""Derived quantities, computed in one place (used by the rules and by resolution)."""
+from __future__ import annotations
+
+from specc.spec.schema import AttentionSpec, ModelSpec
+
+
+def head_dims(att: AttentionSpec, d_model: int) -> tuple[int, int, int]:
+    """(d_k, d_v, kv_heads) of an attention spec: d_k defaults to d_model / heads, d_v to d_k,
+    kv_heads to heads. Call only where d_model % heads == 0 or d_k is given."""
+    d_k = att.d_k if att.d_k is not None else d_model // att.heads
+    d_v = att.d_v if att.d_v is not None else d_k
+    kv_heads = att.kv_heads if att.kv_heads is not None else att.heads
+    return d_k, d_v, kv_heads
+
+
+def rotary_dims(d_k: int, fraction: float) -> int:
+    """How many of each head's query/key dims rotate (the first ones): floor(d_k * fraction)."""
+    return int(d_k * fraction)
+
+
+def stacks(spec: ModelSpec) -> tuple[str, ...]:
+    """The stacks the architecture has, in order."""
+    return {"encoder": ("encoder",), "decoder": ("decoder",), "encoder-decoder": ("encoder", "decoder")}[
+        spec.architecture
+    ]
+
+
+def tied_kinds() -> tuple[str, ...]:
+    """Output kinds whose vocabulary projection can reuse the embedding matrix."""
+    return ("lm", "mlm")
+
+
+def effective_outputs(spec: ModelSpec) -> list:
+    """The outputs list, with the language's default where none is given: an lm head for
+    anything with a decoder, the last hidden state for encoders."""
+    from specc.spec.schema import HiddenOutput, LMOutput
+
+    if spec.outputs is not None:
+        return list(spec.outputs)
+    return [HiddenOutput()] if spec.architecture == "encoder" else [LMOutput()]
+
+
+def effective_tie(spec: ModelSpec) -> bool:
+    """tie_output as it acts: true only where an lm / mlm output exists to tie."""
+    has = any(o.kind in tied_kinds() for o in effective_outputs(spec))
+    return spec.vocab.tie_output and has

@@ -1,0 +1,340 @@
+"""Resolution: ModelSpec -> ResolvedSpec, the one explicit form every later stage reads.
+
+Every default is filled and every derived value computed here, once: per-layer entries, d_k,
+d_v, kv_heads, the final-norm decision, the output list, BigBird's random blocks, and the IO
+signature of each graph (named tensors with dtypes and symbolic dims). Later stages never
+re-derive any of these.
+
+Graphs and their tensors (names follow Optimum's ONNX conventions):
+
+  encoder                 model:   input_ids, attention_mask[, token_type_ids] -> outputs
+  decoder                 model:   input_ids, attention_mask (over past + new tokens)[, position_ids]
+                                   [, token_type_ids], past_key_values.N.key/.value
+                                -> outputs, present.N.key/.value
+  encoder-decoder         encoder: input_ids, attention_mask[, token_type_ids]
+                                -> last_hidden_state, present.N.encoder.key/.value (cross-attention K/V,
+                                   computed once per source)
+                          decoder: input_ids, encoder_attention_mask, past_key_values.N.decoder.key/.value,
+                                   past_key_values.N.encoder.key/.value
+                                -> outputs, present.N.decoder.key/.value
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from specc.spec.derive import effective_outputs, effective_tie, head_dims, rotary_dims, stacks
+from specc.spec.schema import (
+    AttentionSpec,
+    DropoutSpec,
+    FFNSpec,
+    FullPattern,
+    ModelSpec,
+    NormSpec,
+    OutputSpec,
+    PatternSpec,
+    PositionSpec,
+    ServingSpec,
+    TokensSpec,
+    VocabSpec,
+)
+
+Dim = int | str
+# Symbolic dims. total_sequence = past_sequence + sequence.
+BATCH, SEQ, PAST, TOTAL, ENC_SEQ = "batch", "sequence", "past_sequence", "total_sequence", "encoder_sequence"
+ABSOLUTE_POSITIONS = ("sinusoidal", "learned", "rotary")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ResolvedAttention(Frozen):
+    heads: int
+    kv_heads: int
+    d_k: int
+    d_v: int
+    score: Literal["scaled_dot", "dot", "bilinear", "additive"]
+    merge: Literal["project", "concat", "mean"]
+    share_kv: bool
+    bias: bool
+    pattern: PatternSpec
+    causal: bool  # decoder self-attention
+    cross: bool  # attends to the encoder's output
+    rotary_dims: int = 0  # rotary positions: leading dims of each q/k head that rotate
+    # BigBird: for each query block, the key blocks it also attends to (drawn once, seeded).
+    random_blocks: tuple[tuple[int, ...], ...] = ()
+
+
+class ResolvedLayer(Frozen):
+    index: int
+    attention: ResolvedAttention
+    cross_attention: ResolvedAttention | None = None
+    ffn: FFNSpec
+
+
+class ResolvedStack(Frozen):
+    role: Literal["encoder", "decoder"]
+    layers: tuple[ResolvedLayer, ...]
+    final_norm: bool
+    vocab_size: int  # rows of this stack's token embedding table
+
+
+class TensorSig(Frozen):
+    name: str
+    dtype: Literal["int64", "int32", "float32", "float16", "bfloat16"]
+    dims: tuple[Dim, ...]
+
+
+class GraphSig(Frozen):
+    name: str  # model | encoder | decoder
+    inputs: tuple[TensorSig, ...]
+    outputs: tuple[TensorSig, ...]
+
+    def input(self, name: str) -> TensorSig:
+        return next(t for t in self.inputs if t.name == name)
+
+
+class ResolvedSpec(Frozen):
+    spec: ModelSpec  # explicit: every default written out, derived dims filled in
+    source: str | None = None
+    weights_path: str | None = None
+    encoder: ResolvedStack | None
+    decoder: ResolvedStack | None
+    outputs: tuple[OutputSpec, ...]
+    dropout: DropoutSpec
+    tie_output: bool
+    graphs: tuple[GraphSig, ...]
+
+    # --- shortcuts to the explicit spec ---
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def architecture(self) -> str:
+        return self.spec.architecture
+
+    @property
+    def d_model(self) -> int:
+        return self.spec.d_model
+
+    @property
+    def vocab(self) -> VocabSpec:
+        return self.spec.vocab
+
+    @property
+    def position(self) -> PositionSpec:
+        return self.spec.position
+
+    @property
+    def norm(self) -> NormSpec:
+        return self.spec.norm
+
+    @property
+    def tokens(self) -> TokensSpec:
+        return self.spec.tokens
+
+    @property
+    def serving(self) -> ServingSpec:
+        return self.spec.serving
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.spec.vocab.target_size or self.spec.vocab.size
+
+    def graph(self, name: str) -> GraphSig:
+        return next(g for g in self.graphs if g.name == name)
+
+    def stack(self, role: str) -> ResolvedStack:
+        found = getattr(self, role)
+        if found is None:
+            raise KeyError(f"{self.name} has no {role}")
+        return found
+
+
+# --- attention and layers -------------------------------------------------------------------
+
+
+def bigbird_random_blocks(
+    n_blocks: int, random_per_row: int, global_blocks: int, causal: bool, seed: str
+) -> tuple[tuple[int, ...], ...]:
+    """For each query block, `random_per_row` key blocks drawn without replacement from those it
+    does not already see as global (and, in a decoder, not from the future). Seeded by a string,
+    so the same spec always gives the same blocks (Python's random with a str seed is stable)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n_blocks):
+        candidates = [j for j in range(n_blocks) if j >= global_blocks and j != i and (not causal or j < i)]
+        rows.append(tuple(sorted(rng.sample(candidates, min(random_per_row, len(candidates))))))
+    return tuple(rows)
+
+
+def _attention(
+    att: AttentionSpec, spec: ModelSpec, role: str, layer: int, stack: str
+) -> ResolvedAttention:
+    d_k, d_v, kv = head_dims(att, spec.d_model)
+    cross = role == "cross"
+    rot = 0
+    if spec.position.kind == "rotary" and not cross:
+        rot = rotary_dims(d_k, spec.position.fraction)
+    blocks: tuple = ()
+    if att.pattern.kind == "bigbird":
+        p = att.pattern
+        n = math.ceil(spec.position.max_length / p.block)
+        blocks = bigbird_random_blocks(n, p.random, p.global_, role == "causal", f"bigbird/{stack}/{layer}")
+    return ResolvedAttention(
+        heads=att.heads,
+        kv_heads=kv,
+        d_k=d_k,
+        d_v=d_v,
+        score=att.score,
+        merge=att.merge,
+        share_kv=att.share_kv,
+        bias=att.bias,
+        pattern=att.pattern,
+        causal=role == "causal",
+        cross=cross,
+        rotary_dims=rot,
+        random_blocks=blocks,
+    )
+
+
+def _explicit_attention(att: AttentionSpec, d_model: int) -> AttentionSpec:
+    d_k, d_v, kv = head_dims(att, d_model)
+    return att.model_copy(update={"d_k": d_k, "d_v": d_v, "kv_heads": kv})
+
+
+def explicit(spec: ModelSpec) -> ModelSpec:
+    """The same model with every default written out: what `specc resolve` prints. Loading
+    its YAML gives back an equal spec."""
+    update: dict = {"extends": None, "outputs": effective_outputs(spec)}
+    for name in stacks(spec):
+        st = getattr(spec, name)
+        st_update = {"attention": _explicit_attention(st.attention, spec.d_model)}
+        if name == "decoder" and spec.architecture == "encoder-decoder":
+            # null = same as attention; the pattern is full (a local or bigbird self-attention
+            # pattern relates positions of one sequence and has no meaning across two)
+            cross = st.cross_attention or st.attention.model_copy(update={"pattern": FullPattern()})
+            st_update["cross_attention"] = _explicit_attention(cross, spec.d_model)
+        update[name] = st.model_copy(update=st_update)
+    final = spec.norm.final if spec.norm.final != "auto" else spec.norm.placement in ("pre", "sandwich")
+    update["norm"] = spec.norm.model_copy(update={"final": final})
+    update["vocab"] = spec.vocab.model_copy(update={"tie_output": effective_tie(spec)})
+    data = spec.model_copy(update=update).model_dump(by_alias=True, mode="json")
+    out = ModelSpec.model_validate(data)
+    out._path, out._weights_path = spec.path, spec.weights_path
+    return out
+
+
+# --- the IO signature -----------------------------------------------------------------------
+
+
+def _float_dtype(precision: str) -> str:
+    return {"fp16": "float16", "bf16": "bfloat16"}.get(precision, "float32")
+
+
+def _output_sigs(spec: ModelSpec, outputs, seq: str, fdt: str) -> list[TensorSig]:
+    vocab = spec.vocab.target_size or spec.vocab.size  # target_size exists only for encoder-decoders
+    sigs = []
+    for o in outputs:
+        dims = {
+            "hidden": (BATCH, seq, spec.d_model),
+            "lm": (BATCH, seq, vocab),
+            "mlm": (BATCH, seq, vocab),
+            "classifier": (BATCH, getattr(o, "classes", 0)),
+            "token_classifier": (BATCH, seq, getattr(o, "classes", 0)),
+        }[o.kind]
+        sigs.append(TensorSig(name=o.name, dtype=fdt, dims=dims))
+    return sigs
+
+
+def _cache_sigs(prefix: str, stack: ResolvedStack, part: str, seq: str, fdt: str, cross: bool = False):
+    sigs = []
+    for layer in stack.layers:
+        att = layer.cross_attention if cross else layer.attention
+        for which, width in (("key", att.d_k), ("value", att.d_v)):
+            name = f"{prefix}.{layer.index}{part}.{which}"
+            sigs.append(TensorSig(name=name, dtype=fdt, dims=(BATCH, att.kv_heads, seq, width)))
+    return sigs
+
+
+def _graphs(spec: ModelSpec, enc: ResolvedStack | None, dec: ResolvedStack | None, outputs) -> tuple[GraphSig, ...]:
+    fdt = _float_dtype(spec.serving.precision)
+    i64 = "int64"
+    types = spec.vocab.type_size > 0
+
+    def source_inputs(seq: str) -> list[TensorSig]:
+        sigs = [TensorSig(name="input_ids", dtype=i64, dims=(BATCH, seq)),
+                TensorSig(name="attention_mask", dtype=i64, dims=(BATCH, seq))]
+        if types:
+            sigs.append(TensorSig(name="token_type_ids", dtype=i64, dims=(BATCH, seq)))
+        return sigs
+
+    if spec.architecture == "encoder":
+        return (GraphSig(name="model", inputs=tuple(source_inputs(SEQ)), outputs=tuple(_output_sigs(spec, outputs, SEQ, fdt))),)
+    if spec.architecture == "decoder":
+        ins = [TensorSig(name="input_ids", dtype=i64, dims=(BATCH, SEQ)),
+               TensorSig(name="attention_mask", dtype=i64, dims=(BATCH, TOTAL))]
+        if spec.position.kind in ABSOLUTE_POSITIONS:
+            ins.append(TensorSig(name="position_ids", dtype=i64, dims=(BATCH, SEQ)))
+        if types:
+            ins.append(TensorSig(name="token_type_ids", dtype=i64, dims=(BATCH, SEQ)))
+        ins += _cache_sigs("past_key_values", dec, "", PAST, fdt)
+        outs = _output_sigs(spec, outputs, SEQ, fdt) + _cache_sigs("present", dec, "", TOTAL, fdt)
+        return (GraphSig(name="model", inputs=tuple(ins), outputs=tuple(outs)),)
+    enc_outs = [TensorSig(name="last_hidden_state", dtype=fdt, dims=(BATCH, ENC_SEQ, spec.d_model))]
+    enc_outs += _cache_sigs("present", dec, ".encoder", ENC_SEQ, fdt, cross=True)
+    dec_ins = [TensorSig(name="input_ids", dtype=i64, dims=(BATCH, SEQ)),
+               TensorSig(name="encoder_attention_mask", dtype=i64, dims=(BATCH, ENC_SEQ))]
+    dec_ins += _cache_sigs("past_key_values", dec, ".decoder", PAST, fdt)
+    dec_ins += _cache_sigs("past_key_values", dec, ".encoder", ENC_SEQ, fdt, cross=True)
+    dec_outs = _output_sigs(spec, outputs, SEQ, fdt) + _cache_sigs("present", dec, ".decoder", TOTAL, fdt)
+    return (
+        GraphSig(name="encoder", inputs=tuple(source_inputs(ENC_SEQ)), outputs=tuple(enc_outs)),
+        GraphSig(name="decoder", inputs=tuple(dec_ins), outputs=tuple(dec_outs)),
+    )
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+
+def resolve(spec: ModelSpec) -> ResolvedSpec:
+    """The explicit, frozen form of a valid spec (see the module doc)."""
+    if isinstance(spec, ResolvedSpec):
+        return spec
+    full = explicit(spec)
+    built: dict[str, ResolvedStack] = {}
+    for name in stacks(full):
+        st = getattr(full, name)
+        role = "causal" if name == "decoder" else "self"
+        layers = tuple(
+            ResolvedLayer(
+                index=i,
+                attention=_attention(st.attention, full, role, i, name),
+                cross_attention=(
+                    _attention(st.cross_attention, full, "cross", i, name) if st.cross_attention is not None else None
+                ),
+                ffn=st.ffn,
+            )
+            for i in range(st.layers)
+        )
+        vocab_size = full.vocab.size if name == "encoder" or full.architecture == "decoder" else (
+            full.vocab.target_size or full.vocab.size
+        )
+        built[name] = ResolvedStack(role=name, layers=layers, final_norm=bool(full.norm.final), vocab_size=vocab_size)
+    outputs = tuple(full.outputs)
+    return ResolvedSpec(
+        spec=full,
+        source=spec.path,
+        weights_path=spec.weights_path,
+        encoder=built.get("encoder"),
+        decoder=built.get("decoder"),
+        outputs=outputs,
+        dropout=full.dropout,
+        tie_output=full.vocab.tie_output,
+        graphs=_graphs(full, built.get("encoder"), built.get("decoder"), outputs),
+    )

@@ -1,0 +1,171 @@
+"""The rules that relate several fields of a spec (the language doc's "What validation must
+reject"). Each rule is a function that yields ``(key_path, message)`` for every violation, so a
+file with several problems reports them all. The table RULES lists them; tests cover each."""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator
+
+from specc.spec.derive import effective_outputs, head_dims, rotary_dims, stacks, tied_kinds
+from specc.spec.schema import AttentionSpec, ModelSpec
+
+Path = tuple
+Problem = tuple[Path, str]
+
+
+def _attentions(spec: ModelSpec) -> Iterator[tuple[Path, AttentionSpec, str]]:
+    """(path, attention spec, role) for every attention block; role: self | causal | cross."""
+    if spec.encoder is not None:
+        yield ("encoder", "attention"), spec.encoder.attention, "self"
+    if spec.decoder is not None:
+        yield ("decoder", "attention"), spec.decoder.attention, "causal"
+        if spec.decoder.cross_attention is not None:
+            yield ("decoder", "cross_attention"), spec.decoder.cross_attention, "cross"
+
+
+def stacks_match_architecture(spec: ModelSpec) -> Iterable[Problem]:
+    need = stacks(spec)
+    for stack in ("encoder", "decoder"):
+        present = getattr(spec, stack) is not None
+        if stack in need and not present:
+            yield (stack,), f"architecture {spec.architecture!r} needs an {stack} stack"
+        elif stack not in need and present:
+            yield (stack,), f"architecture {spec.architecture!r} has no {stack}; remove this stack"
+
+
+def cross_attention_only_in_encoder_decoder(spec: ModelSpec) -> Iterable[Problem]:
+    if spec.encoder is not None and spec.encoder.cross_attention is not None:
+        yield ("encoder", "cross_attention"), "only the decoder of an encoder-decoder has cross-attention"
+    if spec.architecture != "encoder-decoder" and spec.decoder is not None:
+        if spec.decoder.cross_attention is not None:
+            yield (
+                ("decoder", "cross_attention"),
+                f"cross-attention needs architecture 'encoder-decoder', not {spec.architecture!r}",
+            )
+
+
+def head_dimensions(spec: ModelSpec) -> Iterable[Problem]:
+    d = spec.d_model
+    for path, att, _ in _attentions(spec):
+        if att.d_k is None and d % att.heads:
+            yield path + ("heads",), (
+                f"d_model {d} is not divisible by heads {att.heads}; set d_k (and d_v) or change heads"
+            )
+            continue
+        d_k, d_v, kv = head_dims(att, d)
+        if att.heads % kv:
+            yield path + ("kv_heads",), f"heads {att.heads} is not divisible by kv_heads {kv}"
+        if att.merge == "concat" and att.heads * d_v != d:
+            yield path + ("merge",), (
+                f"merge: concat needs heads * d_v == d_model, but {att.heads} * {d_v} = {att.heads * d_v} != {d}"
+            )
+        if att.merge == "mean" and d_v != d:
+            yield path + ("merge",), f"merge: mean needs d_v == d_model, but d_v is {d_v} and d_model {d}"
+        if att.share_kv and d_k != d_v:
+            yield path + ("share_kv",), f"share_kv needs d_k == d_v (one matrix), but d_k {d_k} != d_v {d_v}"
+
+
+def rotary_even(spec: ModelSpec) -> Iterable[Problem]:
+    pos = spec.position
+    if pos.kind != "rotary":
+        return
+    for path, att, role in _attentions(spec):
+        if role == "cross" or (att.d_k is None and spec.d_model % att.heads):
+            continue
+        d_k = head_dims(att, spec.d_model)[0]
+        rot = rotary_dims(d_k, pos.fraction)
+        if rot == 0 or rot % 2:
+            yield ("position", "fraction"), (
+                f"rotary rotates floor(d_k * fraction) = floor({d_k} * {pos.fraction}) = {rot} dims of each "
+                f"head of {'.'.join(path)}; that must be even and positive"
+            )
+
+
+def patterns_fit_roles(spec: ModelSpec) -> Iterable[Problem]:
+    for path, att, role in _attentions(spec):
+        kind = att.pattern.kind
+        if role == "causal" and kind == "linformer":
+            yield path + ("pattern", "kind"), (
+                "linformer projects keys and values over the whole sequence, so a decoder cannot "
+                "cache them token by token; use full, local or bigbird in a decoder"
+            )
+        if role == "cross" and kind in ("local", "bigbird"):
+            yield path + ("pattern", "kind"), (
+                f"{kind} relates positions of one sequence; cross-attention spans two sequences "
+                "(use full or linformer)"
+            )
+        if kind == "linformer" and att.pattern.k > spec.position.max_length:
+            yield path + ("pattern", "k"), (
+                f"linformer k {att.pattern.k} exceeds position.max_length {spec.position.max_length}"
+            )
+
+
+def lengths_fit(spec: ModelSpec) -> Iterable[Problem]:
+    longest = spec.serving.length.max
+    if spec.position.kind == "learned" and spec.position.max_length < longest:
+        yield ("position", "max_length"), (
+            f"learned positions cover {spec.position.max_length} tokens, shorter than "
+            f"serving.length.max {longest}"
+        )
+    for path, att, _ in _attentions(spec):
+        if att.pattern.kind in ("linformer", "bigbird") and spec.position.max_length < longest:
+            yield ("position", "max_length"), (
+                f"{att.pattern.kind} attention in {'.'.join(path)} is sized for position.max_length "
+                f"{spec.position.max_length}, shorter than serving.length.max {longest}"
+            )
+            break
+
+
+def serving_ranges_ordered(spec: ModelSpec) -> Iterable[Problem]:
+    for name in ("batch", "length"):
+        r = getattr(spec.serving, name)
+        if not (r.min <= r.opt <= r.max):
+            yield ("serving", name), f"needs min <= opt <= max, got min {r.min}, opt {r.opt}, max {r.max}"
+
+
+def outputs_consistent(spec: ModelSpec) -> Iterable[Problem]:
+    outs = effective_outputs(spec)
+    if spec.outputs is not None and not outs:
+        yield ("outputs",), "needs at least one output"
+    seen: dict[str, int] = {}
+    for i, out in enumerate(outs):
+        if out.name in seen:
+            yield ("outputs", i, "name"), f"output name {out.name!r} is already used by outputs[{seen[out.name]}]"
+        seen.setdefault(out.name, i)
+    if "tie_output" in spec.vocab.model_fields_set and spec.vocab.tie_output:
+        if not any(o.kind in tied_kinds() for o in outs):
+            yield ("vocab", "tie_output"), "tie_output: true needs an lm or mlm output to tie"
+
+
+def vocab_consistent(spec: ModelSpec) -> Iterable[Problem]:
+    v = spec.vocab
+    if v.target_size is not None and spec.architecture != "encoder-decoder":
+        yield ("vocab", "target_size"), "a separate target vocabulary needs architecture 'encoder-decoder'"
+    if spec.architecture == "encoder-decoder" and v.share and v.target_size not in (None, v.size):
+        yield ("vocab", "share"), (
+            f"source ({v.size}) and target ({v.target_size}) vocabularies differ in size, so they "
+            "cannot share one table; set share: false"
+        )
+    target = v.target_size or v.size
+    for key in ("bos", "eos", "pad", "decoder_start"):
+        tid = getattr(spec.tokens, key)
+        if tid is not None and tid >= max(v.size, target):
+            yield ("tokens", key), f"token id {tid} is outside the vocabulary (size {max(v.size, target)})"
+    if spec.tokens.decoder_start is not None and spec.architecture != "encoder-decoder":
+        yield ("tokens", "decoder_start"), "decoder_start is for encoder-decoder models"
+
+
+RULES: tuple[Callable[[ModelSpec], Iterable[Problem]], ...] = (
+    stacks_match_architecture,
+    cross_attention_only_in_encoder_decoder,
+    head_dimensions,
+    rotary_even,
+    patterns_fit_roles,
+    lengths_fit,
+    serving_ranges_ordered,
+    outputs_consistent,
+    vocab_consistent,
+)
+
+
+def check_rules(spec: ModelSpec) -> list[Problem]:
+    return [problem for rule in RULES for problem in rule(spec)]

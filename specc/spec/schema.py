@@ -1,0 +1,320 @@
+"""The v1 spec language as pydantic v2 models.
+
+Pure data: this package never imports torch, onnx or onnxruntime (tests/spec/test_purity.py).
+Every model is frozen and forbids unknown keys; choices with their own fields are discriminated
+unions on ``kind``. Structural checks (types, ranges, required keys) live here; the rules that
+relate several fields live in ``rules.py`` so that every violation in a file is reported at once.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+SPEC_VERSION = 1
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+# Output names become ONNX output names and file-name parts: no separators, no dots.
+OUTPUT_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class Node(BaseModel):
+    """Base of every spec model: frozen, unknown keys forbidden."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class KindNode(Node):
+    """A member of a union keyed by ``kind``. A key that belongs to another kind may be written
+    with the value null (the language doc's template lists every key); with a value it is an error."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_null_foreign_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+            data = {k: v for k, v in data.items() if k in known or v is not None}
+        return data
+
+
+def _default_kind(value: Any, kind: str) -> Any:
+    if isinstance(value, dict) and "kind" not in value:
+        return {"kind": kind, **value}
+    return value
+
+
+# --- vocabulary and embeddings ---------------------------------------------------------------
+
+
+class VocabSpec(Node):
+    size: PosInt
+    target_size: PosInt | None = None
+    type_size: NonNegInt = 0
+    share: bool = True
+    # Default: tie wherever an lm / mlm output exists. Written explicitly as true without one,
+    # it is an error (rules.py).
+    tie_output: bool = True
+    scale: Literal["none", "sqrt_d_model"] = "none"
+    norm: bool = False
+
+
+# --- positions ------------------------------------------------------------------------------
+
+
+class _PositionBase(KindNode):
+    max_length: PosInt = 512
+
+
+class SinusoidalPosition(_PositionBase):
+    kind: Literal["sinusoidal"] = "sinusoidal"
+    base: Annotated[float, Field(gt=1.0)] = 10000.0
+
+
+class LearnedPosition(_PositionBase):
+    kind: Literal["learned"] = "learned"
+
+
+class RelativePosition(_PositionBase):
+    """Shaw et al. 2018: clipped relative distance, key (and optionally value) embeddings."""
+
+    kind: Literal["relative"] = "relative"
+    clip: PosInt = 16
+    values: bool = True
+
+
+class RotaryPosition(_PositionBase):
+    kind: Literal["rotary"] = "rotary"
+    base: Annotated[float, Field(gt=1.0)] = 10000.0
+    fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+
+
+class AlibiPosition(_PositionBase):
+    kind: Literal["alibi"] = "alibi"
+
+
+class NoPosition(_PositionBase):
+    kind: Literal["none"] = "none"
+
+
+PositionSpec = Annotated[
+    Union[SinusoidalPosition, LearnedPosition, RelativePosition, RotaryPosition, AlibiPosition, NoPosition],
+    Field(discriminator="kind"),
+]
+
+
+# --- norms and dropout ----------------------------------------------------------------------
+
+
+class NormSpec(Node):
+    kind: Literal["layernorm", "rmsnorm"] = "layernorm"
+    placement: Literal["post", "pre", "sandwich"] = "post"
+    eps: Annotated[float, Field(gt=0.0, lt=1.0)] = 1.0e-6
+    final: Literal["auto"] | bool = "auto"
+
+
+class DropoutSpec(Node):
+    hidden: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    attention: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+
+
+# --- attention ------------------------------------------------------------------------------
+
+
+class FullPattern(KindNode):
+    kind: Literal["full"] = "full"
+
+
+class LocalPattern(KindNode):
+    """Restricted self-attention: each token sees ``window`` tokens on each side."""
+
+    kind: Literal["local"] = "local"
+    window: PosInt
+
+
+class LinformerPattern(KindNode):
+    """Wang et al. 2020: keys and values projected along the sequence to length ``k``."""
+
+    kind: Literal["linformer"] = "linformer"
+    k: PosInt
+
+
+class BigBirdPattern(KindNode):
+    """Zaheer et al. 2020: sliding window + global blocks + random blocks, at block granularity
+    for the global and random parts. Random blocks are drawn once, from a seed, at resolution."""
+
+    kind: Literal["bigbird"] = "bigbird"
+    block: PosInt
+    window: PosInt
+    global_: Annotated[NonNegInt, Field(alias="global")]
+    random: NonNegInt
+
+
+PatternSpec = Annotated[
+    Union[FullPattern, LocalPattern, LinformerPattern, BigBirdPattern], Field(discriminator="kind")
+]
+
+
+class AttentionSpec(Node):
+    heads: PosInt = 8
+    kv_heads: PosInt | None = None
+    d_k: PosInt | None = None
+    d_v: PosInt | None = None
+    score: Literal["scaled_dot", "dot", "bilinear", "additive"] = "scaled_dot"
+    merge: Literal["project", "concat", "mean"] = "project"
+    share_kv: bool = False
+    bias: bool = True
+    pattern: PatternSpec = FullPattern()
+
+    @field_validator("pattern", mode="before")
+    @classmethod
+    def _pattern_kind(cls, v: Any) -> Any:
+        return _default_kind(v, "full")
+
+
+class FFNSpec(Node):
+    d_ff: PosInt = 2048
+    activation: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"] = "relu"
+    bias: bool = True
+
+
+class StackSpec(Node):
+    layers: PosInt = 6
+    attention: AttentionSpec = AttentionSpec()
+    # Only the decoder of an encoder-decoder has cross-attention; null = same as attention.
+    cross_attention: AttentionSpec | None = None
+    ffn: FFNSpec = FFNSpec()
+
+
+# --- outputs --------------------------------------------------------------------------------
+
+OutputName = Annotated[str, Field(pattern=OUTPUT_NAME_PATTERN, max_length=64)]
+
+
+class HiddenOutput(KindNode):
+    kind: Literal["hidden"] = "hidden"
+    name: OutputName = "last_hidden_state"
+
+
+class LMOutput(KindNode):
+    kind: Literal["lm"] = "lm"
+    name: OutputName = "logits"
+
+
+class MLMOutput(KindNode):
+    """BERT's masked-LM head: dense + activation + norm, then the (tied) vocabulary projection."""
+
+    kind: Literal["mlm"] = "mlm"
+    name: OutputName = "logits"
+
+
+class ClassifierOutput(KindNode):
+    kind: Literal["classifier"] = "classifier"
+    name: OutputName = "logits"
+    classes: Annotated[int, Field(ge=1)]
+    pool: Literal["first", "mean", "last"] = "first"
+    pooler: Literal["tanh"] | None = None
+
+
+class TokenClassifierOutput(KindNode):
+    kind: Literal["token_classifier"] = "token_classifier"
+    name: OutputName = "logits"
+    classes: Annotated[int, Field(ge=1)]
+
+
+OutputSpec = Annotated[
+    Union[HiddenOutput, LMOutput, MLMOutput, ClassifierOutput, TokenClassifierOutput],
+    Field(discriminator="kind"),
+]
+
+
+# --- tokens, serving ------------------------------------------------------------------------
+
+
+class TokensSpec(Node):
+    bos: NonNegInt | None = None
+    eos: NonNegInt | None = None
+    pad: NonNegInt | None = None
+    decoder_start: NonNegInt | None = None
+
+
+class RangeSpec(Node):
+    min: PosInt
+    opt: PosInt
+    max: PosInt
+
+
+class ServingSpec(Node):
+    batch: RangeSpec = RangeSpec(min=1, opt=8, max=32)
+    length: RangeSpec = RangeSpec(min=1, opt=128, max=512)
+    precision: Literal["fp32", "fp16", "bf16", "int8", "int4"] = "fp32"
+
+
+# --- the whole model ------------------------------------------------------------------------
+
+
+class ModelSpec(Node):
+    specc: Literal[1]
+    name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=128)]
+    description: str = ""
+    extends: str | None = None
+    architecture: Literal["encoder", "decoder", "encoder-decoder"]
+    d_model: PosInt
+    vocab: VocabSpec
+    position: PositionSpec = SinusoidalPosition()
+    norm: NormSpec = NormSpec()
+    dropout: float | DropoutSpec = DropoutSpec()
+    encoder: StackSpec | None = None
+    decoder: StackSpec | None = None
+    outputs: list[OutputSpec] | None = None
+    tokens: TokensSpec = TokensSpec()
+    weights: str | None = None
+    serving: ServingSpec = ServingSpec()
+
+    # Where the spec came from (set by the loader; not part of the language).
+    _path: str | None = PrivateAttr(default=None)
+    _weights_path: str | None = PrivateAttr(default=None)
+
+    @field_validator("position", mode="before")
+    @classmethod
+    def _position_kind(cls, v: Any) -> Any:
+        return _default_kind(v, "sinusoidal")
+
+    @field_validator("dropout", mode="before")
+    @classmethod
+    def _dropout_number(cls, v: Any) -> Any:
+        # `dropout: 0.1` is short for {hidden: 0.1, attention: 0.1}
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return {"hidden": v, "attention": v}
+        return v
+
+    @model_validator(mode="after")
+    def _rules(self, info) -> "ModelSpec":
+        from specc.spec.rules import check_rules  # rules import the schema
+
+        problems = check_rules(self)
+        collector = (info.context or {}).get("rule_issues") if info.context is not None else None
+        if collector is not None:
+            collector.extend(problems)
+        elif problems:
+            path, message = problems[0]
+            raise ValueError(f"{'.'.join(map(str, path))}: {message}")
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        # equal content is an equal spec, wherever it was loaded from
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
+
+    @property
+    def path(self) -> str | None:
+        """The file this spec was loaded from, if any."""
+        return self._path
+
+    @property
+    def weights_path(self) -> str | None:
+        """The weights file as an absolute path, relative paths taken from the file that named it."""
+        return self._weights_path
