@@ -74,10 +74,11 @@ def _read(path: Path, shown: str) -> str:
 
 
 def _merge(parent: Located, child: Located) -> Located:
-    """Deep-merge mappings (the child wins), lists and scalars replace."""
+    """Deep-merge mappings (the child wins), lists and scalars replace. A mapping whose `kind`
+    the child changes is replaced whole: the parent's keys belong to the other kind."""
 
     def merge(a: Any, b: Any) -> Any:
-        if isinstance(a, dict) and isinstance(b, dict):
+        if isinstance(a, dict) and isinstance(b, dict) and a.get("kind", b.get("kind")) == b.get("kind", a.get("kind")):
             out = dict(a)
             for k, v in b.items():
                 out[k] = merge(a[k], v) if k in a else v

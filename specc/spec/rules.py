@@ -169,3 +169,19 @@ RULES: tuple[Callable[[ModelSpec], Iterable[Problem]], ...] = (
 
 def check_rules(spec: ModelSpec) -> list[Problem]:
     return [problem for rule in RULES for problem in rule(spec)]
+
+
+def linformer_positions(spec: ModelSpec) -> Iterable[Problem]:
+    """Linformer projects the key axis, so relative distances between a query and a key do not
+    exist after the projection: relative and ALiBi positions cannot apply."""
+    if spec.position.kind not in ("relative", "alibi"):
+        return
+    for path, att, role in _attentions(spec):
+        if att.pattern.kind == "linformer" and role != "cross":
+            yield path + ("pattern", "kind"), (
+                f"linformer projects the key axis, so {spec.position.kind} positions (which need the "
+                "distance between each query and key) cannot apply; use full, local or bigbird"
+            )
+
+
+RULES = RULES + (linformer_positions,)

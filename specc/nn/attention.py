@@ -1,0 +1,193 @@
+"""Multi-head attention, every variant of the language in one module.
+
+Shapes: B batch, T new (query) tokens, P cached tokens, S = P + T keys (self) or the source length
+(cross), H heads, Hkv key/value heads, Dk / Dv head dims, D d_model.
+
+    x [B,T,D] --q--> [B,H,T,Dk] --rotary--.
+    x or memory --k,v--> [B,Hkv,T,Dk|Dv] --rotary(k)--> cat(past) = present --repeat to H--.
+                                                                                        v
+    scores [B,H,T,S] = score(q, k) (+ Shaw a^K) (scaled) (+ ALiBi) --mask--> softmax (fp32)
+    out = probs @ v (+ Shaw a^V)  [B,H,T,Dv] --merge: project (W_o) | concat | mean--> [B,T,D]
+
+Masks are boolean "may attend" [B,1,T,S] from the caller (padding, causal), combined here with the
+pattern (local window, BigBird). Masked scores take the dtype's finite minimum, so a row with
+nothing to attend to stays finite and the value fits fp16.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from specc.nn.positions import alibi_slopes, apply_rotary, relative_index
+from specc.spec.resolve import ResolvedAttention
+from specc.spec.schema import PositionSpec
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def _bigbird_table(att: ResolvedAttention) -> torch.Tensor:
+    """[n_blocks, n_blocks] bool: query block i also sees key block j (random blocks)."""
+    n = len(att.random_blocks)
+    table = torch.zeros(n, n, dtype=torch.bool)
+    for i, row in enumerate(att.random_blocks):
+        for j in row:
+            table[i, j] = True
+    return table
+
+
+class Attention(nn.Module):
+    """Parameters: q, k, v (absent with share_kv: k serves both), o (merge: project),
+    score_w (bilinear [H,Dk,Dk]; additive [H,Dk]), rel_k / rel_v (relative positions, per layer),
+    proj_k / proj_v (linformer [k, max_length], shared by the heads)."""
+
+    def __init__(self, spec: ResolvedAttention, d_model: int, position: PositionSpec, dropout: float):
+        super().__init__()
+        self.spec = spec
+        h, hkv, dk, dv = spec.heads, spec.kv_heads, spec.d_k, spec.d_v
+        self.q = nn.Linear(d_model, h * dk, bias=spec.bias)
+        self.k = nn.Linear(d_model, hkv * dk, bias=spec.bias)
+        self.v = None if spec.share_kv else nn.Linear(d_model, hkv * dv, bias=spec.bias)
+        self.o = nn.Linear(h * dv, d_model, bias=spec.bias) if spec.merge == "project" else None
+        if spec.score == "bilinear":
+            self.score_w = nn.Parameter(torch.empty(h, dk, dk))
+        elif spec.score == "additive":
+            self.score_w = nn.Parameter(torch.empty(h, dk))
+        positional = not spec.cross
+        self.rel_k = self.rel_v = None
+        self.clip = 0
+        if positional and position.kind == "relative":
+            self.clip = position.clip
+            self.rel_k = nn.Embedding(2 * position.clip + 1, dk)
+            self.rel_v = nn.Embedding(2 * position.clip + 1, dv) if position.values else None
+        self.alibi = positional and position.kind == "alibi"
+        if self.alibi:
+            self.register_buffer("slopes", torch.tensor(alibi_slopes(h)).view(1, h, 1, 1), persistent=False)
+        if spec.pattern.kind == "linformer":
+            self.proj_k = nn.Parameter(torch.empty(spec.pattern.k, position.max_length))
+            self.proj_v = nn.Parameter(torch.empty(spec.pattern.k, position.max_length))
+        if spec.pattern.kind == "bigbird":
+            self.register_buffer("random_table", _bigbird_table(spec), persistent=False)
+        self.drop = nn.Dropout(dropout)
+
+    # --- pieces ------------------------------------------------------------------------------
+
+    def _heads(self, x: torch.Tensor, n: int, d: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, d).transpose(1, 2)  # [B, n, T, d]
+
+    def _repeat(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, S, d] -> [B, H, S, d]: each kv head serves H/Hkv consecutive query heads."""
+        g = self.spec.heads // self.spec.kv_heads
+        if g == 1:
+            return x
+        b, hkv, s, d = x.shape
+        return x[:, :, None].expand(b, hkv, g, s, d).reshape(b, hkv * g, s, d)
+
+    def pattern_mask(self, q_idx: torch.Tensor, k_idx: torch.Tensor) -> torch.Tensor | None:
+        """[T, S] bool from the pattern (None: every key), by sequence index."""
+        p = self.spec.pattern
+        if p.kind == "local":
+            return (q_idx[:, None] - k_idx[None, :]).abs() <= p.window
+        if p.kind == "bigbird":
+            near = (q_idx[:, None] - k_idx[None, :]).abs() <= p.window
+            n = self.random_table.shape[0]
+            qb, kb = (q_idx // p.block).clamp(max=n - 1), (k_idx // p.block).clamp(max=n - 1)
+            glob = (qb < p.global_)[:, None] | (kb < p.global_)[None, :]
+            rand = self.random_table[qb][:, kb]
+            return near | glob | rand
+        return None
+
+    def _scores(self, q: torch.Tensor, k: torch.Tensor, rel_k: torch.Tensor | None) -> torch.Tensor:
+        s = self.spec
+        if s.score == "additive":
+            # w^T tanh(q_i + k_j (+ a^K_ij)): [B,H,T,S,Dk] summed against w [H,Dk]
+            summed = q[:, :, :, None, :] + k[:, :, None, :, :]
+            if rel_k is not None:
+                summed = summed + rel_k
+            return torch.einsum("bhtsd,hd->bhts", torch.tanh(summed), self.score_w)
+        if s.score == "bilinear":
+            q = torch.einsum("bhtd,hde->bhte", q, self.score_w)  # q^T W
+        scores = q @ k.transpose(-1, -2)
+        if rel_k is not None:
+            scores = scores + torch.einsum("bhtd,tsd->bhts", q, rel_k)
+        if s.score == "scaled_dot":
+            scores = scores / math.sqrt(s.d_k)
+        return scores
+
+    def memory_kv(self, memory: torch.Tensor) -> KV:
+        """Cross-attention keys and values of the encoder output [B,S,D]: [B,Hkv,S,Dk|Dv]."""
+        s = self.spec
+        k = self._heads(self.k(memory), s.kv_heads, s.d_k)
+        v = k if self.v is None else self._heads(self.v(memory), s.kv_heads, s.d_v)
+        return k, v
+
+    # --- forward -----------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        allowed: torch.Tensor,
+        q_idx: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: KV | None = None,
+        memory: torch.Tensor | None = None,
+        key_keep: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KV]:
+        """x [B,T,D]; allowed [B,1,T,S] bool; q_idx [T] sequence index of each query;
+        rope (cos, sin) [B,1,T,R]; past: cached (k, v) [B,Hkv,P,Dk|Dv] (for cross-attention:
+        the source's k, v, used as they are); memory [B,S,D]: the encoder output (cross-attention
+        without a cache); key_keep [B,S] bool: real (not padding) keys, for linformer.
+        Returns the output [B,T,D] and the present (k, v)."""
+        s = self.spec
+        q = self._heads(self.q(x), s.heads, s.d_k)
+        if s.cross:
+            k, v = past if past is not None else self.memory_kv(memory)
+        else:
+            k_lin = self.k(x)
+            k = self._heads(k_lin, s.kv_heads, s.d_k)
+            v = k if self.v is None else self._heads(self.v(x), s.kv_heads, s.d_v)
+            if rope is not None:
+                cos, sin = rope
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            if past is not None:
+                k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+        present = (k, v)
+        k, v = self._repeat(k), self._repeat(v)
+        n_keys = k.shape[2]
+        k_idx = torch.arange(n_keys, device=x.device)
+
+        if s.pattern.kind == "linformer":
+            # project the key axis: K' = E[:, :S] K (padding keys zeroed first)
+            if key_keep is not None:
+                keep = key_keep[:, None, :, None].to(k.dtype)
+                k, v = k * keep, v * keep
+            k = torch.einsum("ks,bhsd->bhkd", self.proj_k[:, :n_keys], k)
+            v = torch.einsum("ks,bhsd->bhkd", self.proj_v[:, :n_keys], v)
+            allowed = None
+
+        rel_k = rel_v = None
+        if self.rel_k is not None:
+            idx = relative_index(q_idx, k_idx, self.clip)  # [T, S]
+            rel_k = self.rel_k(idx)
+            rel_v = self.rel_v(idx) if self.rel_v is not None else None
+
+        scores = self._scores(q, k, rel_k)
+        if self.alibi:
+            dist = (q_idx[:, None] - k_idx[None, :]).abs().to(scores.dtype)  # [T, S]
+            scores = scores - self.slopes.to(scores.dtype) * dist
+        if allowed is not None:
+            pat = self.pattern_mask(q_idx, k_idx)
+            if pat is not None:
+                allowed = allowed & pat
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        probs = self.drop(torch.softmax(scores.float(), dim=-1).to(q.dtype))
+        out = probs @ v
+        if rel_v is not None:
+            out = out + torch.einsum("bhts,tsd->bhtd", probs, rel_v)
+        b, _, t, _ = out.shape
+        if s.merge == "mean":
+            return out.mean(dim=1), present
+        out = out.transpose(1, 2).reshape(b, t, s.heads * s.d_v)
+        return (self.o(out) if self.o is not None else out), present

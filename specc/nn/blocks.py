@@ -1,0 +1,193 @@
+"""Norms, feed-forward networks, layers and stacks.
+
+A layer wires each sublayer f (self-attention, cross-attention, FFN) by the norm placement:
+
+    post:      x = Norm(x + drop(f(x)))                 (Vaswani et al. 2017, BERT)
+    pre:       x = x + drop(f(Norm(x)))                 (GPT-2, LLaMA)
+    sandwich:  x = x + drop(PostNorm(f(Norm(x))))       (Ding et al. 2021, CogView)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from specc.nn.attention import KV, Attention
+from specc.nn.positions import rotary_cos_sin, sinusoidal
+from specc.spec.resolve import ResolvedLayer, ResolvedSpec, ResolvedStack
+from specc.spec.schema import FFNSpec, NormSpec
+
+
+class RMSNorm(nn.Module):
+    """Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * g, computed in fp32."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch's LayerNorm (weight, bias), computed in fp32 whatever the input dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return super().forward(x)
+        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
+
+
+def make_norm(spec: NormSpec, d: int) -> nn.Module:
+    return RMSNorm(d, spec.eps) if spec.kind == "rmsnorm" else LayerNorm(d, eps=spec.eps)
+
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "swiglu": F.silu,  # gated: silu(gate(x)) * up(x)   (Shazeer 2020)
+    "geglu": F.gelu,  # gated: gelu(gate(x)) * up(x)
+}
+GATED = ("swiglu", "geglu")
+
+
+class FFN(nn.Module):
+    """up [F,D], down [D,F]; gated activations add gate [F,D]."""
+
+    def __init__(self, spec: FFNSpec, d_model: int):
+        super().__init__()
+        self.act = ACTIVATIONS[spec.activation]
+        self.gate = nn.Linear(d_model, spec.d_ff, bias=spec.bias) if spec.activation in GATED else None
+        self.up = nn.Linear(d_model, spec.d_ff, bias=spec.bias)
+        self.down = nn.Linear(spec.d_ff, d_model, bias=spec.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None:
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.up(x)))
+
+
+class Layer(nn.Module):
+    """Parameters: attention, attention_norm, [cross_attention, cross_attention_norm], ffn,
+    ffn_norm; sandwich placement adds *_post_norm after each sublayer."""
+
+    def __init__(self, layer: ResolvedLayer, r: ResolvedSpec):
+        super().__init__()
+        d, norm = r.d_model, r.norm
+        self.placement = norm.placement
+        self.attention = Attention(layer.attention, d, r.position, r.dropout.attention)
+        self.attention_norm = make_norm(norm, d)
+        self.cross_attention = None
+        if layer.cross_attention is not None:
+            self.cross_attention = Attention(layer.cross_attention, d, r.position, r.dropout.attention)
+            self.cross_attention_norm = make_norm(norm, d)
+        self.ffn = FFN(layer.ffn, d)
+        self.ffn_norm = make_norm(norm, d)
+        if norm.placement == "sandwich":
+            self.attention_post_norm = make_norm(norm, d)
+            if self.cross_attention is not None:
+                self.cross_attention_post_norm = make_norm(norm, d)
+            self.ffn_post_norm = make_norm(norm, d)
+        self.drop = nn.Dropout(r.dropout.hidden)
+
+    def _sublayer(self, x: torch.Tensor, name: str, f) -> tuple[torch.Tensor, KV | None]:
+        norm = getattr(self, f"{name}_norm")
+        if self.placement == "post":
+            y, extra = f(x)
+            return norm(x + self.drop(y)), extra
+        y, extra = f(norm(x))
+        if self.placement == "sandwich":
+            y = getattr(self, f"{name}_post_norm")(y)
+        return x + self.drop(y), extra
+
+    def forward(self, x, allowed, q_idx, rope=None, past=None, memory=None, memory_allowed=None,
+                cross_past=None, memory_keep=None) -> tuple[torch.Tensor, KV, KV | None]:
+        x, present = self._sublayer(x, "attention", lambda h: self.attention(h, allowed, q_idx, rope=rope, past=past))
+        cross_present = None
+        if self.cross_attention is not None:
+            x, cross_present = self._sublayer(
+                x, "cross_attention",
+                lambda h: self.cross_attention(h, memory_allowed, q_idx, past=cross_past, memory=memory, key_keep=memory_keep),
+            )
+        x, _ = self._sublayer(x, "ffn", lambda h: (self.ffn(h), None))
+        return x, present, cross_present
+
+
+class Stack(nn.Module):
+    """An encoder or decoder: positions (learned: `positions` [max_length, D]), `embed_norm`
+    (vocab.norm), `layers.N`, `final_norm`. Token embeddings live in the model (they may be shared)."""
+
+    def __init__(self, stack: ResolvedStack, r: ResolvedSpec):
+        super().__init__()
+        self.r = r
+        self.role = stack.role
+        d = r.d_model
+        self.positions = nn.Embedding(r.position.max_length, d) if r.position.kind == "learned" else None
+        self.embed_norm = make_norm(r.norm, d) if r.vocab.norm else None
+        self.layers = nn.ModuleList(Layer(layer, r) for layer in stack.layers)
+        self.final_norm = make_norm(r.norm, d) if stack.final_norm else None
+        self.drop = nn.Dropout(r.dropout.hidden)
+        self.rotary = stack.layers[0].attention.rotary_dims  # the same in every layer
+
+    def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
+        """tokens [B,T,D] (already looked up, scaled) + positions (+ types) -> norm -> dropout."""
+        x = tokens
+        pos = self.r.position
+        if pos.kind == "sinusoidal":
+            x = x + sinusoidal(position_ids, self.r.d_model, pos.base).to(x.dtype)
+        elif pos.kind == "learned":
+            x = x + self.positions(position_ids)
+        if types is not None:
+            x = x + types
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        return self.drop(x)
+
+    def forward(self, x, allowed, q_idx, position_ids, past=None, memory=None, memory_allowed=None,
+                cross_past=None, memory_keep=None):
+        """Runs the layers. past / cross_past: per-layer (k, v) lists or None.
+        Returns hidden [B,T,D], presents, cross presents."""
+        rope = None
+        if self.rotary:
+            rope = rotary_cos_sin(position_ids, self.rotary, self.r.position.base, x.dtype)
+        presents, cross_presents = [], []
+        for i, layer in enumerate(self.layers):
+            x, present, cross_present = layer(
+                x, allowed, q_idx, rope=rope,
+                past=past[i] if past is not None else None,
+                memory=memory, memory_allowed=memory_allowed,
+                cross_past=cross_past[i] if cross_past is not None else None,
+                memory_keep=memory_keep,
+            )
+            presents.append(present)
+            cross_presents.append(cross_present)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, presents, cross_presents
+
+
+def init_weights(module: nn.Module, seed: int) -> None:
+    """Seeded initialisation, independent of construction order: parameters in name order, each
+    from one generator. Linear and embedding weights ~ N(0, 0.02) (GPT-2 / BERT), biases 0,
+    norm weights 1 (and biases 0), bilinear W ~ I + N(0, 0.02), linformer E ~ N(0, 1/k)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+            leaf = name.rsplit(".", 1)[-1]
+            owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+            if isinstance(owner, (nn.LayerNorm, RMSNorm)):
+                p.fill_(1.0 if leaf == "weight" else 0.0)
+            elif leaf == "bias":
+                p.zero_()
+            elif leaf in ("proj_k", "proj_v"):
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[0]))
+            elif leaf == "score_w" and p.dim() == 3:
+                p.copy_(torch.eye(p.shape[-1]).expand_as(p) + 0.02 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.02 * torch.randn(p.shape, generator=gen))

@@ -1,0 +1,259 @@
+"""The whole model: embeddings, stacks, output heads; forward() speaks the IO signature.
+
+    input_ids --tokens (* sqrt(D))--+ positions (+ types) --norm--> encoder/decoder stack --> heads
+                                                                                     |
+    outputs: {name: tensor} (+ present.N.key/.value where a cache is used)          <-'
+
+Parameter names (docs/weights.md) are module paths: embeddings.tokens.weight,
+decoder.layers.0.attention.q.weight, heads.logits.proj.weight, ...
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from specc.nn.blocks import ACTIVATIONS, GATED, Stack, make_norm
+from specc.spec.resolve import ABSOLUTE_POSITIONS, ResolvedSpec
+from specc.spec.schema import OutputSpec
+
+Tensor = torch.Tensor
+
+
+class Embeddings(nn.Module):
+    """tokens [V, D]; target_tokens [V_target, D] (encoder-decoder with share: false);
+    types [type_size, D] (token types)."""
+
+    def __init__(self, r: ResolvedSpec):
+        super().__init__()
+        v = r.vocab
+        self.tokens = nn.Embedding(v.size, r.d_model)
+        separate = r.architecture == "encoder-decoder" and not v.share
+        self.target_tokens = nn.Embedding(r.target_vocab_size, r.d_model) if separate else None
+        self.types = nn.Embedding(v.type_size, r.d_model) if v.type_size else None
+        self.scale = math.sqrt(r.d_model) if v.scale == "sqrt_d_model" else 1.0
+
+    def table(self, role: str) -> nn.Embedding:
+        return self.target_tokens if role == "decoder" and self.target_tokens is not None else self.tokens
+
+    def lookup(self, ids: Tensor, role: str) -> Tensor:
+        x = self.table(role)(ids)
+        return x * self.scale if self.scale != 1.0 else x
+
+
+class Head(nn.Module):
+    """One output. hidden: the stack's last hidden state. lm: proj [V, D] (absent when tied).
+    mlm (BERT): transform [D, D] + activation + norm, proj [V, D] (absent when tied), bias [V].
+    classifier: pool (first | mean | last), pooler [D, D] + tanh (optional), proj [classes, D].
+    token_classifier: proj [classes, D]."""
+
+    def __init__(self, out: OutputSpec, r: ResolvedSpec, vocab: int, tied: bool, activation: str):
+        super().__init__()
+        self.kind = out.kind
+        d = r.d_model
+        self.pool = getattr(out, "pool", None)
+        self.pooler = None
+        self.proj = None
+        if out.kind in ("lm", "mlm") and not tied:
+            self.proj = nn.Linear(d, vocab, bias=False)
+        if out.kind == "mlm":
+            self.transform = nn.Linear(d, d)
+            self.act = ACTIVATIONS[activation]
+            self.norm = make_norm(r.norm, d)
+            self.bias = nn.Parameter(torch.zeros(vocab))
+        if out.kind == "classifier":
+            self.pooler = nn.Linear(d, d) if out.pooler == "tanh" else None
+        if out.kind in ("classifier", "token_classifier"):
+            self.proj = nn.Linear(d, out.classes)
+            self.drop = nn.Dropout(r.dropout.hidden)
+
+    def forward(self, h: Tensor, tied_weight: Tensor, mask: Tensor) -> Tensor:
+        """h [B,T,D]; tied_weight [V,D]: the embedding table; mask [B,T]: 1 for real tokens."""
+        if self.kind == "hidden":
+            return h
+        if self.kind in ("lm", "mlm"):
+            if self.kind == "mlm":
+                h = self.norm(self.act(self.transform(h)))
+            logits = self.proj(h) if self.proj is not None else h @ tied_weight.t()
+            return logits + self.bias if self.kind == "mlm" else logits
+        if self.kind == "classifier":
+            h = self._pool(h, mask)
+            if self.pooler is not None:
+                h = torch.tanh(self.pooler(h))
+        return self.proj(self.drop(h))
+
+    def _pool(self, h: Tensor, mask: Tensor) -> Tensor:
+        if self.pool == "first":
+            return h[:, 0]
+        m = mask.to(h.dtype).unsqueeze(-1)  # [B,T,1]
+        if self.pool == "mean":
+            return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+        # last real token of each row (right or left padding)
+        idx = (mask * torch.arange(mask.shape[1], device=mask.device)).argmax(dim=1)  # [B]
+        return h[torch.arange(h.shape[0], device=h.device), idx]
+
+
+def _past(inputs: dict, n: int, part: str = "") -> list | None:
+    """Per-layer (k, v) from past_key_values.N{part}.key / .value, or None when not given."""
+    if f"past_key_values.0{part}.key" not in inputs:
+        return None
+    return [(inputs[f"past_key_values.{i}{part}.key"], inputs[f"past_key_values.{i}{part}.value"]) for i in range(n)]
+
+
+class SpeccModel(nn.Module):
+    """forward(**inputs) takes the tensors named by the IO signature and returns a dict keyed by
+    output name, plus `present.*` where a cache is used (past given, or use_cache=True).
+
+    encoder:         forward(input_ids, attention_mask=None, token_type_ids=None)
+    decoder:         forward(input_ids, attention_mask=None, position_ids=None, token_type_ids=None,
+                             past_key_values.N.key / .value, use_cache=False)
+    encoder-decoder: forward(input_ids, attention_mask, decoder_input_ids, ...) runs both stacks;
+                     encode(...) and decode(...) are the two exported graphs.
+    """
+
+    def __init__(self, r: ResolvedSpec):
+        super().__init__()
+        self.resolved = r
+        self.embeddings = Embeddings(r)
+        self.encoder = Stack(r.encoder, r) if r.encoder is not None else None
+        self.decoder = Stack(r.decoder, r) if r.decoder is not None else None
+        top = r.decoder or r.encoder
+        activation = top.layers[0].ffn.activation
+        activation = {"swiglu": "silu", "geglu": "gelu"}.get(activation, activation) if activation in GATED else activation
+        vocab = r.target_vocab_size if r.decoder is not None else r.vocab.size
+        self.heads = nn.ModuleDict({o.name: Head(o, r, vocab, r.tie_output, activation) for o in r.outputs})
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _outputs(self, h: Tensor, mask: Tensor, role: str) -> dict[str, Tensor]:
+        tied = self.embeddings.table(role).weight
+        return {name: head(h, tied, mask) for name, head in self.heads.items()}
+
+    @staticmethod
+    def _check(inputs: dict, allowed: set[str], graph: str) -> None:
+        unknown = sorted(k for k in inputs if k not in allowed and not k.startswith("past_key_values."))
+        if unknown:
+            raise TypeError(f"unexpected input(s) {unknown} for the {graph} graph; expected {sorted(allowed)}")
+
+    def _types(self, inputs: dict) -> Tensor | None:
+        ids = inputs.get("token_type_ids")
+        if self.embeddings.types is None:
+            return None
+        if ids is None:
+            ids = torch.zeros_like(inputs["input_ids"])
+        return self.embeddings.types(ids)
+
+    # --- graphs ----------------------------------------------------------------------------
+
+    def _run_encoder(self, inputs: dict) -> tuple[Tensor, Tensor]:
+        ids = inputs["input_ids"]
+        b, t = ids.shape
+        mask = inputs.get("attention_mask")
+        mask = torch.ones_like(ids) if mask is None else mask
+        position_ids = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, t)
+        x = self.encoder.embed(self.embeddings.lookup(ids, "encoder"), position_ids, self._types(inputs))
+        allowed = mask.bool()[:, None, None, :]  # [B,1,1,S]: padding keys
+        q_idx = torch.arange(t, device=ids.device)
+        h, _, _ = self.encoder(x, allowed, q_idx, position_ids)
+        return h, mask
+
+    def encode(self, **inputs: Tensor) -> dict[str, Tensor]:
+        """The encoder graph. For an encoder-decoder: last_hidden_state and the cross-attention
+        K/V of every decoder layer (present.N.encoder.key / .value)."""
+        self._check(inputs, {"input_ids", "attention_mask", "token_type_ids"}, "encoder")
+        h, mask = self._run_encoder(inputs)
+        if self.decoder is None:
+            return self._outputs(h, mask, "encoder")
+        out = {"last_hidden_state": h}
+        for i, layer in enumerate(self.decoder.layers):
+            k, v = layer.cross_attention.memory_kv(h)
+            out[f"present.{i}.encoder.key"], out[f"present.{i}.encoder.value"] = k, v
+        return out
+
+    def decode(self, **inputs: Tensor) -> dict[str, Tensor]:
+        """The decoder graph (encoder-decoder and decoder-only).
+
+        encoder-decoder: input_ids, encoder_attention_mask, past_key_values.N.decoder.* and
+        past_key_values.N.encoder.* (or encoder_hidden_states instead of the encoder K/V)."""
+        if self.encoder is None:
+            return self._decode_only(inputs)
+        self._check(inputs, {"input_ids", "encoder_attention_mask", "encoder_hidden_states", "use_cache"}, "decoder")
+        use_cache = bool(inputs.get("use_cache", True))
+        ids = inputs["input_ids"]
+        b, t = ids.shape
+        n = len(self.decoder.layers)
+        past, cross = _past(inputs, n, ".decoder"), _past(inputs, n, ".encoder")
+        memory = inputs.get("encoder_hidden_states")
+        if cross is None and memory is None:
+            raise TypeError("decode() needs past_key_values.N.encoder.* or encoder_hidden_states")
+        enc_mask = inputs.get("encoder_attention_mask")
+        if enc_mask is None:
+            s_enc = cross[0][0].shape[2] if cross is not None else memory.shape[1]
+            enc_mask = torch.ones(b, s_enc, dtype=torch.int64, device=ids.device)
+        p = past[0][0].shape[2] if past is not None else 0
+        q_idx = torch.arange(t, device=ids.device) + p
+        k_idx = torch.arange(p + t, device=ids.device)
+        allowed = (q_idx[:, None] >= k_idx[None, :])[None, None]  # [1,1,T,S] causal
+        position_ids = q_idx.unsqueeze(0).expand(b, t)
+        x = self.decoder.embed(self.embeddings.lookup(ids, "decoder"), position_ids, None)
+        h, presents, cross_presents = self.decoder(
+            x, allowed, q_idx, position_ids, past=past, memory=memory,
+            memory_allowed=enc_mask.bool()[:, None, None, :], cross_past=cross, memory_keep=enc_mask.bool(),
+        )
+        out = self._outputs(h, torch.ones_like(ids), "decoder")
+        if use_cache:
+            for i, (k, v) in enumerate(presents):
+                out[f"present.{i}.decoder.key"], out[f"present.{i}.decoder.value"] = k, v
+            if cross is None:
+                for i, (k, v) in enumerate(cross_presents):
+                    out[f"present.{i}.encoder.key"], out[f"present.{i}.encoder.value"] = k, v
+        return out
+
+    def _decode_only(self, inputs: dict) -> dict[str, Tensor]:
+        self._check(inputs, {"input_ids", "attention_mask", "position_ids", "token_type_ids", "use_cache"}, "decoder")
+        ids = inputs["input_ids"]
+        b, t = ids.shape
+        past = _past(inputs, len(self.decoder.layers))
+        use_cache = bool(inputs.get("use_cache", past is not None))
+        p = past[0][0].shape[2] if past is not None else 0
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones(b, p + t, dtype=torch.int64, device=ids.device)
+        position_ids = inputs.get("position_ids")
+        if position_ids is None:
+            # positions count real tokens only, so left-padded rows start at 0 (as HF does)
+            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)[:, -t:]
+        q_idx = torch.arange(t, device=ids.device) + p
+        k_idx = torch.arange(p + t, device=ids.device)
+        allowed = mask.bool()[:, None, None, :] & (q_idx[:, None] >= k_idx[None, :])[None, None]
+        x = self.decoder.embed(self.embeddings.lookup(ids, "decoder"), position_ids, self._types(inputs))
+        h, presents, _ = self.decoder(x, allowed, q_idx, position_ids, past=past)
+        out = self._outputs(h, mask[:, -t:], "decoder")
+        if use_cache:
+            for i, (k, v) in enumerate(presents):
+                out[f"present.{i}.key"], out[f"present.{i}.value"] = k, v
+        return out
+
+    def forward(self, **inputs: Tensor) -> dict[str, Tensor]:
+        arch = self.resolved.architecture
+        if arch == "encoder":
+            return self.encode(**inputs)
+        if arch == "decoder":
+            return self._decode_only(inputs)
+        if "decoder_input_ids" not in inputs:
+            raise TypeError("an encoder-decoder's forward() takes input_ids, attention_mask and decoder_input_ids "
+                            "(or call encode() / decode() for one graph)")
+        use_cache = bool(inputs.pop("use_cache", False))
+        dec_ids = inputs.pop("decoder_input_ids")
+        enc = self.encode(**inputs)
+        dec_inputs = {"input_ids": dec_ids, "use_cache": use_cache}
+        if "attention_mask" in inputs:
+            dec_inputs["encoder_attention_mask"] = inputs["attention_mask"]
+        for key, val in enc.items():
+            if key.startswith("present."):
+                dec_inputs["past_key_values." + key[len("present."):]] = val
+        out = self.decode(**dec_inputs)
+        if use_cache:
+            out.update({k: v for k, v in enc.items() if k.startswith("present.")})
+        return out

@@ -1,0 +1,64 @@
+"""Position schemes. Shape letters: B batch, T new tokens, S total keys, H heads, Dh head dim, D d_model.
+
+  sinusoidal  Vaswani et al. 2017, 3.5: PE(p, 2i) = sin(p / base^(2i/D)), PE(p, 2i+1) = cos(same),
+              computed from the position ids (no table; any length).
+  learned     a table [max_length, D] (a parameter of the stack: `<stack>.positions.weight`).
+  relative    Shaw et al. 2018: a^K_ij, a^V_ij = w_{clip(j - i, -k, k)}; tables [2k+1, Dh] per layer
+              (in attention.py, which adds them to keys and values).
+  rotary      Su et al. 2021 (RoFormer): rotate pairs of q/k dims by p * base^(-2i/R); R = the rotated
+              dims (leading `rotary_dims` of each head). Pairs are (x_i, x_{i+R/2}) (the GPT-NeoX /
+              LLaMA layout, which Hugging Face checkpoints use).
+  alibi       Press et al. 2022: add -m_h * |i - j| to the scores; slopes m_h = 2^(-8h/H) for H a power
+              of two, else those of the nearest lower power of two followed by every other slope of
+              twice that (the paper's recipe, section 3).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def sinusoidal(position_ids: torch.Tensor, d_model: int, base: float) -> torch.Tensor:
+    """[B, T] int positions -> [B, T, D] float encodings (sin on even dims, cos on odd)."""
+    half = (d_model + 1) // 2
+    # inverse frequencies base^(-2i/D), i = 0..half-1
+    inv = torch.exp(torch.arange(half, dtype=torch.float32, device=position_ids.device) * (-2.0 * math.log(base) / d_model))
+    angles = position_ids.to(torch.float32).unsqueeze(-1) * inv  # [B, T, half]
+    pe = torch.stack((torch.sin(angles), torch.cos(angles)), dim=-1).flatten(-2)  # interleave: [B, T, 2*half]
+    return pe[..., :d_model]
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, rot: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] positions -> cos, sin of shape [B, 1, T, rot] (each frequency repeated for both halves)."""
+    inv = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float32, device=position_ids.device) / rot))
+    angles = position_ids.to(torch.float32).unsqueeze(-1) * inv  # [B, T, rot/2]
+    angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)  # [B, 1, T, rot]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the leading `rot` dims of x [B, H, T, Dh]; the rest pass through."""
+    rot = cos.shape[-1]
+    xr, rest = x[..., :rot], x[..., rot:]
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+    rotated = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return torch.cat((rotated, rest), dim=-1) if rest.shape[-1] else rotated
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """Press et al. 2022's head slopes (a geometric sequence starting at 2^(-8/n))."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(heads).is_integer():
+        return power_of_two(heads)
+    lower = 2 ** math.floor(math.log2(heads))
+    return power_of_two(lower) + power_of_two(2 * lower)[0::2][: heads - lower]
+
+
+def relative_index(q_pos: torch.Tensor, k_pos: torch.Tensor, clip: int) -> torch.Tensor:
+    """Shaw et al.'s clipped distance as a table index: clip(j - i, -k, k) + k, shape [T, S]."""
+    return (k_pos.unsqueeze(0) - q_pos.unsqueeze(1)).clamp(-clip, clip) + clip
