@@ -107,3 +107,60 @@ def schema() -> None:
     from specc.spec.jsonschema import language_schema
 
     _emit_json(language_schema())
+
+
+# --- inspect ------------------------------------------------------------------------------
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    """An aligned table: rich on a terminal, plain text when piped."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if console.is_terminal:
+        table = Table(title=title)
+        for i, col in enumerate(columns):
+            table.add_column(col, justify="left" if i == 0 else "right")
+        for row in rows:
+            table.add_row(*[str(c) for c in row])
+        console.print(table)
+        return
+    widths = [max(len(str(c)) for c in [col] + [r[i] for r in rows]) for i, col in enumerate(columns)]
+    click.echo(title)
+    for line in [columns] + rows:
+        click.echo("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+
+
+@main.command()
+@click.argument("spec")
+@click.option("--length", type=click.IntRange(min=1), default=None, help="Sequence length for FLOPs (default: serving.length.opt).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+def inspect(spec: str, length: int | None, as_json: bool) -> None:
+    """Parameters, FLOPs per token, KV-cache and weight bytes, and a per-layer table."""
+    from specc.inspect import inspect_spec
+    from specc.spec import load_spec, resolve
+
+    facts = inspect_spec(resolve(load_spec(spec)), length)
+    if as_json:
+        _emit_json(facts)
+        return
+    total = facts["parameters"]
+    _table(
+        f"{facts['name']}: {total:,} parameters",
+        ["component", "parameters", "share"],
+        [[c, f"{n:,}", f"{100 * n / total:.1f}%"] for c, n in facts["parameters_by_component"].items()],
+    )
+    for note in facts["shared"]:
+        click.echo(f"  {note}")
+    click.echo(f"FLOPs per token at length {facts['length']}: {facts['flops_per_token']:,}")
+    click.echo(f"KV cache per token: {facts['kv_cache_bytes_per_token']:,} bytes"
+               + (f" (+ {facts['cross_kv_cache_bytes_per_source_token']:,} per source token, cross-attention)"
+                  if facts["cross_kv_cache_bytes_per_source_token"] else ""))
+    click.echo("Weights: " + ", ".join(f"{p} {b / 2**20:,.1f} MiB" for p, b in facts["weight_bytes"].items()))
+    _table(
+        "layers",
+        ["layer", "parameters", "FLOPs/token", "heads", "kv", "d_k", "d_v", "pattern", "d_ff", "activation"],
+        [[f"{l['stack']}.{l['index']}", f"{l['parameters']:,}", f"{l['flops_per_token']:,}", l["heads"], l["kv_heads"],
+          l["d_k"], l["d_v"], l["pattern"], l["d_ff"], l["activation"]] for l in facts["layers"]],
+    )

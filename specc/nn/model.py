@@ -46,6 +46,7 @@ class Head(nn.Module):
     """One output. hidden: the stack's last hidden state. lm: proj [V, D] (absent when tied).
     mlm (BERT): transform [D, D] + activation + norm, proj [V, D] (absent when tied), bias [V].
     classifier: pool (first | mean | last), pooler [D, D] + tanh (optional), proj [classes, D].
+    pooled: the classifier without its proj (Hugging Face's pooler_output).
     token_classifier: proj [classes, D]."""
 
     def __init__(self, out: OutputSpec, r: ResolvedSpec, vocab: int, tied: bool, activation: str):
@@ -62,7 +63,7 @@ class Head(nn.Module):
             self.act = ACTIVATIONS[activation]
             self.norm = make_norm(r.norm, d)
             self.bias = nn.Parameter(torch.zeros(vocab))
-        if out.kind == "classifier":
+        if out.kind in ("classifier", "pooled"):
             self.pooler = nn.Linear(d, d) if out.pooler == "tanh" else None
         if out.kind in ("classifier", "token_classifier"):
             self.proj = nn.Linear(d, out.classes)
@@ -77,10 +78,12 @@ class Head(nn.Module):
                 h = self.norm(self.act(self.transform(h)))
             logits = self.proj(h) if self.proj is not None else h @ tied_weight.t()
             return logits + self.bias if self.kind == "mlm" else logits
-        if self.kind == "classifier":
+        if self.kind in ("classifier", "pooled"):
             h = self._pool(h, mask)
             if self.pooler is not None:
                 h = torch.tanh(self.pooler(h))
+            if self.kind == "pooled":
+                return h
         return self.proj(self.drop(h))
 
     def _pool(self, h: Tensor, mask: Tensor) -> Tensor:

@@ -246,6 +246,7 @@ def _output_sigs(spec: ModelSpec, outputs, seq: str, fdt: str) -> list[TensorSig
             "lm": (BATCH, seq, vocab),
             "mlm": (BATCH, seq, vocab),
             "classifier": (BATCH, getattr(o, "classes", 0)),
+            "pooled": (BATCH, spec.d_model),
             "token_classifier": (BATCH, seq, getattr(o, "classes", 0)),
         }[o.kind]
         sigs.append(TensorSig(name=o.name, dtype=fdt, dims=dims))

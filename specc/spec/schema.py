@@ -217,6 +217,16 @@ class ClassifierOutput(KindNode):
     pooler: Literal["tanh"] | None = None
 
 
+class PooledOutput(KindNode):
+    """One vector per sequence (Hugging Face's pooler_output): pool, then the optional
+    dense + tanh pooler, no projection. BERT's pooler is {kind: pooled, pool: first, pooler: tanh}."""
+
+    kind: Literal["pooled"] = "pooled"
+    name: OutputName = "pooler_output"
+    pool: Literal["first", "mean", "last"] = "first"
+    pooler: Literal["tanh"] | None = None
+
+
 class TokenClassifierOutput(KindNode):
     kind: Literal["token_classifier"] = "token_classifier"
     name: OutputName = "logits"
@@ -224,7 +234,7 @@ class TokenClassifierOutput(KindNode):
 
 
 OutputSpec = Annotated[
-    Union[HiddenOutput, LMOutput, MLMOutput, ClassifierOutput, TokenClassifierOutput],
+    Union[HiddenOutput, LMOutput, MLMOutput, ClassifierOutput, TokenClassifierOutput, PooledOutput],
     Field(discriminator="kind"),
 ]
 

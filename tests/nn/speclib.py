@@ -1,0 +1,97 @@
+"""Tiny specs covering every kind of the language, for the nn tests (imported as `speclib`)."""
+from __future__ import annotations
+
+import copy
+
+from specc.spec import loads_spec
+from specc.spec.yamlio import dump_yaml
+
+BASE = {
+    "specc": 1,
+    "name": "tiny",
+    "architecture": "decoder",
+    "d_model": 32,
+    "vocab": {"size": 61},
+    "dropout": 0.0,
+    "position": {"kind": "learned", "max_length": 64},
+    "serving": {"length": {"min": 1, "opt": 16, "max": 64}},
+    "decoder": {"layers": 2, "attention": {"heads": 4}, "ffn": {"d_ff": 48}},
+}
+
+
+def merge(a, b):
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(a[k], v) if k in a else v
+        return out
+    return copy.deepcopy(b)
+
+
+def tiny(overrides: dict | None = None, drop: tuple[str, ...] = ()):
+    data = merge(BASE, overrides or {})
+    if data["architecture"] == "encoder":
+        data.pop("decoder", None)
+    for key in drop:
+        data.pop(key, None)
+    return loads_spec(dump_yaml(data))
+
+
+def stack(att: dict | None = None, ffn: dict | None = None, layers: int = 2) -> dict:
+    return {"layers": layers, "attention": {"heads": 4, **(att or {})}, "ffn": {"d_ff": 48, **(ffn or {})}}
+
+
+ENC = {"architecture": "encoder", "encoder": stack()}
+ENC_DEC = {"architecture": "encoder-decoder", "encoder": stack()}
+
+# name -> overrides; every kind of the language appears at least once
+KINDS: dict[str, dict] = {
+    "decoder-default": {},
+    "encoder-default": ENC,
+    "encdec-default": ENC_DEC,
+    "gqa": {"decoder": stack({"kv_heads": 2})},
+    "mqa": {"decoder": stack({"kv_heads": 1})},
+    "dk-dv-apart": {"decoder": stack({"d_k": 12, "d_v": 10})},
+    "score-dot": {"decoder": stack({"score": "dot"})},
+    "score-bilinear": {"decoder": stack({"score": "bilinear"})},
+    "score-additive": {"decoder": stack({"score": "additive"})},
+    "merge-concat": {"decoder": stack({"merge": "concat"})},
+    "merge-mean": {"decoder": stack({"merge": "mean", "d_v": 32})},
+    "share-kv": {"decoder": stack({"share_kv": True})},
+    "no-bias": {"decoder": stack({"bias": False}, {"bias": False})},
+    "local": {"decoder": stack({"pattern": {"kind": "local", "window": 3}})},
+    "linformer-encoder": {**ENC, "encoder": stack({"pattern": {"kind": "linformer", "k": 8}})},
+    "bigbird": {"decoder": stack({"pattern": {"kind": "bigbird", "block": 4, "window": 2, "global": 1, "random": 1}})},
+    "bigbird-encoder": {**ENC, "encoder": stack({"pattern": {"kind": "bigbird", "block": 4, "window": 2, "global": 1, "random": 2}})},
+    "sinusoidal": {"position": {"kind": "sinusoidal"}},
+    "relative": {"position": {"kind": "relative", "clip": 4}},
+    "relative-novalues": {"position": {"kind": "relative", "clip": 4, "values": False}},
+    "rotary": {"position": {"kind": "rotary"}},
+    "rotary-half": {"position": {"kind": "rotary", "fraction": 0.5}},
+    "alibi": {"position": {"kind": "alibi"}},
+    "no-position": {"position": {"kind": "none"}},
+    "rmsnorm-pre": {"norm": {"kind": "rmsnorm", "placement": "pre"}},
+    "sandwich": {"norm": {"placement": "sandwich"}},
+    "post-final": {"norm": {"placement": "post", "final": True}},
+    "embed-norm-types": {"vocab": {"size": 61, "norm": True, "type_size": 2}},
+    "scaled-untied": {"vocab": {"size": 61, "scale": "sqrt_d_model", "tie_output": False}},
+    "ffn-gelu": {"decoder": stack(ffn={"activation": "gelu"})},
+    "ffn-gelu-tanh": {"decoder": stack(ffn={"activation": "gelu_tanh"})},
+    "ffn-silu": {"decoder": stack(ffn={"activation": "silu"})},
+    "ffn-swiglu": {"decoder": stack(ffn={"activation": "swiglu"})},
+    "ffn-geglu": {"decoder": stack(ffn={"activation": "geglu"})},
+    "encdec-separate-vocab": {**ENC_DEC, "vocab": {"size": 61, "target_size": 47, "share": False}},
+    "encdec-cross-linformer": {**ENC_DEC, "decoder": {**stack(), "cross_attention": {"heads": 2, "pattern": {"kind": "linformer", "k": 8}}}},
+    "outputs-encoder": {**ENC, "vocab": {"size": 61, "type_size": 2}, "outputs": [
+        {"name": "last_hidden_state", "kind": "hidden"},
+        {"name": "mlm_logits", "kind": "mlm"},
+        {"name": "cls", "kind": "classifier", "classes": 3, "pool": "first", "pooler": "tanh"},
+        {"name": "cls_mean", "kind": "classifier", "classes": 2, "pool": "mean"},
+        {"name": "cls_last", "kind": "classifier", "classes": 2, "pool": "last"},
+        {"name": "tags", "kind": "token_classifier", "classes": 5},
+        {"name": "pooler_output", "kind": "pooled", "pooler": "tanh"},
+    ]},
+    "outputs-decoder": {"outputs": [{"name": "logits", "kind": "lm"}, {"name": "score", "kind": "classifier", "classes": 2, "pool": "last"}]},
+}
+
+DECODER_KINDS = [k for k, v in KINDS.items() if v.get("architecture", "decoder") == "decoder"]
