@@ -1,0 +1,202 @@
+"""Resolution: the defaults and derived values the resolver fills in, once."""
+from __future__ import annotations
+
+import pytest
+
+from specc.spec import loads_spec, resolve
+from specc.spec.resolve import explicit
+
+DEC = """\
+specc: 1
+name: t
+architecture: decoder
+d_model: 64
+vocab:
+  size: 100
+decoder:
+  layers: 2
+  attention:
+    heads: 4
+"""
+
+ENC = DEC.replace("architecture: decoder", "architecture: encoder").replace("decoder:", "encoder:")
+
+ED = """\
+specc: 1
+name: t
+architecture: encoder-decoder
+d_model: 64
+vocab:
+  size: 100
+encoder:
+  layers: 2
+  attention:
+    heads: 4
+decoder:
+  layers: 2
+  attention:
+    heads: 8
+    kv_heads: 2
+    bias: false
+    pattern: {kind: local, window: 3}
+"""
+
+
+def test_head_dimensions_filled():
+    r = resolve(loads_spec(DEC))
+    att = r.spec.decoder.attention
+    assert (att.d_k, att.d_v, att.kv_heads) == (16, 16, 4)
+    layer = r.decoder.layers[1]
+    assert layer.index == 1
+    assert (layer.attention.d_k, layer.attention.d_v, layer.attention.kv_heads) == (16, 16, 4)
+    assert layer.attention.causal and not layer.attention.cross
+
+
+def test_explicit_head_dimensions_kept():
+    r = resolve(loads_spec(DEC + "    d_k: 24\n    d_v: 12\n    kv_heads: 2\n"))
+    att = r.decoder.layers[0].attention
+    assert (att.d_k, att.d_v, att.kv_heads) == (24, 12, 2)
+
+
+@pytest.mark.parametrize(
+    "placement,final",
+    [("pre", True), ("sandwich", True), ("post", False)],
+)
+def test_final_norm_auto(placement, final):
+    r = resolve(loads_spec(DEC + f"norm: {{placement: {placement}}}\n"))
+    assert r.spec.norm.final is final
+    assert r.decoder.final_norm is final
+
+
+@pytest.mark.parametrize("placement,final", [("pre", False), ("post", True)])
+def test_final_norm_explicit_wins(placement, final):
+    r = resolve(loads_spec(DEC + f"norm: {{placement: {placement}, final: {str(final).lower()}}}\n"))
+    assert r.spec.norm.final is final
+
+
+def test_default_output_decoder():
+    r = resolve(loads_spec(DEC))
+    assert [(o.name, o.kind) for o in r.outputs] == [("logits", "lm")]
+    assert r.tie_output is True
+
+
+def test_default_output_encoder_and_tie_off():
+    r = resolve(loads_spec(ENC))
+    assert [(o.name, o.kind) for o in r.outputs] == [("last_hidden_state", "hidden")]
+    # tie_output's default (true) acts only where an lm / mlm output exists
+    assert r.tie_output is False
+    assert r.spec.vocab.tie_output is False
+
+
+def test_default_output_encoder_decoder():
+    r = resolve(loads_spec(ED))
+    assert [(o.name, o.kind) for o in r.outputs] == [("logits", "lm")]
+
+
+def test_tie_default_false_without_lm_output():
+    r = resolve(loads_spec(DEC + "outputs:\n  - {name: h, kind: hidden}\n"))
+    assert r.tie_output is False
+
+
+def test_tie_with_mlm_output():
+    r = resolve(loads_spec(ENC + "outputs:\n  - {name: logits, kind: mlm}\n"))
+    assert r.tie_output is True
+
+
+def test_cross_attention_null_copies_attention_with_full_pattern():
+    r = resolve(loads_spec(ED))
+    cross = r.spec.decoder.cross_attention
+    assert cross is not None
+    assert cross.pattern.kind == "full"
+    assert (cross.heads, cross.kv_heads, cross.d_k, cross.d_v, cross.bias) == (8, 2, 8, 8, False)
+    self_att = r.spec.decoder.attention
+    assert self_att.pattern.kind == "local"  # the self-attention keeps its own pattern
+    layer = r.decoder.layers[0]
+    assert layer.cross_attention.cross and not layer.cross_attention.causal
+    assert layer.cross_attention.pattern.kind == "full"
+    # the encoder has none
+    assert r.spec.encoder.cross_attention is None
+    assert r.encoder.layers[0].cross_attention is None
+
+
+def test_cross_attention_given_is_kept():
+    r = resolve(loads_spec(ED + "  cross_attention:\n    heads: 2\n    pattern: {kind: linformer, k: 64}\n"))
+    cross = r.spec.decoder.cross_attention
+    assert (cross.heads, cross.d_k, cross.pattern.kind) == (2, 32, "linformer")
+
+
+BIGBIRD = ENC.replace("  layers: 2\n", "  layers: 3\n") + (
+    "    pattern: {kind: bigbird, block: 16, window: 1, global: 1, random: 2}\n"
+)
+
+
+def test_bigbird_random_blocks_are_stable_and_differ_between_layers():
+    a = resolve(loads_spec(BIGBIRD))
+    b = resolve(loads_spec(BIGBIRD))
+    blocks_a = [layer.attention.random_blocks for layer in a.encoder.layers]
+    blocks_b = [layer.attention.random_blocks for layer in b.encoder.layers]
+    assert blocks_a == blocks_b
+    assert len(blocks_a[0]) == 512 // 16  # one row per query block
+    assert blocks_a[0] != blocks_a[1] != blocks_a[2]
+    assert blocks_a[0] != blocks_a[2]
+    for i, row in enumerate(blocks_a[0]):
+        assert len(row) == 2
+        assert i not in row and 0 not in row  # not itself, not a global block
+
+
+def test_bigbird_in_a_decoder_draws_no_future_blocks():
+    text = DEC + "    pattern: {kind: bigbird, block: 16, window: 1, global: 1, random: 2}\n"
+    r = resolve(loads_spec(text))
+    for i, row in enumerate(r.decoder.layers[0].attention.random_blocks):
+        assert all(j < i for j in row)
+
+
+def test_no_random_blocks_without_bigbird():
+    r = resolve(loads_spec(DEC))
+    assert r.decoder.layers[0].attention.random_blocks == ()
+
+
+def test_dropout_number_becomes_both():
+    spec = loads_spec(DEC + "dropout: 0.2\n")
+    r = resolve(spec)
+    assert (r.dropout.hidden, r.dropout.attention) == (0.2, 0.2)
+    assert (explicit(spec).dropout.hidden, explicit(spec).dropout.attention) == (0.2, 0.2)
+
+
+def test_dropout_mapping_default_fills_other():
+    r = resolve(loads_spec(DEC + "dropout: {attention: 0.0}\n"))
+    assert (r.dropout.hidden, r.dropout.attention) == (0.1, 0.0)
+
+
+def test_rotary_fraction_dims():
+    r = resolve(loads_spec(DEC + "position: {kind: rotary, fraction: 0.5}\n"))
+    assert r.decoder.layers[0].attention.rotary_dims == 8
+
+
+def test_position_ids_only_for_absolute_positions():
+    for kind, present in [("learned", True), ("rotary", True), ("sinusoidal", True), ("alibi", False),
+                          ("relative", False), ("none", False)]:
+        r = resolve(loads_spec(DEC + f"position: {{kind: {kind}}}\n"))
+        names = [t.name for t in r.graph("model").inputs]
+        assert ("position_ids" in names) is present, kind
+
+
+def test_precision_sets_float_dtypes():
+    r = resolve(loads_spec(DEC + "serving: {precision: fp16}\n"))
+    g = r.graph("model")
+    assert g.outputs[0].dtype == "float16"
+    assert g.input("past_key_values.0.key").dtype == "float16"
+    assert g.input("input_ids").dtype == "int64"
+
+
+def test_target_vocabulary_sizes_the_decoder():
+    r = resolve(loads_spec(ED.replace("  size: 100\n", "  size: 100\n  target_size: 300\n  share: false\n")))
+    assert r.encoder.vocab_size == 100
+    assert r.decoder.vocab_size == 300
+    assert r.graph("decoder").outputs[0].dims == ("batch", "sequence", 300)
+
+
+def test_resolve_is_idempotent():
+    r = resolve(loads_spec(ED))
+    assert resolve(r) is r
+    assert resolve(r.spec) == r

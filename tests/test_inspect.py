@@ -1,0 +1,85 @@
+"""`specc inspect`: counts agree exactly with reference implementations (Hugging Face's models,
+built on the meta device: no weights allocated, nothing downloaded)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specc.cli import main
+from specc.inspect import inspect_spec
+from specc.spec import load_spec, resolve
+
+transformers = pytest.importorskip("transformers")
+
+
+def _hf_count(model_cls, config) -> int:
+    import torch
+
+    with torch.device("meta"):
+        model = model_cls(config)
+    return sum(p.numel() for p in model.parameters())  # tied parameters appear once
+
+
+def test_gpt2_small_matches_hugging_face():
+    ours = inspect_spec(resolve(load_spec("gpt2-small")))["parameters"]
+    assert ours == 124_439_808
+    assert ours == _hf_count(transformers.GPT2LMHeadModel, transformers.GPT2Config())
+
+
+def test_gpt2_medium_matches_hugging_face():
+    cfg = transformers.GPT2Config(n_embd=1024, n_layer=24, n_head=16)
+    assert inspect_spec(resolve(load_spec("gpt2-medium")))["parameters"] == _hf_count(transformers.GPT2LMHeadModel, cfg)
+
+
+def test_bert_base_with_pooler_matches_hugging_face():
+    ours = inspect_spec(resolve(load_spec("bert-base")))["parameters"]
+    assert ours == 109_482_240
+    assert ours == _hf_count(transformers.BertModel, transformers.BertConfig())
+
+
+def test_llama_style_matches_hugging_face():
+    r = resolve(load_spec("llama-style-1b"))
+    att = r.decoder.layers[0].attention
+    cfg = transformers.LlamaConfig(
+        vocab_size=r.vocab.size, hidden_size=r.d_model, intermediate_size=r.decoder.layers[0].ffn.d_ff,
+        num_hidden_layers=len(r.decoder.layers), num_attention_heads=att.heads, num_key_value_heads=att.kv_heads,
+        tie_word_embeddings=r.tie_output,
+    )
+    assert inspect_spec(r)["parameters"] == _hf_count(transformers.LlamaForCausalLM, cfg)
+
+
+def test_breakdown_sums_to_total_and_names_sharing():
+    facts = inspect_spec(resolve(load_spec("transformer-base")))
+    assert sum(facts["parameters_by_component"].values()) == facts["parameters"]
+    assert any("counted once" in s for s in facts["shared"])
+    # Vaswani et al. Table 3 reports 65M for the base model
+    assert 60e6 < facts["parameters"] < 66e6
+
+
+def test_flops_and_cache_follow_the_formulas():
+    r = resolve(load_spec("gpt2-small"))
+    short, long = inspect_spec(r, 128), inspect_spec(r, 1024)
+    d, layers, heads = 768, 12, 12
+    # the quadratic term: 2 * H * (Dk + Dv) per key per layer
+    assert long["flops_per_token"] - short["flops_per_token"] == layers * 2 * heads * (64 + 64) * (1024 - 128)
+    # 2 * weights that each token passes through (no embeddings) + the tied head
+    non_embedding = short["parameters"] - 50257 * d - 1024 * d
+    matmul = layers * (4 * d * d + 2 * d * 3072)
+    assert short["flops_per_token"] == 2 * matmul + 2 * d * 50257 + layers * 2 * heads * 128 * 128
+    assert non_embedding > matmul
+    assert short["kv_cache_bytes_per_token"] == layers * 2 * d * 4
+    assert short["weight_bytes"]["fp16"] == 2 * short["parameters"]
+
+
+def test_cli_inspect_json_and_table():
+    runner = CliRunner()
+    res = runner.invoke(main, ["inspect", "tiny-llama", "--json", "--length", "64"])
+    assert res.exit_code == 0, res.output
+    facts = json.loads(res.output)
+    for key in ("parameters", "parameters_by_component", "flops_per_token", "kv_cache_bytes_per_token", "weight_bytes", "layers"):
+        assert key in facts
+    assert facts["length"] == 64 and len(facts["layers"]) == 2
+    res = runner.invoke(main, ["inspect", "tiny-llama"])
+    assert res.exit_code == 0 and "parameters" in res.output and "decoder.0" in res.output
