@@ -60,17 +60,21 @@ def find_spec(ref: str | os.PathLike) -> Path:
 
 
 def _read(path: Path, shown: str) -> str:
+    from specc.spec.yamlio import MAX_SPEC_BYTES
+
     try:
         size = path.stat().st_size
-        from specc.spec.yamlio import MAX_SPEC_BYTES
-
         if size > MAX_SPEC_BYTES:
             raise SpecError(Issue(f"spec file is {size} bytes, over the {MAX_SPEC_BYTES}-byte limit; refused", file=shown))
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(Issue(f"spec file is not UTF-8 text ({exc.reason} at byte {exc.start})", file=shown)) from None
+        raw = path.read_bytes()
     except OSError as exc:
         raise SpecError(Issue(f"cannot read spec file: {exc.strerror or exc}", file=shown)) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SpecError(Issue(f"spec file is not UTF-8 text ({exc.reason})", file=shown, line=line, column=column)) from None
 
 
 def _merge(parent: Located, child: Located) -> Located:
@@ -108,11 +112,8 @@ def _load_located(path: Path, shown: str, chain: tuple[Path, ...]) -> tuple[Loca
     """Parse ``path`` and everything it extends. Returns the merged data and, for each file that
     supplied a `weights:` value, the directory that path is relative to."""
     real = path.resolve()
-    if real in chain:
-        names = " -> ".join(p.name for p in chain + (real,))
-        raise SpecError(Issue(f"extends: cycle {names}", file=shown, key="extends"))
     if len(chain) >= MAX_EXTENDS_DEPTH:
-        raise SpecError(Issue(f"extends: chain longer than {MAX_EXTENDS_DEPTH} files", file=shown, key="extends"))
+        raise SpecError(Issue(f"chain longer than {MAX_EXTENDS_DEPTH} files", file=shown, key="extends"))
     located = parse_yaml(_read(path, shown), shown)
     data = located.data
     weights_dir = {"dir": real.parent} if data.get("weights") is not None else {}
@@ -121,18 +122,21 @@ def _load_located(path: Path, shown: str, chain: tuple[Path, ...]) -> tuple[Loca
         return located, weights_dir
     _, line, col = located.values[("extends",)]
     if not isinstance(ref, str) or not ref:
-        raise SpecError(Issue("extends: must be a catalog name or a relative path", "extends", shown, line, col))
+        raise SpecError(Issue("must be a catalog name or a relative path", "extends", shown, line, col))
     if _is_path_like(ref):
         parent_path = real.parent / ref
         if not parent_path.is_file():
-            raise SpecError(Issue(f"extends: no file {ref!r} (looked for {parent_path})", "extends", shown, line, col))
+            raise SpecError(Issue(f"no file {ref!r} (looked for {parent_path})", "extends", shown, line, col))
         parent_shown = os.path.relpath(parent_path) if not os.path.isabs(ref) else ref
     else:
         parent_path = catalog_path(ref)
         if parent_path is None:
             hint = _suggest(ref, catalog_names())
-            raise SpecError(Issue(f"extends: no catalog spec named {ref!r}{hint}", "extends", shown, line, col))
+            raise SpecError(Issue(f"no catalog spec named {ref!r}{hint}", "extends", shown, line, col))
         parent_shown = str(parent_path)
+    if parent_path.resolve() in chain + (real,):
+        names = " -> ".join(p.name for p in chain + (real, parent_path.resolve()))
+        raise SpecError(Issue(f"cycle {names}", "extends", shown, line, col))
     try:
         parent, parent_weights = _load_located(parent_path, parent_shown, chain + (real,))
     except SpecError as exc:
@@ -248,6 +252,8 @@ def _message(err: dict, loc: tuple) -> str:
         expected = [e.strip(" '") for e in str(ctx.get("expected", "")).replace(" or ", ",").split(",")]
         got = err.get("input")
         return f"{got!r} is not one of {', '.join(e for e in expected if e)}" + _suggest(str(got), expected)
+    if kind == "value_error":
+        return msg.removeprefix("Value error, ")
     if kind == "bool_parsing" or kind == "bool_type":
         return "should be true or false"
     return msg[0].lower() + msg[1:] if msg else kind
@@ -302,7 +308,14 @@ def load_spec(ref: str | os.PathLike) -> ModelSpec:
     path = find_spec(ref)
     shown = str(ref) if Path(ref).is_file() else str(path)
     located, weights_dir = _load_located(path, shown, ())
-    spec = validate_data(located)
+    try:
+        spec = validate_data(located)
+    except SpecError as exc:
+        # an issue located in a parent file names the file that extends it
+        raise SpecError([
+            i if i.file in (shown, None) else Issue(i.message + f" (extended by {shown})", i.key, i.file, i.line, i.column)
+            for i in exc.issues
+        ]) from None
     spec._path = str(path.resolve())
     if spec.weights is not None:
         spec._weights_path = str((Path(weights_dir["dir"]) / spec.weights).resolve())

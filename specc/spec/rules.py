@@ -27,7 +27,7 @@ def stacks_match_architecture(spec: ModelSpec) -> Iterable[Problem]:
     for stack in ("encoder", "decoder"):
         present = getattr(spec, stack) is not None
         if stack in need and not present:
-            yield (stack,), f"architecture {spec.architecture!r} needs an {stack} stack"
+            yield (stack,), f"architecture {spec.architecture!r} needs {'an' if stack == 'encoder' else 'a'} {stack} stack"
         elif stack not in need and present:
             yield (stack,), f"architecture {spec.architecture!r} has no {stack}; remove this stack"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
 
 SPEC_VERSION = 1
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
@@ -23,7 +23,8 @@ NonNegInt = Annotated[int, Field(ge=0)]
 class Node(BaseModel):
     """Base of every spec model: frozen, unknown keys forbidden."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # strict: a string is not a number, `yes` is not true; infinities and NaN are not values
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
 
 
 class KindNode(Node):
@@ -117,6 +118,17 @@ class NormSpec(Node):
 class DropoutSpec(Node):
     hidden: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     attention: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+
+
+_RATE = {"type": "number", "minimum": 0.0, "exclusiveMaximum": 1.0}
+# `dropout: 0.1` is short for {hidden: 0.1, attention: 0.1}
+_DROPOUT_SCHEMA = {
+    "anyOf": [
+        _RATE,
+        {"type": "object", "additionalProperties": False, "properties": {"hidden": _RATE, "attention": _RATE}},
+    ],
+    "default": 0.1,
+}
 
 
 # --- attention ------------------------------------------------------------------------------
@@ -274,7 +286,7 @@ class ModelSpec(Node):
     vocab: VocabSpec
     position: PositionSpec = SinusoidalPosition()
     norm: NormSpec = NormSpec()
-    dropout: float | DropoutSpec = DropoutSpec()
+    dropout: Annotated[DropoutSpec, WithJsonSchema(_DROPOUT_SCHEMA)] = DropoutSpec()
     encoder: StackSpec | None = None
     decoder: StackSpec | None = None
     outputs: list[OutputSpec] | None = None
@@ -297,6 +309,8 @@ class ModelSpec(Node):
         # `dropout: 0.1` is short for {hidden: 0.1, attention: 0.1}
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return {"hidden": v, "attention": v}
+        if not isinstance(v, (dict, DropoutSpec)):
+            raise ValueError("dropout is a number in [0, 1) or a mapping {hidden: ..., attention: ...}")
         return v
 
     @model_validator(mode="after")

@@ -186,9 +186,8 @@ def test_self_extends_is_a_cycle(spec_file):
     assert "cycle" in info.value.issues[0].message
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the extends-cycle issue has no line/column; it could point at the "
-                   "`extends:` value that closes the cycle")
 def test_cycle_is_located(spec_file):
+    """The issue points at the `extends:` value that closes the cycle."""
     a = spec_file("specc: 1\nname: a\nextends: b.yaml\n", "a.yaml")
     spec_file("specc: 1\nname: b\nextends: a.yaml\n", "b.yaml")
     with pytest.raises(SpecError) as info:
@@ -265,9 +264,8 @@ def test_validation_error_in_parent_is_located_there(spec_file, position_of):
     assert (issue.line, issue.column) == position_of(parent_text, "type_sise")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a validation issue located in a parent file does not mention the "
-                   "child that extends it (parse errors in the parent do: '(extended by CHILD:LINE)')")
 def test_validation_error_in_parent_mentions_the_child(spec_file):
+    """Not only parse errors: a validation issue located in a parent names the child too."""
     spec_file(PARENT.replace("  type_size: 2\n", "  type_sise: 2\n"), "lib/parent.yaml")
     child = spec_file("specc: 1\nname: c\nextends: lib/parent.yaml\n", "child.yaml")
     with pytest.raises(SpecError) as info:

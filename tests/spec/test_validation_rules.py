@@ -553,12 +553,30 @@ def test_rule_issues_in_both_stacks_are_each_reported(spec_file):
     assert info.value.issues[0].line < info.value.issues[1].line
 
 
-@pytest.mark.xfail(strict=True, reason="bug: `dropout: true` is taken as the number 1.0 (out of range, and a bool), "
-                   "load_spec accepts it and resolve() then raises a raw pydantic ValidationError")
 def test_dropout_true_is_rejected(spec_file, position_of):
+    """A bool is not a rate (it used to load as 1.0, then crash resolve() with a raw pydantic error)."""
     text = DEC + "dropout: true\n"
     with pytest.raises(SpecError) as info:
         load_spec(spec_file(text))
     [issue] = info.value.issues
     assert issue.key == "dropout"
     assert (issue.line, issue.column) == position_of(text, "dropout: ^true")
+
+
+LAX = [
+    # YAML says "2" is a string; `dropout: "0.5"` is already rejected, `layers: "2"` should be too
+    ("quoted-int", DEC.replace("layers: 2", 'layers: "2"'), "decoder.layers", 'layers: ^"2"'),
+    # in YAML 1.2 (what the loader reads) `yes` is the string "yes", not a boolean
+    ("yes-as-bool", DEC + "norm: {final: yes}\n", "norm.final", "final: ^yes"),
+    # an infinite rotary base makes every frequency 0
+    ("infinite-base", DEC + "position: {kind: rotary, base: .inf}\n", "position.base", "base: ^.inf"),
+]
+
+
+@pytest.mark.parametrize("text,key,at", [c[1:] for c in LAX], ids=[c[0] for c in LAX])
+def test_wrong_type_is_not_coerced(text, key, at, spec_file, position_of):
+    with pytest.raises(SpecError) as info:
+        load_spec(spec_file(text))
+    [issue] = info.value.issues
+    assert issue.key == key
+    assert (issue.line, issue.column) == position_of(text, at)
