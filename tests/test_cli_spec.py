@@ -16,19 +16,9 @@ from specc.cli import main
 from specc.spec import load_spec, loads_spec
 from specc.spec.dump import spec_to_data
 from specc.spec.resolve import explicit
+from spectext import DEC
 
-VALID = """\
-specc: 1
-name: t
-architecture: decoder
-d_model: 64
-vocab:
-  size: 100
-decoder:
-  layers: 2
-  attention:
-    heads: 4
-"""
+VALID = DEC
 
 # two mistakes: an unknown key (line 6) and heads out of range (line 10)
 INVALID = VALID.replace("  size: 100\n", "  size: 100\n  sise: 100\n").replace("heads: 4", "heads: 0")

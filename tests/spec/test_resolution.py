@@ -5,19 +5,8 @@ import pytest
 
 from specc.spec import loads_spec, resolve
 from specc.spec.resolve import explicit
+from spectext import DEC
 
-DEC = """\
-specc: 1
-name: t
-architecture: decoder
-d_model: 64
-vocab:
-  size: 100
-decoder:
-  layers: 2
-  attention:
-    heads: 4
-"""
 
 ENC = DEC.replace("architecture: decoder", "architecture: encoder").replace("decoder:", "encoder:")
 

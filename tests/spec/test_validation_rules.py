@@ -12,19 +12,8 @@ import pytest
 from specc.errors import SpecError
 from specc.spec import load_spec
 from specc.spec.rules import RULES
+from spectext import DEC
 
-DEC = """\
-specc: 1
-name: t
-architecture: decoder
-d_model: 64
-vocab:
-  size: 100
-decoder:
-  layers: 2
-  attention:
-    heads: 4
-"""
 
 ENC = """\
 specc: 1

@@ -9,19 +9,9 @@ import pytest
 from specc.errors import SpecError
 from specc.spec import load_spec, loads_spec
 from specc.spec.yamlio import MAX_SPEC_BYTES
+from spectext import DEC
 
-VALID = """\
-specc: 1
-name: t
-architecture: decoder
-d_model: 64
-vocab:
-  size: 100
-decoder:
-  layers: 2
-  attention:
-    heads: 4
-"""
+VALID = DEC
 
 
 def _rejected(path) -> SpecError:
