@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from specc.nn.blocks import ACTIVATIONS, GATED, Stack, make_norm
+from specc.nn.blocks import ACTIVATIONS, Stack, make_norm
 from specc.spec.resolve import ABSOLUTE_POSITIONS, ResolvedSpec
 from specc.spec.schema import OutputSpec
 
@@ -122,8 +122,9 @@ class SpeccModel(nn.Module):
         self.encoder = Stack(r.encoder, r) if r.encoder is not None else None
         self.decoder = Stack(r.decoder, r) if r.decoder is not None else None
         top = r.decoder or r.encoder
+        # the mlm transform uses the FFN's activation (BERT: gelu), ungated
         activation = top.layers[0].ffn.activation
-        activation = {"swiglu": "silu", "geglu": "gelu"}.get(activation, activation) if activation in GATED else activation
+        activation = {"swiglu": "silu", "geglu": "gelu"}.get(activation, activation)
         vocab = r.target_vocab_size if r.decoder is not None else r.vocab.size
         self.heads = nn.ModuleDict({o.name: Head(o, r, vocab, r.tie_output, activation) for o in r.outputs})
 

@@ -108,13 +108,15 @@ def _merge(parent: Located, child: Located) -> Located:
     return out
 
 
-def _load_located(path: Path, shown: str, chain: tuple[Path, ...]) -> tuple[Located, dict[str, Path]]:
-    """Parse ``path`` and everything it extends. Returns the merged data and, for each file that
-    supplied a `weights:` value, the directory that path is relative to."""
+def _load_located(
+    path: Path, shown: str, chain: tuple[Path, ...], text: str | None = None
+) -> tuple[Located, dict[str, Path]]:
+    """Parse ``path`` (or ``text``, as if it were that file) and everything it extends. Returns the
+    merged data and the directory that the effective `weights:` path is relative to."""
     real = path.resolve()
     if len(chain) >= MAX_EXTENDS_DEPTH:
         raise SpecError(Issue(f"chain longer than {MAX_EXTENDS_DEPTH} files", file=shown, key="extends"))
-    located = parse_yaml(_read(path, shown), shown)
+    located = parse_yaml(_read(path, shown) if text is None else text, shown)
     data = located.data
     weights_dir = {"dir": real.parent} if data.get("weights") is not None else {}
     ref = data.get("extends")
@@ -326,17 +328,8 @@ def loads_spec(text: str, file: str = "<string>", base_dir: str | os.PathLike | 
     """Load a spec from YAML text. ``extends:`` paths and ``weights:`` resolve against base_dir
     (default: the current directory)."""
     base = Path(base_dir or ".").resolve()
-    located = parse_yaml(text, file)
-    weights_dir: dict = {"dir": base}
-    if located.data.get("extends") is not None:
-        import tempfile
-
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=base, delete=True, encoding="utf-8") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            located, found = _load_located(Path(tmp.name), file, ())
-            weights_dir = found or weights_dir
+    located, weights_dir = _load_located(base / (file.strip("<>") or "string"), file, (), text=text)
     spec = validate_data(located)
     if spec.weights is not None:
-        spec._weights_path = str((Path(weights_dir["dir"]) / spec.weights).resolve())
+        spec._weights_path = str((Path(weights_dir.get("dir", base)) / spec.weights).resolve())
     return spec
