@@ -104,6 +104,13 @@ def _past(inputs: dict, n: int, part: str = "") -> list | None:
     return [(inputs[f"past_key_values.{i}{part}.key"], inputs[f"past_key_values.{i}{part}.value"]) for i in range(n)]
 
 
+def _causal(p: int, t: int, device) -> tuple[Tensor, Tensor]:
+    """Sequence indices of T new queries after P cached tokens, and the causal mask [1,1,T,P+T]."""
+    q_idx = torch.arange(t, device=device) + p
+    k_idx = torch.arange(p + t, device=device)
+    return q_idx, (q_idx[:, None] >= k_idx[None, :])[None, None]
+
+
 class SpeccModel(nn.Module):
     """forward(**inputs) takes the tensors named by the IO signature and returns a dict keyed by
     output name, plus `present.*` where a cache is used (past given, or use_cache=True).
@@ -196,9 +203,7 @@ class SpeccModel(nn.Module):
             s_enc = cross[0][0].shape[2] if cross is not None else memory.shape[1]
             enc_mask = torch.ones(b, s_enc, dtype=torch.int64, device=ids.device)
         p = past[0][0].shape[2] if past is not None else 0
-        q_idx = torch.arange(t, device=ids.device) + p
-        k_idx = torch.arange(p + t, device=ids.device)
-        allowed = (q_idx[:, None] >= k_idx[None, :])[None, None]  # [1,1,T,S] causal
+        q_idx, allowed = _causal(p, t, ids.device)
         position_ids = q_idx.unsqueeze(0).expand(b, t)
         x = self.decoder.embed(self.embeddings.lookup(ids, "decoder"), position_ids, None)
         h, presents, cross_presents = self.decoder(
@@ -228,9 +233,8 @@ class SpeccModel(nn.Module):
         if position_ids is None:
             # positions count real tokens only, so left-padded rows start at 0 (as HF does)
             position_ids = (mask.cumsum(-1) - 1).clamp(min=0)[:, -t:]
-        q_idx = torch.arange(t, device=ids.device) + p
-        k_idx = torch.arange(p + t, device=ids.device)
-        allowed = mask.bool()[:, None, None, :] & (q_idx[:, None] >= k_idx[None, :])[None, None]
+        q_idx, causal = _causal(p, t, ids.device)
+        allowed = mask.bool()[:, None, None, :] & causal
         x = self.decoder.embed(self.embeddings.lookup(ids, "decoder"), position_ids, self._types(inputs))
         h, presents, _ = self.decoder(x, allowed, q_idx, position_ids, past=past)
         out = self._outputs(h, mask[:, -t:], "decoder")
