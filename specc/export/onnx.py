@@ -1,0 +1,183 @@
+"""torch -> ONNX for one graph of the IO signature, with torch.onnx.export's dynamo exporter.
+
+Why this exporter and opset (measured by benchmarks/opset_probe.py, recorded in docs/export.md):
+the TorchScript exporter is deprecated; the dynamo exporter targets opset 18 natively (older
+opsets go through the version converter), and opset 18 loads in every onnxruntime and TensorRT
+release we support. DEFAULT_OPSET is that choice; `--opset` picks another.
+
+The exported file is made reproducible: the exporter's per-node metadata (stack traces with file
+paths, FX node text) and doc strings are dropped, the symbolic dims of inputs and outputs are
+renamed after the IO signature (batch, sequence, past_sequence, ...), and the exporter's
+intermediate shape annotations (value_info, named after its internal symbols) are removed;
+onnxruntime infers them again on load.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specc.errors import BuildError
+from specc.spec.resolve import GraphSig
+
+DEFAULT_OPSET = 18
+SUPPORTED_OPSETS = range(18, 24)
+# protobuf cannot serialize one message over 2 GiB: beyond this, weights go to external data
+EXTERNAL_DATA_BYTES = 2 * 1024**3 - 64 * 1024**2
+
+
+class GraphModule(nn.Module):
+    """One graph of a SpeccModel with positional tensors in IO-signature order (what the exporter
+    traces) and outputs returned as a tuple in signature order. Calls the model's own graph
+    method: no second implementation."""
+
+    def __init__(self, model: nn.Module, sig: GraphSig):
+        super().__init__()
+        self.model = model
+        self.sig = sig
+        self.input_names = [t.name for t in sig.inputs]
+        self.output_names = [t.name for t in sig.outputs]
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = dict(zip(self.input_names, args))
+        if self.sig.name == "encoder":
+            out = self.model.encode(**inputs)
+        elif self.sig.name == "decoder":
+            out = self.model.decode(**inputs)
+        else:
+            out = self.model(**inputs)  # a decoder gets past_key_values.*, so it returns present.*
+        return tuple(out[name] for name in self.output_names)
+
+
+def export_graph(model: nn.Module, sig: GraphSig, example: dict[str, torch.Tensor], opset: int = DEFAULT_OPSET):
+    """The graph as an onnx_ir-backed ONNXProgram (not yet optimized or saved).
+
+    `example` holds one input per signature name; its dims must be >= 2 wherever the signature is
+    symbolic, or torch.export specializes them to the example's size."""
+    wrapper = GraphModule(model, sig).eval()
+    args = tuple(example[name] for name in wrapper.input_names)
+    dynamic = tuple(
+        {i: torch.export.Dim.DYNAMIC for i, d in enumerate(t.dims) if isinstance(d, str)} for t in sig.inputs
+    )
+    try:
+        with torch.no_grad():
+            return torch.onnx.export(
+                wrapper, args, dynamo=True, optimize=False, opset_version=opset,
+                input_names=wrapper.input_names, output_names=wrapper.output_names,
+                dynamic_shapes=(dynamic,), verbose=False,
+            )
+    except Exception as exc:  # the exporter raises many types; report it as a build failure
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BuildError(f"export of the {sig.name} graph failed: {type(exc).__name__}: {first}") from exc
+
+
+def optimize(program) -> dict:
+    """The exporter's own graph optimizer (onnxscript: constant folding, dead-code removal,
+    redundant-op elimination). Returns the node counts before and after."""
+    before = len(program.model.graph)
+    program.optimize()
+    return {"pass": "onnxscript.optimizer", "nodes_before": before, "nodes_after": len(program.model.graph)}
+
+
+def save(program, sig: GraphSig, path: Path, weight_bytes: int) -> list[Path]:
+    """Write the graph reproducibly; weights past the protobuf limit go to `<name>.onnx.data`.
+    Returns the files written."""
+    import onnx
+
+    external = weight_bytes >= EXTERNAL_DATA_BYTES
+    program.save(str(path), external_data=external)
+    proto = onnx.load(str(path), load_external_data=False)
+    _normalize(proto, sig)
+    if external:
+        # the exporter names the data file after the model file; keep that relative name
+        onnx.save(proto, str(path), save_as_external_data=False)
+        return [path, path.with_name(path.name + ".data")]
+    onnx.save(proto, str(path))
+    return [path]
+
+
+def _normalize(proto, sig: GraphSig) -> None:
+    """Drop what makes two exports of one model differ (metadata, doc strings, internal symbol
+    names) and give the IO dims the signature's names."""
+    proto.doc_string = ""
+    proto.producer_name = "specc"
+    proto.producer_version = ""
+    del proto.metadata_props[:]
+    graph = proto.graph
+    graph.doc_string = ""
+    del graph.metadata_props[:]
+    del graph.value_info[:]
+    for node in graph.node:
+        _strip_node(node)
+    for fn in proto.functions:
+        for node in fn.node:
+            _strip_node(node)
+    for init in graph.initializer:
+        del init.metadata_props[:]
+    by_name = {t.name: t for t in (*sig.inputs, *sig.outputs)}
+    for value in (*graph.input, *graph.output):
+        del value.metadata_props[:]
+        value.doc_string = ""
+        t = by_name.get(value.name)
+        if t is None:
+            raise BuildError(f"the exported graph has {value.name!r}, which is not in the IO signature")
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != len(t.dims):
+            raise BuildError(f"{value.name}: exported rank {len(dims)}, IO signature {len(t.dims)}")
+        for dim, want in zip(dims, t.dims):
+            if isinstance(want, str):
+                dim.Clear()
+                dim.dim_param = want
+            elif dim.HasField("dim_value") and dim.dim_value != want:
+                raise BuildError(f"{value.name}: exported dim {dim.dim_value}, IO signature {want}")
+            else:
+                dim.Clear()
+                dim.dim_value = want
+
+
+def _strip_node(node) -> None:
+    del node.metadata_props[:]
+    node.doc_string = ""
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            for sub in attr.g.node:
+                _strip_node(sub)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# Example sizes for tracing: >= 2 (torch.export specializes 0 and 1) and all different, so no
+# two symbolic dims are mistaken for one.
+_TRACE_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 5, "encoder_sequence": 7}
+
+
+def example_inputs(r, sig: GraphSig) -> dict[str, torch.Tensor]:
+    """One tensor per input of the graph, at _TRACE_SIZES, for tracing."""
+    size = dict(_TRACE_SIZES, total_sequence=_TRACE_SIZES["sequence"] + _TRACE_SIZES["past_sequence"])
+    gen = torch.Generator().manual_seed(0)
+    vocab = r.target_vocab_size if sig.name == "decoder" else r.vocab.size
+    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    out = {}
+    for t in sig.inputs:
+        shape = [size[d] if isinstance(d, str) else d for d in t.dims]
+        if t.name == "input_ids":
+            out[t.name] = torch.randint(0, vocab, shape, generator=gen)
+        elif t.name == "token_type_ids":
+            out[t.name] = torch.randint(0, max(1, r.vocab.type_size), shape, generator=gen)
+        elif t.name == "position_ids":
+            out[t.name] = (torch.arange(shape[1]) + size["past_sequence"]).expand(*shape).contiguous()
+        elif t.dtype in ("int64", "int32"):  # masks
+            out[t.name] = torch.ones(shape, dtype=torch.int64)
+        else:
+            out[t.name] = torch.randn(shape, generator=gen).to(dtypes[t.dtype]) * 0.1
+    return out

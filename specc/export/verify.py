@@ -1,0 +1,214 @@
+"""Proof that an exported graph computes what the PyTorch graph computes.
+
+onnxruntime runs the artifact and torch eager runs the same inputs, case by case (see CASES):
+a padded batch, one token, the longest sequence the spec serves, and for graphs with a KV cache a
+decode step that feeds each side its own `present.*` from the step before. Every output of every
+case is compared; one beyond TOLERANCES fails the build, naming the output, the shape and the
+difference.
+
+A difference passes when  max|ort - torch| <= atol + rtol * max|torch|  (per output and case);
+max_rel in the figures is max|ort - torch| / max|torch|.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specc.errors import VerificationError
+from specc.spec.resolve import BATCH, ENC_SEQ, PAST, SEQ, TOTAL, GraphSig, ResolvedSpec
+
+# (target, precision) -> (atol, rtol). The one place tolerances live.
+TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
+    ("onnx", "fp32"): (1e-4, 1e-4),
+    ("onnx", "fp16"): (2e-2, 2e-2),
+    ("onnx", "bf16"): (1e-1, 5e-2),
+    ("tensorrt", "fp32"): (5e-4, 5e-4),
+    ("tensorrt", "fp16"): (2e-2, 2e-2),
+    ("tensorrt", "bf16"): (1e-1, 5e-2),
+}
+
+
+def tolerance(target: str, precision: str) -> tuple[float, float]:
+    try:
+        return TOLERANCES[(target, precision)]
+    except KeyError:
+        raise VerificationError(f"no verification tolerance for target {target!r} at precision {precision!r}") from None
+
+
+@dataclass(frozen=True)
+class Case:
+    """One verification run of one graph. `pad`: padded positions in the last row (right padding
+    for source sequences, left padding for decoder prompts). `after`: the case whose present.*
+    become this case's past (a decode step). `source`: the encoder case an encoder-decoder's
+    decoder case reads."""
+
+    name: str
+    graph: str
+    batch: int
+    sequence: int
+    pad: int = 0
+    after: str | None = None
+    source: str | None = None
+
+
+def cases(r: ResolvedSpec) -> list[Case]:
+    """The verification cases for the spec's graphs, in the order they must run."""
+    longest = r.serving.length.max
+    short = max(2, min(9, longest))
+    pad = min(3, short - 1)
+    if r.architecture == "encoder":
+        return [Case("padded", "model", 2, short, pad), Case("one-token", "model", 1, 1),
+                Case("longest", "model", 1, longest)]
+    if r.architecture == "decoder":
+        prompt = max(2, min(8, longest - 1))
+        return [Case("padded-prefill", "model", 2, prompt, min(3, prompt - 1)),
+                Case("decode-step", "model", 2, 1, after="padded-prefill"),
+                Case("one-token", "model", 1, 1), Case("longest", "model", 1, longest)]
+    prompt = max(2, min(6, longest - 1))
+    return [Case("padded", "encoder", 2, short, pad), Case("one-token", "encoder", 1, 1),
+            Case("longest", "encoder", 1, longest),
+            Case("padded-prefill", "decoder", 2, prompt, source="padded"),
+            Case("decode-step", "decoder", 2, 1, after="padded-prefill", source="padded"),
+            Case("one-token", "decoder", 1, 1, source="one-token"),
+            Case("longest", "decoder", 1, longest, source="longest")]
+
+
+@dataclass
+class Report:
+    target: str
+    precision: str
+    atol: float
+    rtol: float
+    cases: list[dict] = field(default_factory=list)
+
+    @property
+    def max_abs(self) -> float:
+        return max((o["max_abs"] for c in self.cases for o in c["outputs"].values()), default=0.0)
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "precision": self.precision, "tolerance": {"atol": self.atol, "rtol": self.rtol},
+                "passed": True, "max_abs_diff": self.max_abs, "cases": self.cases}
+
+
+_NP = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16}
+
+
+def _base_feed(r: ResolvedSpec, sig: GraphSig, case: Case, rng: np.random.Generator,
+               prev_mask: np.ndarray | None, source_mask: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The integer inputs of one case; float inputs (caches) come from earlier cases' outputs."""
+    b, t = case.batch, case.sequence
+    vocab = r.target_vocab_size if sig.name == "decoder" else r.vocab.size
+    feed: dict[str, np.ndarray] = {"input_ids": rng.integers(0, vocab, size=(b, t), dtype=np.int64)}
+    names = {s.name for s in sig.inputs}
+    if "attention_mask" in names:
+        mask = np.ones((b, t), dtype=np.int64)
+        if case.pad:
+            if sig.name == "model" and r.architecture == "decoder":
+                mask[-1, : case.pad] = 0  # decoder prompts are left-padded
+            else:
+                mask[-1, t - case.pad:] = 0  # source sequences are right-padded
+        if prev_mask is not None:
+            mask = np.concatenate([prev_mask, mask], axis=1)  # [B, past + T]
+        feed["attention_mask"] = mask
+        if "position_ids" in names:
+            feed["position_ids"] = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)[:, -t:]
+    if "token_type_ids" in names:
+        feed["token_type_ids"] = rng.integers(0, r.vocab.type_size, size=(b, t), dtype=np.int64)
+    if "encoder_attention_mask" in names:
+        feed["encoder_attention_mask"] = source_mask
+    return feed
+
+
+def _cache_inputs(sig: GraphSig, case: Case, past_out: dict | None, source_out: dict | None) -> dict[str, np.ndarray]:
+    """past_key_values.* for a case: the previous step's present.* (or empty), and the encoder's
+    cross-attention K/V for a decoder graph."""
+    feed = {}
+    for s in sig.inputs:
+        if not s.name.startswith("past_key_values."):
+            continue
+        present = "present." + s.name[len("past_key_values."):]
+        if ".encoder." in s.name:
+            feed[s.name] = source_out[present]
+        elif past_out is not None:
+            feed[s.name] = past_out[present]
+        else:
+            shape = [case.batch if d == BATCH else 0 if d == PAST else d for d in s.dims]
+            feed[s.name] = np.zeros(shape, dtype=np.float32)
+    return feed
+
+
+def _compare(name: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: float, where: str) -> dict:
+    got64, want64 = got.astype(np.float64), want.astype(np.float64)
+    if got.shape != want.shape:
+        raise VerificationError(f"{where}: output {name!r} has shape {list(got.shape)} in onnxruntime, "
+                                f"{list(want.shape)} in torch")
+    if not np.isfinite(got64).all() and not (np.isfinite(got64) == np.isfinite(want64)).all():
+        raise VerificationError(f"{where}: output {name!r} {list(got.shape)} is not finite in onnxruntime "
+                                f"where torch is")
+    finite = np.isfinite(want64)
+    diff = np.abs(got64 - want64)[finite]
+    max_abs = float(diff.max()) if diff.size else 0.0
+    scale = float(np.abs(want64[finite]).max()) if diff.size else 0.0
+    max_rel = max_abs / scale if scale > 0 else max_abs
+    if max_abs > atol + rtol * scale:
+        raise VerificationError(
+            f"{where}: output {name!r} {list(got.shape)} differs from torch by {max_abs:.3g} "
+            f"(relative {max_rel:.3g}; tolerance {atol:g} + {rtol:g} x {scale:.3g})"
+        )
+    return {"shape": list(got.shape), "max_abs": max_abs, "max_rel": max_rel}
+
+
+def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", precision: str = "fp32",
+           seed: int = 0) -> Report:
+    """Run every case through `sessions` (graph name -> onnxruntime.InferenceSession or anything
+    with the same run()) and through `reference` (the fp32 SpeccModel in eval mode)."""
+    import torch
+
+    atol, rtol = tolerance(target, precision)
+    report = Report(target, precision, atol, rtol)
+    sigs = {g.name: g for g in r.graphs}
+    ort_out: dict[tuple[str, str], dict] = {}
+    ref_out: dict[tuple[str, str], dict] = {}
+    masks: dict[tuple[str, str], np.ndarray] = {}  # each case's attention_mask
+    totals: dict[tuple[str, str], int] = {}  # each case's past + new tokens
+    for i, case in enumerate(cases(r)):
+        sig = sigs[case.graph]
+        key = (case.graph, case.name)
+        rng = np.random.default_rng([seed, i])
+        prev = (case.graph, case.after) if case.after else None
+        src = ("encoder", case.source) if case.source else None
+        base = _base_feed(r, sig, case, rng, masks.get(prev), masks.get(src))
+        totals[key] = (totals[prev] if prev else 0) + case.sequence
+        if "attention_mask" in base:
+            masks[key] = base["attention_mask"]
+        feed_ort = {**base, **_cache_inputs(sig, case, ort_out.get(prev), ort_out.get(src))}
+        feed_ref = {**base, **_cache_inputs(sig, case, ref_out.get(prev), ref_out.get(src))}
+        for s in sig.inputs:  # float inputs in the graph's precision
+            if s.dtype.startswith("float"):
+                feed_ort[s.name] = feed_ort[s.name].astype(_NP.get(s.dtype, np.float32))
+        names = [s.name for s in sig.outputs]
+        got = dict(zip(names, sessions[case.graph].run(names, feed_ort)))
+        with torch.no_grad():
+            tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
+                       for k, v in feed_ref.items()}
+            if case.graph == "encoder":
+                out = reference.encode(**tensors)
+            elif case.graph == "decoder":
+                out = reference.decode(**tensors)
+            else:
+                out = reference(**tensors)
+            want = {k: v.float().numpy() for k, v in out.items()}
+        ort_out[key], ref_out[key] = got, want
+        shapes = {"batch": case.batch, "sequence": case.sequence}
+        if prev:
+            shapes["past_sequence"] = totals[prev]
+        if src:
+            shapes["encoder_sequence"] = totals[src]
+        where = f"{case.graph} graph, case {case.name} ({', '.join(f'{k} {v}' for k, v in shapes.items())})"
+        figures = {n: _compare(n, got[n], want[n], atol, rtol, where) for n in names}
+        report.cases.append({"graph": case.graph, "case": case.name, "shapes": shapes, "outputs": figures})
+    return report
+
+
+__all__ = ["TOLERANCES", "Case", "Report", "cases", "tolerance", "verify", "BATCH", "SEQ", "TOTAL", "ENC_SEQ"]

@@ -1,0 +1,375 @@
+"""build(): the stages of `specc build` in order, each verified before the next.
+
+    load -> resolve -> build module -> export -> optimize -> verify -> write
+    (spec)   (IO sig)   (torch, weights)  (per graph)  (onnxscript)  (ORT vs torch)  (weights, manifest, rename)
+
+Everything is written into a staging directory and moved to DIR only after verification passed
+(specc/export/outdir.py). A rebuild whose inputs (resolved spec, weights, options, versions) hash
+to the cache key recorded in DIR/manifest.json, with every artifact intact, is a cache hit.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from specc import __version__
+from specc.errors import BuildError
+from specc.export.outdir import MANIFEST, Staging
+from specc.spec.dump import spec_to_data
+from specc.spec.resolve import ResolvedSpec
+
+STAGES = ("load", "resolve", "build module", "export", "optimize", "verify", "write")
+TARGETS = ("onnx", "tensorrt", "triton")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
+BUILT_PRECISIONS = {"onnx": ("fp32", "fp16")}  # what each target builds today
+MANIFEST_VERSION = 1
+DEFAULT_OPSET = 18  # see specc/export/onnx.py for why
+
+Progress = Callable[[str, str, dict], None]  # (stage, "start" | "done", facts)
+
+
+@dataclass
+class BuildResult:
+    """What a build produced: DIR, its manifest (the facts `specc build --json` prints) and
+    whether it was a cache hit."""
+
+    out_dir: Path
+    manifest: dict
+    cached: bool = False
+
+    @property
+    def artifacts(self) -> list[dict]:
+        return self.manifest["artifacts"]
+
+    @property
+    def parameters(self) -> int:
+        return self.manifest["parameters"]
+
+    @property
+    def verification(self) -> dict:
+        return self.manifest["verification"]
+
+    @property
+    def max_abs_diff(self) -> float:
+        return self.manifest["verification"]["max_abs_diff"]
+
+    def to_dict(self) -> dict:
+        return {"out_dir": str(self.out_dir), "cached": self.cached, **self.manifest}
+
+
+@dataclass
+class _Clock:
+    progress: Progress | None
+    times: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def stage(self, name: str, **facts: Any):
+        if self.progress:
+            self.progress(name, "start", facts)
+        t0 = time.perf_counter()
+        done: dict[str, Any] = {}
+        yield done
+        self.times[name] = round(self.times.get(name, 0.0) + time.perf_counter() - t0, 3)
+        if self.progress:
+            self.progress(name, "done", {"seconds": self.times[name], **done})
+
+
+def versions() -> dict[str, str]:
+    import platform
+    from importlib import metadata
+
+    out = {"specc": __version__, "python": platform.python_version()}
+    for dist in ("torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _canonical(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: str | None = None,
+          weights: str | os.PathLike | None = None, seed: int = 0, force: bool = False,
+          opset: int = DEFAULT_OPSET, max_memory: int | None = None,
+          progress: Progress | None = None) -> BuildResult:
+    """Build, verify and write a spec's artifacts to `out_dir` (see `specc build --help`).
+
+    spec: a path, a catalog name, a ModelSpec or a ResolvedSpec. precision: the spec's
+    serving.precision unless given. weights: a safetensors file, else the spec's `weights:`, else
+    seeded random initialisation. max_memory: bytes this build may use (default: what the machine
+    has available). progress: called as progress(stage, "start" | "done", facts)."""
+    from specc.export.onnx import SUPPORTED_OPSETS, file_sha256
+
+    if target not in TARGETS:
+        raise BuildError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    if target != "onnx":
+        raise BuildError(f"target {target!r} is not available in specc {__version__} yet; use --target onnx")
+    if opset not in SUPPORTED_OPSETS:
+        raise BuildError(f"opset {opset} is not supported; choose {SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1}")
+    clock = _Clock(progress)
+    t_start = time.perf_counter()
+
+    with clock.stage("load"):
+        spec_obj = _load(spec)
+    with clock.stage("resolve") as facts:
+        r = _resolve(spec_obj, precision)
+        precision = r.serving.precision
+        if precision not in BUILT_PRECISIONS[target]:
+            raise BuildError(f"precision {precision} is not built for target {target} yet; "
+                             f"choose {' or '.join(BUILT_PRECISIONS[target])}")
+        facts["name"] = r.name
+    weights_path = Path(weights) if weights is not None else (Path(r.weights_path) if r.weights_path else None)
+    weights_info: dict[str, Any] = {"source": "seed", "seed": seed}
+    if weights_path is not None:
+        if not weights_path.is_file():
+            raise BuildError(f"{weights_path}: no such weights file")
+        weights_info = {"source": "file", "file": weights_path.name, "sha256": file_sha256(weights_path)}
+    spec_data = spec_to_data(r.spec)
+    options = {"target": target, "precision": precision, "opset": opset, "weights": weights_info}
+    vers = versions()
+    cache_key = hashlib.sha256(_canonical({"spec": spec_data, "options": options, "versions": vers,
+                                           "manifest": MANIFEST_VERSION})).hexdigest()
+    out = Path(out_dir)
+    if not force:
+        hit = _cached(out, cache_key)
+        if hit is not None:
+            if progress:
+                progress("cache", "done", {"out_dir": str(out)})
+            return BuildResult(out.absolute(), hit, cached=True)
+    check_memory(r, max_memory)
+
+    with Staging(out) as stage:
+        model, n_params = _build_module(clock, r, weights_path, seed)
+        files, optimizations = _export(clock, r, model, precision, opset, n_params, stage.tmp)
+        with clock.stage("verify") as facts:
+            from specc.export.verify import verify
+
+            sessions = {name: _session(paths[0], name) for name, paths in files.items()}
+            report = verify(r, model, sessions, target, precision, seed=seed)
+            del sessions
+            facts["max_abs_diff"] = report.max_abs
+        with clock.stage("write"):
+            from specc.weights import save_module
+
+            save_module(model, stage.tmp / "model.safetensors")
+            artifacts = [p for paths in files.values() for p in paths] + [stage.tmp / "model.safetensors"]
+            manifest = {
+                "specc_manifest": MANIFEST_VERSION,
+                "name": r.name,
+                "architecture": r.architecture,
+                "spec": spec_data,
+                "spec_sha256": hashlib.sha256(_canonical(spec_data)).hexdigest(),
+                "options": options,
+                "versions": vers,
+                "cache_key": cache_key,
+                "graphs": {sig.name: {"file": f"{sig.name}.onnx", "inputs": _sigs(sig.inputs),
+                                      "outputs": _sigs(sig.outputs)} for sig in r.graphs},
+                "artifacts": [_artifact(p, stage.tmp) for p in artifacts],
+                "parameters": n_params,
+                "optimizations": optimizations,
+                "verification": report.to_dict(),
+                # wall-clock seconds per stage: not content, kept apart from the hashes above
+                "timings_s": {**clock.times, "total": round(time.perf_counter() - t_start, 3)},
+            }
+            _write_json(stage.tmp / MANIFEST, manifest)
+            stage.commit()
+    return BuildResult(out.absolute(), manifest)
+
+
+# --- stages ------------------------------------------------------------------------------------
+
+
+def _load(spec):
+    from specc.spec.schema import ModelSpec
+
+    if isinstance(spec, (ModelSpec, ResolvedSpec)):
+        return spec
+    from specc.spec.load import load_spec
+
+    return load_spec(spec)
+
+
+def _resolve(spec, precision: str | None) -> ResolvedSpec:
+    from specc.spec.resolve import resolve
+
+    if precision is not None and precision not in PRECISIONS:
+        raise BuildError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if isinstance(spec, ResolvedSpec):
+        if precision is None or precision == spec.serving.precision:
+            return spec
+        spec = spec.spec  # explicit; re-resolved below with the precision
+    if precision is not None and precision != spec.serving.precision:
+        serving = spec.serving.model_copy(update={"precision": precision})
+        spec = spec.model_copy(update={"serving": serving})
+    return resolve(spec)
+
+
+def _build_module(clock: _Clock, r: ResolvedSpec, weights_path: Path | None, seed: int):
+    with clock.stage("build module") as facts:
+        from specc.nn import to_torch
+
+        model = to_torch(r, weights=weights_path, seed=seed)
+        n_params = sum(p.numel() for p in model.parameters())
+        facts["parameters"] = n_params
+    return model, n_params
+
+
+def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n_params: int, tmp: Path):
+    """Export every graph, optimize it, save it into tmp. Returns ({graph: [files]}, optimizations)."""
+    from specc.export import onnx as onnx_export
+
+    export_model = _for_precision(model, precision)
+    programs = {}
+    with clock.stage("export", graphs=[g.name for g in r.graphs]):
+        for sig in r.graphs:
+            example = onnx_export.example_inputs(r, sig)
+            with _quiet():
+                programs[sig.name] = onnx_export.export_graph(export_model, sig, example, opset)
+    optimizations = []
+    with clock.stage("optimize") as facts:
+        for sig in r.graphs:
+            with _quiet():
+                optimizations.append({"graph": sig.name, **onnx_export.optimize(programs[sig.name])})
+        facts["optimizations"] = optimizations
+    weight_bytes = n_params * (2 if precision in ("fp16", "bf16") else 4)
+    files = {}
+    for sig in r.graphs:
+        with _quiet():
+            files[sig.name] = onnx_export.save(programs.pop(sig.name), sig, tmp / f"{sig.name}.onnx", weight_bytes)
+    return files, optimizations
+
+
+def _for_precision(model, precision: str):
+    """The module the exporter traces: the model itself in fp32, a half-precision copy in fp16
+    (norms and softmax still accumulate in fp32 inside the modules)."""
+    if precision == "fp32":
+        return model
+    import copy
+
+    import torch
+
+    return copy.deepcopy(model).to({"fp16": torch.float16, "bf16": torch.bfloat16}[precision])
+
+
+def _session(path: Path, graph: str):
+    from specc.deps import require_onnxruntime
+
+    ort = require_onnxruntime("verifying a build")
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise BuildError(f"onnxruntime cannot load the exported {graph} graph: {str(exc).strip().splitlines()[0]}") from None
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The exporter prints progress to stdout and logs warnings; `specc build --json` owns stdout."""
+    sink = io.StringIO()
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(sink), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+# --- cache, manifest, memory -------------------------------------------------------------------
+
+
+def _cached(out: Path, cache_key: str) -> dict | None:
+    """DIR's manifest when it records this cache key and every artifact is intact."""
+    from specc.export.onnx import file_sha256
+
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("cache_key") != cache_key:
+        return None
+    for a in manifest.get("artifacts", []):
+        p = out / a["path"]
+        if not p.is_file() or p.stat().st_size != a["bytes"] or file_sha256(p) != a["sha256"]:
+            return None
+    return manifest
+
+
+def _sigs(sigs) -> list[dict]:
+    return [{"name": t.name, "dtype": t.dtype, "dims": list(t.dims)} for t in sigs]
+
+
+def _artifact(path: Path, root: Path) -> dict:
+    from specc.export.onnx import file_sha256
+
+    return {"path": path.relative_to(root).as_posix(), "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def estimate_memory(r: ResolvedSpec) -> dict:
+    """Bytes a build needs at its peak, from the spec alone: the fp32 weights held about four
+    times (module, exported graph, onnxruntime session, weights file buffer) plus the
+    verification activations at the longest case, plus a fixed 1 GiB for the libraries."""
+    from specc.inspect import inspect_spec
+
+    facts = inspect_spec(r)
+    weights = facts["weight_bytes"]["fp32"]
+    length = r.serving.length.max
+    widest = max((l.ffn.d_ff for s in (r.encoder, r.decoder) if s for l in s.layers), default=r.d_model)
+    heads = max((l.attention.heads for s in (r.encoder, r.decoder) if s for l in s.layers), default=1)
+    vocab = max(r.vocab.size, r.target_vocab_size)
+    # per layer kept by ORT's arena at once: scores [H,T,T] and the widest activations, in fp32
+    activations = 4 * 4 * (heads * length * length + length * (4 * r.d_model + 2 * widest + vocab))
+    total = 4 * weights + activations + 1024**3
+    return {"bytes": total, "weights": weights, "activations": activations}
+
+
+def available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(r: ResolvedSpec, max_memory: int | None = None) -> None:
+    """Refuse up front a build that cannot fit, with the estimate."""
+    need = estimate_memory(r)
+    have = max_memory if max_memory is not None else available_memory()
+    if have is not None and need["bytes"] > have:
+        gib = 1024**3
+        raise BuildError(
+            f"building {r.name} needs about {need['bytes'] / gib:.1f} GiB "
+            f"({need['weights'] / gib:.1f} GiB of fp32 weights held ~4 times during export and verification, "
+            f"{need['activations'] / gib:.1f} GiB of activations), but {have / gib:.1f} GiB is available; "
+            "free memory, build on a larger machine, or raise the limit with --max-memory"
+        )
