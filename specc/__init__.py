@@ -1,6 +1,7 @@
 """specc: declarative Transformer specs compiled to verified PyTorch and ONNX artifacts.
 
-Public API: load_spec, loads_spec, resolve, to_torch. Heavy imports (torch) happen on first use.
+Public API: load_spec, loads_spec, resolve, to_torch, build. Heavy imports (torch, onnx) happen
+on first use.
 """
 __version__ = "0.1.0"
 
@@ -15,7 +16,14 @@ def to_torch(spec, *, weights=None, seed: int = 0):
     return _to_torch(spec, weights=weights, seed=seed)
 
 
+def build(spec, out_dir, **options):
+    """Build, verify and write a spec's artifacts; returns a BuildResult (see specc.pipeline.build)."""
+    from specc.pipeline import build as _build
+
+    return _build(spec, out_dir, **options)
+
+
 __all__ = [
     "BuildError", "SpecError", "SpeccError", "VerificationError", "WeightsError",
-    "load_spec", "loads_spec", "resolve", "to_torch", "__version__",
+    "build", "load_spec", "loads_spec", "resolve", "to_torch", "__version__",
 ]

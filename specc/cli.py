@@ -164,3 +164,119 @@ def inspect(spec: str, length: int | None, as_json: bool) -> None:
         [[f"{l['stack']}.{l['index']}", f"{l['parameters']:,}", f"{l['flops_per_token']:,}", l["heads"], l["kv_heads"],
           l["d_k"], l["d_v"], l["pattern"], l["d_ff"], l["activation"]] for l in facts["layers"]],
     )
+
+
+# --- build --------------------------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4, "tb": 1000**4, "tib": 1024**4}
+
+
+class _Bytes(click.ParamType):
+    """A size: 8GiB, 512M, 2.5G or plain bytes."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        import re
+
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            self.fail(f"{value!r} is not a size (e.g. 8GiB, 512M, 1000000)", param, ctx)
+        return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+class _StageDisplay:
+    """Progress per build stage on stderr: a spinner and ticks on a terminal, plain lines when
+    piped, nothing with --quiet / --json."""
+
+    def __init__(self, enabled: bool):
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.enabled = enabled
+        self.status = None
+
+    def __call__(self, stage: str, state: str, facts: dict) -> None:
+        if not self.enabled:
+            return
+        if stage == "cache":
+            self._line(f"up to date: {facts['out_dir']} (cache hit; --force rebuilds)")
+            return
+        if state == "start":
+            if self.console.is_terminal:
+                self.status = self.console.status(f"{stage}...")
+                self.status.start()
+            return
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+        detail = ""
+        if "parameters" in facts:
+            detail = f"  {facts['parameters']:,} parameters"
+        if "max_abs_diff" in facts:
+            detail = f"  max |onnxruntime - torch| {facts['max_abs_diff']:.2e}"
+        if "optimizations" in facts:
+            detail = "  " + ", ".join(f"{o['graph']} {o['nodes_before']} -> {o['nodes_after']} nodes" for o in facts["optimizations"])
+        self._line(f"{stage:<13} {facts['seconds']:7.2f} s{detail}", tick=True)
+
+    def _line(self, text: str, tick: bool = False) -> None:
+        if self.console.is_terminal:
+            self.console.print(("[green]✓[/green] " if tick else "") + text, highlight=False)
+        else:
+            click.echo(f"specc: {text}", err=True)
+
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@main.command()
+@click.argument("spec")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="The build directory to write.")
+@click.option("--target", type=click.Choice(["onnx", "tensorrt", "triton"]), default="onnx", show_default=True)
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "int4"]), default=None,
+              help="Default: the spec's serving.precision.")
+@click.option("--weights", type=click.Path(dir_okay=False), default=None, help="Trained weights (.safetensors); default: the spec's weights: key, else seeded random.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random initialisation (no weights given).")
+@click.option("--opset", type=int, default=None, help="ONNX opset (default 18; see docs/export.md).")
+@click.option("--max-memory", type=_Bytes(), default=None, help="Memory the build may use (e.g. 16GiB); default: what is available.")
+@click.option("--force", is_flag=True, help="Rebuild even when DIR is up to date.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress and no summary; errors only.")
+@click.option("--json", "as_json", is_flag=True, help="The manifest's facts as one JSON document on stdout.")
+def build(spec: str, out_dir: str, target: str, precision: str | None, weights: str | None, seed: int,
+          opset: int | None, max_memory: int | None, force: bool, quiet: bool, as_json: bool) -> None:
+    """Build SPEC into DIR: export to ONNX, verify against PyTorch, write DIR/manifest.json.
+
+    A verification failure exits 1 and leaves DIR as it was."""
+    from specc.pipeline import DEFAULT_OPSET, build as run_build
+
+    display = _StageDisplay(enabled=not (quiet or as_json))
+    try:
+        result = run_build(spec, out_dir, target=target, precision=precision, weights=weights, seed=seed,
+                           force=force, opset=opset or DEFAULT_OPSET, max_memory=max_memory, progress=display)
+    finally:
+        display.close()
+    if as_json:
+        _emit_json(result.to_dict())
+        return
+    if quiet:
+        return
+    m = result.manifest
+    v = m["verification"]
+    _table(
+        f"{m['name']} -> {result.out_dir}" + (" (cached)" if result.cached else ""),
+        ["artifact", "size", "sha256"],
+        [[a["path"], _human_bytes(a["bytes"]), a["sha256"][:12]] for a in m["artifacts"]],
+    )
+    click.echo(f"parameters: {m['parameters']:,}")
+    click.echo(f"verified: {len(v['cases'])} cases, max |onnxruntime - torch| {v['max_abs_diff']:.2e} "
+               f"(tolerance {v['tolerance']['atol']:g} + {v['tolerance']['rtol']:g} x |torch|, {v['target']} {v['precision']})")

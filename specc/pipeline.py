@@ -247,7 +247,7 @@ def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n
     files = {}
     for sig in r.graphs:
         with _quiet():
-            files[sig.name] = onnx_export.save(programs.pop(sig.name), sig, tmp / f"{sig.name}.onnx", weight_bytes)
+            files[sig.name] = onnx_export.save(programs.pop(sig.name), sig, tmp / f"{sig.name}.onnx", weight_bytes, opset)
     return files, optimizations
 
 

@@ -81,14 +81,18 @@ def optimize(program) -> dict:
     return {"pass": "onnxscript.optimizer", "nodes_before": before, "nodes_after": len(program.model.graph)}
 
 
-def save(program, sig: GraphSig, path: Path, weight_bytes: int) -> list[Path]:
+def save(program, sig: GraphSig, path: Path, weight_bytes: int, opset: int | None = None) -> list[Path]:
     """Write the graph reproducibly; weights past the protobuf limit go to `<name>.onnx.data`.
-    Returns the files written."""
+    Returns the files written. With `opset`, the file must declare exactly that opset (the
+    exporter's down-conversion can fail and silently keep its own)."""
     import onnx
 
     external = weight_bytes >= EXTERNAL_DATA_BYTES
     program.save(str(path), external_data=external)
     proto = onnx.load(str(path), load_external_data=False)
+    written = {o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")}
+    if opset is not None and written != {opset}:
+        raise BuildError(f"the {sig.name} graph was asked for opset {opset} but declares {sorted(written)}")
     _normalize(proto, sig)
     if external:
         # the exporter names the data file after the model file; keep that relative name
