@@ -262,7 +262,7 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     display = _StageDisplay(enabled=not (quiet or as_json))
     try:
         result = run_build(spec, out_dir, target=target, precision=precision, weights=weights, seed=seed,
-                           force=force, opset=opset or DEFAULT_OPSET, max_memory=max_memory, progress=display)
+                           force=force, opset=DEFAULT_OPSET if opset is None else opset, max_memory=max_memory, progress=display)
     finally:
         display.close()
     if as_json:

@@ -271,8 +271,6 @@ def test_missing_out_is_bad_usage():
     assert "--out" in result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="specc bug: the build command passes `opset or DEFAULT_OPSET`, so "
-                   "--opset 0 silently builds opset 18 instead of being refused")
 def test_opset_zero_is_refused(tmp_path):
     # --max-memory 1KiB stops the build right after the option checks, should --opset 0 pass them
     result = run("build", SPEC, "-o", str(tmp_path / "out"), "--opset", "0", "--max-memory", "1KiB")

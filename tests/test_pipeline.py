@@ -55,10 +55,9 @@ def tensors_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> boo
 
 
 def comparable(artifacts: list[dict]) -> list[dict]:
-    """The manifest's artifacts without model.safetensors' sha256: that file's header is not yet
-    byte-reproducible (see test_model_safetensors_bytes_are_reproducible, a known specc bug); its
-    tensors are compared instead. Once fixed, compare the artifacts whole."""
-    return [{k: v for k, v in a.items() if not (a["path"] == "model.safetensors" and k == "sha256")} for a in artifacts]
+    """The manifest's artifacts, every file's sha256 included (model.safetensors too: its bytes
+    are reproducible, see test_model_safetensors_bytes_are_reproducible)."""
+    return [dict(a) for a in artifacts]
 
 
 def same_safetensors(a: Path, b: Path) -> bool:
@@ -156,8 +155,6 @@ def test_weights_match_the_seeded_module(built):
     assert tensors_equal(load_file(str(out / "model.safetensors")), want)
 
 
-@pytest.mark.xfail(strict=True, reason="specc bug: safetensors creates its file 0600 whatever the umask, so "
-                   "DIR/model.safetensors is unreadable to other users while DIR (chmod 0755) and model.onnx are")
 def test_artifacts_share_one_file_mode(built):
     import stat
 
@@ -298,9 +295,6 @@ def test_byte_identical_in_another_process(built, tmp_path):
     assert specc.build(SPEC, out_b).cached is True
 
 
-@pytest.mark.xfail(strict=True, reason="specc bug: save_module passes two metadata keys to safetensors, "
-                   "which writes them in Rust HashMap order (random per map): model.safetensors' bytes, and "
-                   "so its sha256 in the manifest, differ between identical builds")
 def test_model_safetensors_bytes_are_reproducible(tmp_path):
     model = specc.to_torch(SPEC)
     digests = set()

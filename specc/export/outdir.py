@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import os
 import shutil
 import tempfile
@@ -91,7 +92,8 @@ class Staging:
     def _clean_leftovers(self) -> None:
         """Temporary and replaced directories of earlier builds into DIR that were killed (we hold
         the lock, so no live build owns them)."""
-        for pattern in (f".{self.out.name}.specc-tmp-*", f".{self.out.name}.specc-old-*"):
+        name = glob.escape(self.out.name)  # a DIR named like b[1] must not match b1's files
+        for pattern in (f".{name}.specc-tmp-*", f".{name}.specc-old-*"):
             for p in self.out.parent.glob(pattern):
                 shutil.rmtree(p, ignore_errors=True)
 

@@ -55,6 +55,12 @@ def load_into(module: nn.Module, path: str | os.PathLike) -> None:
             p.copy_(tensors[n].to(p.dtype))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def save_module(module: nn.Module, path: str | os.PathLike) -> None:
     """Write the module's parameters as safetensors, atomically (temp file, then rename)."""
     from safetensors.torch import save_file
@@ -63,7 +69,10 @@ def save_module(module: nn.Module, path: str | os.PathLike) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tensors = {n: p.detach().contiguous().cpu() for n, p in module.named_parameters()}
     try:
-        save_file(tensors, str(tmp), metadata={"format": "pt", "producer": "specc"})
+        # one metadata key: safetensors writes a metadata map in no fixed order, and identical
+        # builds must give identical bytes
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.chmod(tmp, 0o666 & ~_umask())  # the writer makes 0600; follow the umask like other files
         os.replace(tmp, path)
     finally:
         if tmp.exists():
