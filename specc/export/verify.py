@@ -11,7 +11,7 @@ max_rel in the figures is max|ort - torch| / max|torch|.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -53,25 +53,26 @@ class Case:
 
 
 def cases(r: ResolvedSpec) -> list[Case]:
-    """The verification cases for the spec's graphs, in the order they must run."""
+    """The verification cases for the spec's graphs, in the order they must run. No case runs
+    past serving.length.max (a prefill and its decode step together included)."""
     longest = r.serving.length.max
-    short = max(2, min(9, longest))
-    pad = min(3, short - 1)
+    short = min(9, longest)
+    pad = min(3, short - 1)  # the padded row keeps at least one real token
     if r.architecture == "encoder":
         return [Case("padded", "model", 2, short, pad), Case("one-token", "model", 1, 1),
                 Case("longest", "model", 1, longest)]
+    prompt = max(1, min(8 if r.architecture == "decoder" else 6, longest - 1))
+    prefill = [Case("padded-prefill", "model", 2, prompt, min(3, prompt - 1))]
+    if longest >= 2:
+        prefill.append(Case("decode-step", "model", 2, 1, after="padded-prefill"))
+    singles = [Case("one-token", "model", 1, 1), Case("longest", "model", 1, longest)]
     if r.architecture == "decoder":
-        prompt = max(2, min(8, longest - 1))
-        return [Case("padded-prefill", "model", 2, prompt, min(3, prompt - 1)),
-                Case("decode-step", "model", 2, 1, after="padded-prefill"),
-                Case("one-token", "model", 1, 1), Case("longest", "model", 1, longest)]
-    prompt = max(2, min(6, longest - 1))
-    return [Case("padded", "encoder", 2, short, pad), Case("one-token", "encoder", 1, 1),
-            Case("longest", "encoder", 1, longest),
-            Case("padded-prefill", "decoder", 2, prompt, source="padded"),
-            Case("decode-step", "decoder", 2, 1, after="padded-prefill", source="padded"),
-            Case("one-token", "decoder", 1, 1, source="one-token"),
-            Case("longest", "decoder", 1, longest, source="longest")]
+        return prefill + singles
+    encoder = [Case("padded", "encoder", 2, short, pad), Case("one-token", "encoder", 1, 1),
+               Case("longest", "encoder", 1, longest)]
+    decoder = [replace(c, graph="decoder", source={"padded-prefill": "padded", "decode-step": "padded"}.get(c.name, c.name))
+               for c in prefill + singles]
+    return encoder + decoder
 
 
 @dataclass
@@ -143,10 +144,13 @@ def _compare(name: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: fl
         raise VerificationError(f"{where}: output {name!r} has shape {list(got.shape)} in onnxruntime, "
                                 f"{list(want.shape)} in torch")
     got, want = got.astype(np.float32, copy=False), want.astype(np.float32, copy=False)
+    if np.isnan(got).any() or np.isnan(want).any():
+        side = "onnxruntime" if np.isnan(got).any() else "torch"
+        raise VerificationError(f"{where}: output {name!r} {list(got.shape)} has NaN in {side}")
     finite = np.isfinite(want)
-    if not np.array_equal(np.isfinite(got), finite):
-        raise VerificationError(f"{where}: output {name!r} {list(got.shape)} is not finite in onnxruntime "
-                                f"where torch is (or the other way round)")
+    if not np.array_equal(np.isfinite(got), finite) or not np.array_equal(got[~finite], want[~finite]):
+        raise VerificationError(f"{where}: output {name!r} {list(got.shape)} has infinities where the other "
+                                f"side does not (or of the other sign)")
     diff = np.abs(got - want)[finite]
     max_abs = float(diff.max()) if diff.size else 0.0
     scale = float(np.abs(want[finite]).max()) if diff.size else 0.0
@@ -188,7 +192,17 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
             if s.dtype.startswith("float"):
                 feed_ort[s.name] = feed_ort[s.name].astype(_NP.get(s.dtype, np.float32))
         names = [s.name for s in sig.outputs]
-        got = dict(zip(names, sessions[case.graph].run(names, feed_ort)))
+        shapes = {"batch": case.batch, "sequence": case.sequence}
+        if prev:
+            shapes["past_sequence"] = totals[prev]
+        if src:
+            shapes["encoder_sequence"] = totals[src]
+        where = f"{case.graph} graph, case {case.name} ({', '.join(f'{k} {v}' for k, v in shapes.items())})"
+        try:
+            got = dict(zip(names, sessions[case.graph].run(names, feed_ort)))
+        except Exception as exc:  # onnxruntime's own exception types
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise VerificationError(f"{where}: onnxruntime failed to run the graph: {msg}") from None
         with torch.no_grad():
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
                        for k, v in feed_ref.items()}
@@ -200,12 +214,6 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
                 out = reference(**tensors)
             want = {k: v.float().numpy() for k, v in out.items()}
         ort_out[key], ref_out[key] = got, want
-        shapes = {"batch": case.batch, "sequence": case.sequence}
-        if prev:
-            shapes["past_sequence"] = totals[prev]
-        if src:
-            shapes["encoder_sequence"] = totals[src]
-        where = f"{case.graph} graph, case {case.name} ({', '.join(f'{k} {v}' for k, v in shapes.items())})"
         figures = {n: _compare(n, got[n], want[n], atol, rtol, where) for n in names}
         report.cases.append({"graph": case.graph, "case": case.name, "shapes": shapes, "outputs": figures})
     return report
