@@ -280,3 +280,171 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     click.echo(f"parameters: {m['parameters']:,}")
     click.echo(f"verified: {len(v['cases'])} cases, max |onnxruntime - torch| {v['max_abs_diff']:.2e} "
                f"(tolerance {v['tolerance']['atol']:g} + {v['tolerance']['rtol']:g} x |torch|, {v['target']} {v['precision']})")
+
+
+# --- run / generate -------------------------------------------------------------------------
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of token ids", param_hint="--ids") from None
+    if not ids:
+        raise click.BadParameter("no token ids given", param_hint="--ids")
+    return ids
+
+
+def _read_batch(path: str) -> dict[str, Any]:
+    """--input FILE: a JSON list of lists of ids, a JSON object of named inputs, or an NPZ."""
+    import numpy as np
+
+    from specc.runtime import RunError
+
+    try:
+        if path.endswith(".npz"):
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{path}: cannot read inputs ({exc})") from None
+    if isinstance(data, list):
+        return {"input_ids": data}
+    if isinstance(data, dict) and "input_ids" in data:
+        return data
+    raise RunError(f"{path}: expected a list of lists of token ids or an object with input_ids")
+
+
+def _tokenizer(path: str | None):
+    if path is None:
+        return None
+    from specc.runtime import RunError
+
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise RunError("--tokenizer needs the `tokenizers` package: pip install tokenizers") from None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # tokenizers raises its own exception type
+        raise RunError(f"{path}: cannot load the tokenizer ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def _rows(ids: tuple[str, ...], input_file: str | None, texts: tuple[str, ...], tok) -> list[list[int]] | dict:
+    given = sum(bool(x) for x in (ids, input_file, texts))
+    if given != 1:
+        raise click.UsageError("give the prompt one way: --ids (repeat for a batch), --input FILE, or --text with --tokenizer")
+    if texts:
+        if tok is None:
+            raise click.UsageError("--text needs --tokenizer FILE")
+        return [tok.encode(t).ids for t in texts]
+    if input_file:
+        return _read_batch(input_file)
+    return [_parse_ids(x) for x in ids]
+
+
+@main.command("run")
+@click.argument("build_dir", type=click.Path(file_okay=False))
+@click.option("--ids", multiple=True, help="Token ids, comma-separated; repeat for a batch (rows of different lengths are padded).")
+@click.option("--input", "input_file", type=click.Path(dir_okay=False), default=None, help="A JSON list of lists of ids, a JSON object of named inputs, or an NPZ.")
+@click.option("--text", "texts", multiple=True, help="Text to encode with --tokenizer; repeat for a batch.")
+@click.option("--tokenizer", type=click.Path(dir_okay=False), default=None, help="A tokenizer.json (Hugging Face tokenizers).")
+@click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order (default: the best available).")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None, help="Write every output to FILE.npz.")
+@click.option("--json", "as_json", is_flag=True, help='{"outputs": {name: nested lists}} on stdout.')
+def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, as_json):
+    """Run a built model on token ids and print its named outputs (classifiers: probabilities)."""
+    import numpy as np
+
+    from specc.runtime import Session
+    from specc.runtime.generate import pad_rows
+
+    tok = _tokenizer(tokenizer)
+    given = _rows(ids, input_file, texts, tok)
+    session = Session(build_dir, providers=providers or None)
+    if isinstance(given, dict):
+        inputs = given
+    else:
+        pad = next((t for t in (session.tokens.get("pad"), session.tokens.get("eos"), 0) if t is not None))
+        padded, mask = pad_rows(given, pad, left=session.architecture == "decoder")
+        inputs = {"input_ids": padded, "attention_mask": mask}
+    outputs = session.run(**inputs)
+    shown = {k: v for k, v in outputs.items() if not k.startswith("present.")}
+    kinds = {o["name"]: o["kind"] for o in session.spec.get("outputs", [])}
+    probs = {f"{k}_probabilities": _softmax(v) for k, v in shown.items() if kinds.get(k) == "classifier"}
+    if out_file:
+        from specc.runtime.session import save_npz
+
+        save_npz(out_file, outputs)
+    if as_json:
+        _emit_json({"outputs": {k: v.tolist() for k, v in {**shown, **probs}.items()}})
+        return
+    click.echo(f"{session.manifest['name']} on {session.provider}")
+    for name, arr in {**shown, **probs}.items():
+        flat = np.asarray(arr).ravel()
+        head = ", ".join(f"{x:.4g}" for x in flat[:6]) + (", ..." if flat.size > 6 else "")
+        click.echo(f"  {name}: {arr.dtype} {list(arr.shape)}  [{head}]")
+
+
+def _softmax(x):
+    import numpy as np
+
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@main.command()
+@click.argument("build_dir", type=click.Path(file_okay=False))
+@click.option("--ids", multiple=True, help="Prompt token ids, comma-separated; repeat for a batch.")
+@click.option("--input", "input_file", type=click.Path(dir_okay=False), default=None, help="A JSON list of lists of prompt ids.")
+@click.option("--text", "texts", multiple=True, help="Prompt text (needs --tokenizer); repeat for a batch.")
+@click.option("--tokenizer", type=click.Path(dir_okay=False), default=None, help="A tokenizer.json: text in, text out.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--greedy", is_flag=True, help="Greedy decoding (the default).")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None, help="Sample at this temperature.")
+@click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample from the k most likely tokens.")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None, help="Sample from the smallest set of tokens with this much probability.")
+@click.option("--seed", type=int, default=None, help="Seed for sampling.")
+@click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True, help="Beam search with this many beams.")
+@click.option("--length-penalty", type=float, default=0.6, show_default=True, help="Beam search: alpha of ((5 + len) / 6) ** alpha (Wu et al. 2016).")
+@click.option("--eos-id", type=int, default=None, help="Stop a row at this token (default: the spec's tokens.eos).")
+@click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order.")
+@click.option("--json", "as_json", is_flag=True, help='{"ids": [[...]], "new_ids": [[...]]} on stdout.')
+def generate(build_dir, ids, input_file, texts, tokenizer, max_new_tokens, greedy, temperature, top_k, top_p, seed,
+             beams, length_penalty, eos_id, providers, as_json):
+    """Generate with a built decoder or encoder-decoder: greedy by default, sampling or beam search.
+
+    A single prompt's tokens stream to stdout as they come."""
+    from specc.runtime import Session
+
+    sampling = temperature is not None or top_k is not None or top_p is not None
+    if greedy and (sampling or beams > 1):
+        raise click.UsageError("--greedy cannot be combined with sampling options or --beams")
+    tok = _tokenizer(tokenizer)
+    rows = _rows(ids, input_file, texts, tok)
+    if isinstance(rows, dict):
+        rows = rows["input_ids"]
+    session = Session(build_dir, providers=providers or None)
+    stream = not as_json and len(rows) == 1 and beams == 1
+
+    def on_token(step: int, new: list) -> None:
+        if new[0] is None:
+            return
+        piece = tok.decode([new[0]]) if tok is not None else f"{new[0]} "
+        click.echo(piece, nl=False)
+
+    result = session.generate(rows, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                              top_p=top_p, seed=seed, beams=beams, length_penalty=length_penalty, eos_id=eos_id,
+                              on_token=on_token if stream else None)
+    if as_json:
+        doc = {"ids": result.ids, "new_ids": result.new_ids}
+        if tok is not None:
+            doc["text"] = [tok.decode(r) for r in result.new_ids]
+        _emit_json(doc)
+        return
+    if stream:
+        click.echo()
+        return
+    for row in result.new_ids:
+        click.echo(tok.decode(row) if tok is not None else ",".join(map(str, row)))

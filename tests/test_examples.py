@@ -10,9 +10,21 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
+# scripts that run on a build directory get one of tiny-gpt2 (built once)
+NEEDS_BUILD = {"generate_with_onnxruntime.py": ["5,6,7", "--max-new-tokens", "4"]}
+
+
+@pytest.fixture(scope="module")
+def gpt2_build(tmp_path_factory):
+    import specc
+
+    return specc.build("tiny-gpt2", tmp_path_factory.mktemp("examples") / "tiny-gpt2").out_dir
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
-def test_example_runs(script):
-    out = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=300)
+def test_example_runs(script, request):
+    args = [str(request.getfixturevalue("gpt2_build")), *NEEDS_BUILD[script]] if script in NEEDS_BUILD else []
+    out = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
 

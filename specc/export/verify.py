@@ -151,7 +151,7 @@ def _compare(name: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: fl
     if not np.array_equal(np.isfinite(got), finite) or not np.array_equal(got[~finite], want[~finite]):
         raise VerificationError(f"{where}: output {name!r} {list(got.shape)} has infinities where the other "
                                 f"side does not (or of the other sign)")
-    diff = np.abs(got - want)[finite]
+    diff = np.abs(got[finite] - want[finite])
     max_abs = float(diff.max()) if diff.size else 0.0
     scale = float(np.abs(want[finite]).max()) if diff.size else 0.0
     max_rel = max_abs / scale if scale > 0 else max_abs

@@ -1,0 +1,314 @@
+"""Generation loops over a Session: greedy, sampling (temperature, top-k, top-p) and beam search.
+
+    prompts --pad--> prefill (whole prompt, empty cache) --> logits[:, -1]
+                        ^                                        | choose (argmax | sample | beams)
+                        '--- step (1 token, cache = present) <---'
+
+A Runner owns the graph calls and the cache (OrtValues kept on the graph's device); the loops
+only see [rows, vocab] logits and hand back the chosen token per row. Beam search reorders the
+cache rows after each step.
+
+Beam scores use the length penalty of Wu et al. 2016, which the Transformer paper used for
+translation (beam 4, alpha 0.6): score = sum(log p) / lp(n), lp(n) = ((5 + n) / 6) ** alpha.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from specc.runtime.session import RunError, cross_cache, empty_cache, shape_of
+
+OnToken = Callable[[int, list], None]  # (step, [new id or None per row])
+
+
+@dataclass
+class Generated:
+    """ids: each row's prompt (for an encoder-decoder: the decoder start token) followed by its new
+    tokens; new_ids: the new tokens alone. Rows stop at EOS (kept) or max_new_tokens."""
+
+    ids: list[list[int]]
+    new_ids: list[list[int]]
+
+
+# --- prompts ------------------------------------------------------------------------------------
+
+
+def as_rows(input_ids) -> list[list[int]]:
+    """A list of ids, a list of lists (any lengths) or an int array [batch, seq] -> rows."""
+    if isinstance(input_ids, np.ndarray):
+        if input_ids.ndim == 1:
+            input_ids = input_ids[None, :]
+        if input_ids.ndim != 2 or not np.issubdtype(input_ids.dtype, np.integer):
+            raise RunError(f"input_ids must be an integer array [batch, seq], got {input_ids.dtype} {list(input_ids.shape)}")
+        rows = input_ids.tolist()
+    elif isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(x, (int, np.integer)) for x in input_ids):
+        rows = [list(input_ids)]
+    elif isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(r, (list, tuple, np.ndarray)) for r in input_ids):
+        rows = [list(r) for r in input_ids]
+    else:
+        raise RunError("input_ids must be a list of ids, a list of lists of ids, or an int array [batch, seq]")
+    if any(len(r) == 0 for r in rows):
+        raise RunError("every prompt needs at least one token")
+    if any(not isinstance(x, (int, np.integer)) or isinstance(x, bool) for r in rows for x in r):
+        raise RunError("token ids must be integers")
+    return [[int(x) for x in r] for r in rows]
+
+
+def pad_rows(rows: list[list[int]], pad: int, left: bool) -> tuple[np.ndarray, np.ndarray]:
+    """[B, T] ids and mask, padded on the left (decoder prompts) or right (encoder sources)."""
+    t = max(len(r) for r in rows)
+    ids = np.full((len(rows), t), pad, dtype=np.int64)
+    mask = np.zeros((len(rows), t), dtype=np.int64)
+    for i, r in enumerate(rows):
+        sl = slice(t - len(r), t) if left else slice(0, len(r))
+        ids[i, sl], mask[i, sl] = r, 1
+    return ids, mask
+
+
+# --- runners: the graph calls and the cache -------------------------------------------------------
+
+
+class DecoderRunner:
+    """A decoder-only build: prompts left-padded; positions counted from the mask."""
+
+    def __init__(self, session, rows: list[list[int]], pad: int):
+        self.graph = session.graphs["model"]
+        self.logits_name = _logits_name(session)
+        self.ids, self.mask = pad_rows(rows, pad, left=True)
+        self.cache: dict = {}
+
+    def prefill(self) -> np.ndarray:
+        feeds = {"input_ids": self.ids, "attention_mask": self.mask}
+        feeds.update(empty_cache(self.graph, len(self.ids)))
+        return self._run(feeds, self.ids.shape[1])
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.mask = np.concatenate([self.mask, np.ones((len(tokens), 1), dtype=np.int64)], axis=1)
+        return self._run({"input_ids": tokens[:, None].astype(np.int64), "attention_mask": self.mask, **self.cache}, 1)
+
+    def _run(self, feeds: dict, t: int) -> np.ndarray:
+        if "position_ids" in self.graph.inputs:
+            feeds["position_ids"] = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)[:, -t:]
+        if "token_type_ids" in self.graph.inputs:
+            feeds["token_type_ids"] = np.zeros((len(self.mask), t), dtype=np.int64)
+        out = self.graph.run(feeds)
+        self.cache = {"past_key_values." + k[len("present."):]: v for k, v in out.items() if k.startswith("present.")}
+        return out[self.logits_name].numpy()[:, -1, :]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.mask = self.mask[rows]
+        self.cache = {k: self.graph.value(k, v.numpy()[rows]) for k, v in self.cache.items()}
+
+
+class EncoderDecoderRunner:
+    """An encoder-decoder build: the encoder runs once on the right-padded sources; its
+    cross-attention K/V are the decoder's past_key_values.N.encoder.* at every step."""
+
+    def __init__(self, session, rows: list[list[int]], pad: int, start: int):
+        self.encoder, self.graph = session.graphs["encoder"], session.graphs["decoder"]
+        self.logits_name = _logits_name(session)
+        self.src, self.src_mask = pad_rows(rows, pad, left=False)
+        self.start = start
+        self.cache: dict = {}
+        self.cross: dict = {}
+
+    def prefill(self) -> np.ndarray:
+        feeds = {"input_ids": self.src, "attention_mask": self.src_mask}
+        if "token_type_ids" in self.encoder.inputs:
+            feeds["token_type_ids"] = np.zeros_like(self.src)
+        self.cross = cross_cache(self.encoder.run(feeds))
+        starts = np.full((len(self.src), 1), self.start, dtype=np.int64)
+        return self._run({"input_ids": starts, **empty_cache(self.graph, len(self.src))})
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        return self._run({"input_ids": tokens[:, None].astype(np.int64), **self.cache})
+
+    def _run(self, feeds: dict) -> np.ndarray:
+        out = self.graph.run({**feeds, **self.cross, "encoder_attention_mask": self.src_mask})
+        self.cache = {"past_key_values." + k[len("present."):]: v for k, v in out.items() if k.startswith("present.")}
+        return out[self.logits_name].numpy()[:, -1, :]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        # beams of one source share its cross-attention K/V, so only the self-attention cache moves
+        self.cache = {k: self.graph.value(k, v.numpy()[rows]) for k, v in self.cache.items()}
+
+
+def _logits_name(session) -> str:
+    graph = session.graphs.get("decoder") or session.graphs["model"]
+    kinds = {o["name"]: o["kind"] for o in session.spec.get("outputs", [])}
+    for name in graph.outputs:
+        if kinds.get(name) == "lm":
+            return name
+    raise RunError("generation needs an `lm` output; this build has " + ", ".join(kinds) )
+
+
+# --- choosing tokens ------------------------------------------------------------------------------
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def sample(logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int | None,
+           top_p: float | None) -> np.ndarray:
+    """One token per row from softmax(logits / temperature), restricted to the top_k most likely
+    and to the smallest set whose probability reaches top_p."""
+    x = logits.astype(np.float64) / max(temperature, 1e-6)
+    if top_k:
+        kth = np.sort(x, axis=-1)[:, -min(top_k, x.shape[-1])][:, None]
+        x = np.where(x < kth, -np.inf, x)
+    p = np.exp(log_softmax(x))
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-p, axis=-1)
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        keep_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p < top_p  # always keeps the first
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    u = rng.random((len(p), 1))
+    return np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)
+
+
+def _lp(n: int, alpha: float) -> float:
+    """Wu et al. 2016's length penalty."""
+    return ((5.0 + n) / 6.0) ** alpha
+
+
+# --- the loops ----------------------------------------------------------------------------------
+
+
+def generate(session, input_ids, max_new_tokens: int = 20, *, temperature: float | None = None,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None, do_sample: bool = False,
+             beams: int = 1, length_penalty: float = 0.6, eos_id: int | None = None, pad_id: int | None = None,
+             on_token: OnToken | None = None) -> Generated:
+    if max_new_tokens < 1:
+        raise RunError("max_new_tokens must be at least 1")
+    if beams < 1:
+        raise RunError("beams must be at least 1")
+    sampling = do_sample or temperature is not None or top_k is not None or top_p is not None
+    if sampling and beams > 1:
+        raise RunError("choose sampling or beam search, not both")
+    if temperature is not None and temperature <= 0:
+        raise RunError("temperature must be > 0 (use greedy decoding for temperature 0)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise RunError("top_p must be in (0, 1]")
+    if top_k is not None and top_k < 1:
+        raise RunError("top_k must be at least 1")
+    rows = as_rows(input_ids)
+    tokens = session.tokens
+    eos = eos_id if eos_id is not None else tokens.get("eos")
+    pad = pad_id if pad_id is not None else next((t for t in (tokens.get("pad"), eos, 0) if t is not None))
+    _check_length(session, rows, max_new_tokens)
+    vocab = _vocab(session)
+    bad = sorted({x for r in rows for x in r if not 0 <= x < vocab[0]})
+    if bad:
+        raise RunError(f"token id(s) {bad[:5]} outside the vocabulary (0..{vocab[0] - 1})")
+    if session.architecture == "encoder-decoder":
+        start = next((t for t in (tokens.get("decoder_start"), tokens.get("bos"), pad) if t is not None))
+        make = lambda rs: EncoderDecoderRunner(session, rs, pad, start)  # noqa: E731
+        prefixes = [[start] for _ in rows]
+    elif session.architecture == "decoder":
+        make = lambda rs: DecoderRunner(session, rs, pad)  # noqa: E731
+        prefixes = rows
+    else:
+        raise RunError("generation needs a decoder or an encoder-decoder build; use `specc run` for encoders")
+    if beams > 1:
+        new = _beam_search(make, rows, max_new_tokens, beams, length_penalty, eos)
+        if on_token:  # beams settle only at the end: report the winners then
+            for step in range(max(map(len, new), default=0)):
+                on_token(step, [r[step] if step < len(r) else None for r in new])
+    else:
+        rng = np.random.default_rng(seed) if sampling else None
+        choose = (lambda lg: sample(lg, rng, temperature or 1.0, top_k, top_p)) if sampling else (lambda lg: lg.argmax(-1))
+        new = _step_loop(make(rows), len(rows), max_new_tokens, choose, eos, pad, on_token)
+    return Generated(ids=[p + n for p, n in zip(prefixes, new)], new_ids=new)
+
+
+def _step_loop(runner, batch: int, max_new: int, choose, eos: int | None, pad: int, on_token) -> list[list[int]]:
+    """Greedy or sampling: one token per row per step; a row that produced EOS is done."""
+    new: list[list[int]] = [[] for _ in range(batch)]
+    done = np.zeros(batch, dtype=bool)
+    logits = runner.prefill()
+    for step in range(max_new):
+        chosen = np.asarray(choose(logits), dtype=np.int64)
+        chosen = np.where(done, pad, chosen)
+        for i in range(batch):
+            if not done[i]:
+                new[i].append(int(chosen[i]))
+        if on_token:
+            on_token(step, [None if done[i] else int(chosen[i]) for i in range(batch)])
+        if eos is not None:
+            done |= chosen == eos
+        if done.all() or step == max_new - 1:
+            break
+        logits = runner.step(chosen)
+    return new
+
+
+def _beam_search(make, rows: list[list[int]], max_new: int, k: int, alpha: float, eos: int | None) -> list[list[int]]:
+    """Beam search with k beams per prompt; hypotheses scored by sum(log p) / lp(length)."""
+    b = len(rows)
+    runner = make([r for r in rows for _ in range(k)])  # row b*k + j: beam j of prompt b
+    logp = log_softmax(runner.prefill())
+    vocab = logp.shape[-1]
+    scores = np.full((b, k), -np.inf)
+    scores[:, 0] = 0.0  # the beams start identical: expand only the first
+    seqs: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(b)]
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    closed = np.zeros(b, dtype=bool)
+    for step in range(max_new):
+        cand = (scores[:, :, None] + logp.reshape(b, k, vocab)).reshape(b, k * vocab)
+        top = np.argsort(-cand, axis=-1, kind="stable")[:, : 2 * k]
+        rows_next, tokens_next = np.zeros(b * k, dtype=np.int64), np.zeros(b * k, dtype=np.int64)
+        new_scores = np.full((b, k), -np.inf)
+        new_seqs: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(b)]
+        for i in range(b):
+            j = 0
+            for c in top[i]:
+                beam, token, score = int(c // vocab), int(c % vocab), float(cand[i, c])
+                if not np.isfinite(score) or closed[i]:
+                    break
+                seq = seqs[i][beam] + [token]
+                if eos is not None and token == eos:
+                    finished[i].append((score / _lp(len(seq), alpha), seq))
+                    continue
+                new_scores[i, j], new_seqs[i][j] = score, seq
+                rows_next[i * k + j], tokens_next[i * k + j] = i * k + beam, token
+                j += 1
+                if j == k:
+                    break
+            if len(finished[i]) >= k:
+                best_running = new_scores[i].max() / _lp(max_new, alpha) if alpha >= 0 else new_scores[i].max()
+                if min(s for s, _ in sorted(finished[i], reverse=True)[:k]) >= best_running:
+                    closed[i] = True
+        scores, seqs = new_scores, new_seqs
+        if closed.all() or step == max_new - 1:
+            break
+        runner.reorder(rows_next)
+        logp = log_softmax(runner.step(tokens_next))
+    out = []
+    for i in range(b):
+        hyps = list(finished[i]) + [(scores[i, j] / _lp(len(seqs[i][j]), alpha), seqs[i][j])
+                                    for j in range(k) if np.isfinite(scores[i, j])]
+        out.append(max(hyps, key=lambda h: h[0])[1] if hyps else [])
+    return out
+
+
+def _check_length(session, rows: list[list[int]], max_new: int) -> None:
+    pos = session.spec.get("position", {})
+    limit = pos.get("max_length") if pos.get("kind") == "learned" else None
+    longest = max(len(r) for r in rows)
+    total = (1 if session.architecture == "encoder-decoder" else longest) + max_new
+    if limit is not None and (total > limit or longest > limit):
+        raise RunError(f"prompt ({longest} tokens) + max_new_tokens ({max_new}) is past the model's "
+                       f"{limit} learned positions")
+
+
+def _vocab(session) -> tuple[int, int]:
+    v = session.spec["vocab"]
+    return v["size"], v.get("target_size") or v["size"]
