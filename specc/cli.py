@@ -295,7 +295,7 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
-def _read_batch(path: str) -> dict[str, Any]:
+def _read_batch(path: str) -> "dict[str, Any] | list":
     """--input FILE: a JSON list of lists of ids, a JSON object of named inputs, or an NPZ."""
     import numpy as np
 
@@ -310,7 +310,7 @@ def _read_batch(path: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise RunError(f"{path}: cannot read inputs ({exc})") from None
     if isinstance(data, list):
-        return {"input_ids": data}
+        return data  # rows of ids, padded like --ids
     if isinstance(data, dict) and "input_ids" in data:
         return data
     raise RunError(f"{path}: expected a list of lists of token ids or an object with input_ids")

@@ -139,9 +139,17 @@ class Session:
         caller left out get their natural defaults: attention_mask all ones, position_ids counted
         from the mask, token_type_ids zeros, an empty KV cache. An encoder-decoder runs its
         encoder on input_ids and, given decoder_input_ids, its decoder too."""
-        feeds = {k: np.asarray(v) for k, v in inputs.items()}
+        try:
+            feeds = {k: np.asarray(v) for k, v in inputs.items()}
+        except ValueError:
+            raise RunError("inputs must be rectangular arrays; pad rows of different lengths "
+                           "(or use generate(), which pads)") from None
         if "input_ids" not in feeds:
             raise RunError("run() needs input_ids")
+        ids = _ids(feeds["input_ids"])
+        vocab = self.spec["vocab"]["size"]
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise RunError(f"token ids must be in 0..{vocab - 1}; got {int(ids.min())}..{int(ids.max())}")
         if self.architecture == "encoder-decoder":
             return self._run_encoder_decoder(feeds)
         graph = self.graphs["model"]
