@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from spectext import DEC
+
 from specc.cli import main
 from specc.export.outdir import MANIFEST
 from specc.pipeline import STAGES, estimate_memory
@@ -150,32 +152,10 @@ def test_quiet_prints_nothing(process_json):
 
 # --- user errors: exit 1, a clear message, nothing written ------------------------------------------
 
+# one line of the shared minimal decoder changed at a time
 BAD_SPECS = {
-    "unknown key": ("""\
-        specc: 1
-        name: t
-        architecture: decoder
-        d_model: 64
-        vocab:
-          size: 100
-          sise: 3
-        decoder:
-          layers: 2
-          attention:
-            heads: 4
-        """, "^sise: 3", "unknown key 'sise'"),
-    "bad value": ("""\
-        specc: 1
-        name: t
-        architecture: decoder
-        d_model: 64
-        vocab:
-          size: 100
-        decoder:
-          layers: 2
-          attention:
-            heads: 5
-        """, "heads: ^5", "not divisible by heads 5"),
+    "unknown key": (DEC.replace("  size: 100\n", "  size: 100\n  sise: 3\n"), "^sise: 3", "unknown key 'sise'"),
+    "bad value": (DEC.replace("heads: 4", "heads: 5"), "heads: ^5", "not divisible by heads 5"),
 }
 
 

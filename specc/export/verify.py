@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from specc.errors import VerificationError
-from specc.spec.resolve import BATCH, ENC_SEQ, PAST, SEQ, TOTAL, GraphSig, ResolvedSpec
+from specc.spec.resolve import BATCH, PAST, GraphSig, ResolvedSpec
 
 # (target, precision) -> (atol, rtol). The one place tolerances live.
 TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
@@ -219,4 +219,4 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
     return report
 
 
-__all__ = ["TOLERANCES", "Case", "Report", "cases", "tolerance", "verify", "BATCH", "SEQ", "TOTAL", "ENC_SEQ"]
+__all__ = ["TOLERANCES", "Case", "Report", "cases", "tolerance", "verify"]

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from specc.runtime.session import RunError, cross_cache, empty_cache, shape_of
+from specc.runtime.session import RunError, as_past, empty_cache
 
 OnToken = Callable[[int, list], None]  # (step, [new id or None per row])
 
@@ -77,6 +77,8 @@ class DecoderRunner:
         self.graph = session.graphs["model"]
         self.logits_name = _logits_name(session)
         self.ids, self.mask = pad_rows(rows, pad, left=True)
+        # positions count real tokens, so a left-padded row starts at 0
+        self.positions = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)
         self.cache: dict = {}
 
     def prefill(self) -> np.ndarray:
@@ -86,19 +88,20 @@ class DecoderRunner:
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         self.mask = np.concatenate([self.mask, np.ones((len(tokens), 1), dtype=np.int64)], axis=1)
+        self.positions = self.positions[:, -1:] + 1  # one new token per row
         return self._run({"input_ids": tokens[:, None].astype(np.int64), "attention_mask": self.mask, **self.cache}, 1)
 
     def _run(self, feeds: dict, t: int) -> np.ndarray:
         if "position_ids" in self.graph.inputs:
-            feeds["position_ids"] = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)[:, -t:]
+            feeds["position_ids"] = self.positions
         if "token_type_ids" in self.graph.inputs:
             feeds["token_type_ids"] = np.zeros((len(self.mask), t), dtype=np.int64)
         out = self.graph.run(feeds)
-        self.cache = {"past_key_values." + k[len("present."):]: v for k, v in out.items() if k.startswith("present.")}
+        self.cache = as_past(out)
         return out[self.logits_name].numpy()[:, -1, :]
 
     def reorder(self, rows: np.ndarray) -> None:
-        self.mask = self.mask[rows]
+        self.mask, self.positions = self.mask[rows], self.positions[rows]
         self.cache = {k: self.graph.value(k, v.numpy()[rows]) for k, v in self.cache.items()}
 
 
@@ -118,7 +121,7 @@ class EncoderDecoderRunner:
         feeds = {"input_ids": self.src, "attention_mask": self.src_mask}
         if "token_type_ids" in self.encoder.inputs:
             feeds["token_type_ids"] = np.zeros_like(self.src)
-        self.cross = cross_cache(self.encoder.run(feeds))
+        self.cross = as_past(self.encoder.run(feeds))
         starts = np.full((len(self.src), 1), self.start, dtype=np.int64)
         return self._run({"input_ids": starts, **empty_cache(self.graph, len(self.src))})
 
@@ -127,7 +130,7 @@ class EncoderDecoderRunner:
 
     def _run(self, feeds: dict) -> np.ndarray:
         out = self.graph.run({**feeds, **self.cross, "encoder_attention_mask": self.src_mask})
-        self.cache = {"past_key_values." + k[len("present."):]: v for k, v in out.items() if k.startswith("present.")}
+        self.cache = as_past(out)
         return out[self.logits_name].numpy()[:, -1, :]
 
     def reorder(self, rows: np.ndarray) -> None:
@@ -204,10 +207,10 @@ def generate(session, input_ids, max_new_tokens: int = 20, *, temperature: float
     eos = eos_id if eos_id is not None else tokens.get("eos")
     pad = pad_id if pad_id is not None else next((t for t in (tokens.get("pad"), eos, 0) if t is not None))
     _check_length(session, rows, max_new_tokens)
-    vocab = _vocab(session)
-    bad = sorted({x for r in rows for x in r if not 0 <= x < vocab[0]})
+    vocab = session.spec["vocab"]["size"]  # of the prompt: the source vocabulary for an encoder-decoder
+    bad = sorted({x for r in rows for x in r if not 0 <= x < vocab})
     if bad:
-        raise RunError(f"token id(s) {bad[:5]} outside the vocabulary (0..{vocab[0] - 1})")
+        raise RunError(f"token id(s) {bad[:5]} outside the vocabulary (0..{vocab - 1})")
     if session.architecture == "encoder-decoder":
         start = next((t for t in (tokens.get("decoder_start"), tokens.get("bos"), pad) if t is not None))
         make = lambda rs: EncoderDecoderRunner(session, rs, pad, start)  # noqa: E731
@@ -308,7 +311,3 @@ def _check_length(session, rows: list[list[int]], max_new: int) -> None:
         raise RunError(f"prompt ({longest} tokens) + max_new_tokens ({max_new}) is past the model's "
                        f"{limit} learned positions")
 
-
-def _vocab(session) -> tuple[int, int]:
-    v = session.spec["vocab"]
-    return v["size"], v.get("target_size") or v["size"]

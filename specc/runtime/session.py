@@ -146,7 +146,7 @@ class Session:
                            "(or use generate(), which pads)") from None
         if "input_ids" not in feeds:
             raise RunError("run() needs input_ids")
-        ids = _ids(feeds["input_ids"])
+        ids = feeds["input_ids"] = _ids(feeds["input_ids"])
         vocab = self.spec["vocab"]["size"]
         if ids.min() < 0 or ids.max() >= vocab:
             raise RunError(f"token ids must be in 0..{vocab - 1}; got {int(ids.min())}..{int(ids.max())}")
@@ -172,15 +172,15 @@ class Session:
         if dec_ids is None:
             return result
         dec_feeds = {"input_ids": _ids(dec_ids), "encoder_attention_mask": enc_feeds["attention_mask"]}
-        dec_feeds.update(cross_cache(enc_out))
+        dec_feeds.update(as_past(enc_out))
         out = dec.run(self._defaults(dec, dec_feeds))
         result.update({k: v.numpy() for k, v in out.items()})
         return result
 
     def _defaults(self, graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
-        ids = _ids(feeds["input_ids"])
+        ids = feeds["input_ids"]  # validated by run()
         b, t = ids.shape
-        out = dict(feeds, input_ids=ids)
+        out = dict(feeds)
         past = empty_cache(graph, b)
         p = 0
         if past:
@@ -252,6 +252,7 @@ def empty_cache(graph: Graph, batch: int) -> dict[str, np.ndarray]:
     return out
 
 
-def cross_cache(encoder_out: dict) -> dict:
-    """The encoder's present.N.encoder.* as the decoder's past_key_values.N.encoder.*."""
-    return {"past_key_values." + k[len("present."):]: v for k, v in encoder_out.items() if k.startswith("present.")}
+def as_past(outputs: dict) -> dict:
+    """A graph's present.* outputs as the next call's past_key_values.* inputs: a decoder's own
+    cache, or an encoder's cross-attention K/V (present.N.encoder.*) for the decoder."""
+    return {"past_key_values." + k[len("present."):]: v for k, v in outputs.items() if k.startswith("present.")}

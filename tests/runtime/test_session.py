@@ -12,7 +12,7 @@ import torch
 
 import specc
 from specc.runtime import RunError, Session, choose_providers
-from specc.runtime.session import cross_cache, empty_cache, save_npz, shape_of
+from specc.runtime.session import as_past, empty_cache, save_npz, shape_of
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -315,7 +315,7 @@ def test_empty_cache_and_cross_cache(builds):
     assert sorted(empty) == sorted(n for n in dec.inputs if n.startswith("past_key_values.") and ".decoder." in n)
     assert all(v.shape == (3, 4, 0, 16) and v.dtype == np.float32 for v in empty.values())
     enc_out = s.graphs["encoder"].run({"input_ids": np.array([[1, 2, 3, 4]]), "attention_mask": np.ones((1, 4))})
-    cross = cross_cache(enc_out)
+    cross = as_past(enc_out)
     assert sorted(cross) == sorted(n for n in dec.inputs if ".encoder." in n)
     assert all(shape_of(v) == (1, 4, 4, 16) for v in cross.values())
     assert shape_of(np.zeros((2, 5))) == (2, 5)
