@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from specc.runtime.session import RunError, as_past, empty_cache
+from specc.runtime.session import CacheBuffers, RunError, as_past, empty_cache
 
 OnToken = Callable[[int, list], None]  # (step, [new id or None per row])
 
@@ -71,14 +71,16 @@ def pad_rows(rows: list[list[int]], pad: int, left: bool) -> tuple[np.ndarray, n
 
 
 class DecoderRunner:
-    """A decoder-only build: prompts left-padded; positions counted from the mask."""
+    """A decoder-only build: prompts left-padded; positions counted from the mask. `new`: the most
+    tokens the generation adds, which sizes the CPU cache buffers."""
 
-    def __init__(self, session, rows: list[list[int]], pad: int):
+    def __init__(self, session, rows: list[list[int]], pad: int, new: int):
         self.graph = session.graphs["model"]
         self.logits_name = _logits_name(session)
         self.ids, self.mask = pad_rows(rows, pad, left=True)
         # positions count real tokens, so a left-padded row starts at 0
         self.positions = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)
+        self.kv = CacheBuffers(self.graph, len(rows), self.ids.shape[1] + new) if self.graph.device == "cpu" else None
         self.cache: dict = {}
 
     def prefill(self) -> np.ndarray:
@@ -96,24 +98,25 @@ class DecoderRunner:
             feeds["position_ids"] = self.positions
         if "token_type_ids" in self.graph.inputs:
             feeds["token_type_ids"] = np.zeros((len(self.mask), t), dtype=np.int64)
-        out = self.graph.run(feeds)
-        self.cache = as_past(out)
-        return out[self.logits_name].numpy()[:, -1, :]
+        self.cache, logits = _run_cached(self.graph, self.kv, feeds, self.mask.shape[1], self.logits_name)
+        return logits
 
     def reorder(self, rows: np.ndarray) -> None:
         self.mask, self.positions = self.mask[rows], self.positions[rows]
-        self.cache = {k: self.graph.value(k, v.numpy()[rows]) for k, v in self.cache.items()}
+        self.cache = _reorder(self.graph, self.kv, self.cache, rows)
 
 
 class EncoderDecoderRunner:
     """An encoder-decoder build: the encoder runs once on the right-padded sources; its
     cross-attention K/V are the decoder's past_key_values.N.encoder.* at every step."""
 
-    def __init__(self, session, rows: list[list[int]], pad: int, start: int):
+    def __init__(self, session, rows: list[list[int]], pad: int, start: int, new: int):
         self.encoder, self.graph = session.graphs["encoder"], session.graphs["decoder"]
         self.logits_name = _logits_name(session)
         self.src, self.src_mask = pad_rows(rows, pad, left=False)
         self.start = start
+        self.kv = CacheBuffers(self.graph, len(rows), 1 + new) if self.graph.device == "cpu" else None
+        self.length = 0  # decoder tokens so far
         self.cache: dict = {}
         self.cross: dict = {}
 
@@ -129,13 +132,30 @@ class EncoderDecoderRunner:
         return self._run({"input_ids": tokens[:, None].astype(np.int64), **self.cache})
 
     def _run(self, feeds: dict) -> np.ndarray:
-        out = self.graph.run({**feeds, **self.cross, "encoder_attention_mask": self.src_mask})
-        self.cache = as_past(out)
-        return out[self.logits_name].numpy()[:, -1, :]
+        self.length += 1
+        feeds = {**feeds, **self.cross, "encoder_attention_mask": self.src_mask}
+        self.cache, logits = _run_cached(self.graph, self.kv, feeds, self.length, self.logits_name)
+        return logits
 
     def reorder(self, rows: np.ndarray) -> None:
         # beams of one source share its cross-attention K/V, so only the self-attention cache moves
-        self.cache = {k: self.graph.value(k, v.numpy()[rows]) for k, v in self.cache.items()}
+        self.cache = _reorder(self.graph, self.kv, self.cache, rows)
+
+
+def _run_cached(graph, kv: CacheBuffers | None, feeds: dict, total: int, logits_name: str) -> tuple[dict, np.ndarray]:
+    """Run one prefill or step; returns (the next step's past_key_values.*, last-position logits).
+    With CacheBuffers the present.* land in preallocated memory; otherwise (CUDA) they stay on the
+    device as onnxruntime's own OrtValues."""
+    into = kv.next(total) if kv else None
+    out = graph.run(feeds, into=into)
+    cache = kv.hold(into) if kv else as_past(out)
+    return cache, out[logits_name].numpy()[:, -1, :]
+
+
+def _reorder(graph, kv: CacheBuffers | None, cache: dict, rows: np.ndarray) -> dict:
+    if kv:
+        return kv.reorder(rows)
+    return {k: graph.value(k, v.numpy()[rows]) for k, v in cache.items()}
 
 
 def _logits_name(session) -> str:
@@ -213,10 +233,10 @@ def generate(session, input_ids, max_new_tokens: int = 20, *, temperature: float
         raise RunError(f"token id(s) {bad[:5]} outside the vocabulary (0..{vocab - 1})")
     if session.architecture == "encoder-decoder":
         start = next((t for t in (tokens.get("decoder_start"), tokens.get("bos"), pad) if t is not None))
-        make = lambda rs: EncoderDecoderRunner(session, rs, pad, start)  # noqa: E731
+        make = lambda rs: EncoderDecoderRunner(session, rs, pad, start, max_new_tokens)  # noqa: E731
         prefixes = [[start] for _ in rows]
     elif session.architecture == "decoder":
-        make = lambda rs: DecoderRunner(session, rs, pad)  # noqa: E731
+        make = lambda rs: DecoderRunner(session, rs, pad, max_new_tokens)  # noqa: E731
         prefixes = rows
     else:
         raise RunError("generation needs a decoder or an encoder-decoder build; use `specc run` for encoders")

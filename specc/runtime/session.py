@@ -7,7 +7,9 @@ build directory (its manifest and graphs) is all a Session needs.
     s.generate([1, 2, 3], max_new_tokens=8).ids
 
 Decoder graphs carry their KV cache as OrtValues from one step to the next through IO binding,
-on the device that runs the graph (no copy through numpy, no per-step re-allocation by Python).
+on the device that runs the graph (no copy through numpy). On CPU a generation allocates its cache
+once (CacheBuffers: two buffers per layer, used in turn, sized for prompt + max_new_tokens) and
+onnxruntime writes each step's present.* straight into them.
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ class Graph:
         self.ort = ort
         self.inputs = {t["name"]: t for t in sig["inputs"]}
         self.outputs = [t["name"] for t in sig["outputs"]]
+        self.output_sig = {t["name"]: t for t in sig["outputs"]}
         self.provider = self.session.get_providers()[0]
         self.device = "cuda" if self.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") else "cpu"
 
@@ -78,9 +81,10 @@ class Graph:
         array = np.ascontiguousarray(array, dtype=dtype)
         return self.ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
-    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+    def run(self, feeds: dict[str, Any], into: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
         """Run with IO binding. Feeds are numpy arrays or OrtValues; the result holds OrtValues
-        (on the graph's device), keyed by output name."""
+        (on the graph's device), keyed by output name. `into` (CPU only): preallocated contiguous
+        arrays of the exact output shapes, which onnxruntime writes those outputs into."""
         missing = sorted(set(self.inputs) - set(feeds))
         if missing:
             raise RunError(f"missing input(s): {', '.join(missing)}")
@@ -91,12 +95,60 @@ class Graph:
                 val = self.value(name, val)
             binding.bind_ortvalue_input(name, val)
         for name in self.outputs:
-            binding.bind_output(name, self.device)
+            if into and name in into:
+                binding.bind_ortvalue_output(name, self.ort.OrtValue.ortvalue_from_numpy(into[name]))
+            else:
+                binding.bind_output(name, self.device)
         try:
             self.session.run_with_iobinding(binding)
         except Exception as exc:  # onnxruntime's own exception types
             raise RunError(f"onnxruntime failed: {str(exc).strip().splitlines()[0]}") from None
         return dict(zip(self.outputs, binding.get_outputs()))
+
+
+class CacheBuffers:
+    """The self-attention KV cache of one generation on CPU, allocated once: two flat buffers per
+    present.* output, each big enough for [batch, heads, capacity, head_dim], used in turn. A step
+    reads its past from views of one and onnxruntime writes the present into views of the other,
+    so no step allocates a cache (the graph's Concat still copies past + new into the present)."""
+
+    def __init__(self, graph: Graph, batch: int, capacity: int):
+        self.graph = graph
+        self.batch, self.capacity = batch, capacity
+        self.buffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.heads: dict[str, tuple[int, int]] = {}
+        for name, t in graph.output_sig.items():
+            if name.startswith("present.") and ".encoder." not in name:
+                _, h, _, d = t["dims"]
+                dtype = _NP.get(t["dtype"], np.float32)
+                self.heads[name] = (h, d)
+                self.buffers[name] = (np.empty(batch * h * capacity * d, dtype), np.empty(batch * h * capacity * d, dtype))
+        self.turn = 0
+        self.current: dict[str, np.ndarray] = {}  # the views that hold the cache now
+
+    def next(self, total: int) -> dict[str, np.ndarray]:
+        """Views [batch, heads, total, head_dim] of the buffers not holding the current cache."""
+        if total > self.capacity:
+            raise RunError(f"cache of {total} positions past its capacity of {self.capacity}")
+        out = {}
+        for name, pair in self.buffers.items():
+            h, d = self.heads[name]
+            out[name] = pair[self.turn][: self.batch * h * total * d].reshape(self.batch, h, total, d)
+        return out
+
+    def hold(self, views: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Make `views` (from next()) the current cache; returns them as past_key_values.* inputs."""
+        self.current, self.turn = views, 1 - self.turn
+        return {"past_key_values." + k[len("present."):]: self.graph.ort.OrtValue.ortvalue_from_numpy(v)
+                for k, v in views.items()}
+
+    def reorder(self, rows: np.ndarray) -> dict[str, Any]:
+        """The current cache with its batch rows taken in the order `rows` (beam search)."""
+        total = next(iter(self.current.values())).shape[2]
+        views = self.next(total)
+        for name, view in views.items():
+            np.take(self.current[name], rows, axis=0, out=view)
+        return self.hold(views)
 
 
 class Session:

@@ -152,9 +152,9 @@ def test_cached_loop_logits_match_torch_step_by_step(built, label):
     refs = [torch_greedy(model, s.architecture, p, NEW, s.tokens, None) for p in prompts]
     pad = 0
     if s.architecture == "encoder-decoder":
-        runner = EncoderDecoderRunner(s, prompts, pad, start_token(s.tokens))
+        runner = EncoderDecoderRunner(s, prompts, pad, start_token(s.tokens), NEW)
     else:
-        runner = DecoderRunner(s, prompts, pad)
+        runner = DecoderRunner(s, prompts, pad, NEW)
     logits = runner.prefill()
     for step in range(NEW):
         want = np.stack([r[1][step] for r in refs])
@@ -470,9 +470,9 @@ def test_reordered_beams_carry_their_own_cache(built, label):
     s, model = built(label)
     prompt = PROMPTS[label][0]
     if s.architecture == "encoder-decoder":
-        runner = EncoderDecoderRunner(s, [prompt] * 3, 0, start_token(s.tokens))
+        runner = EncoderDecoderRunner(s, [prompt] * 3, 0, start_token(s.tokens), 2)
     else:
-        runner = DecoderRunner(s, [prompt] * 3, 0)
+        runner = DecoderRunner(s, [prompt] * 3, 0, 2)
     runner.prefill()
     first, second, parents = [11, 22, 33], [44, 55, 44], [2, 0, 2]
     runner.step(np.array(first))
@@ -483,6 +483,42 @@ def test_reordered_beams_carry_their_own_cache(built, label):
     stale = np.stack([next_logits(model, s.architecture, prompt, [[f, t]], s.tokens)[0] for f, t in zip(first, second)])
     assert float(np.abs(got - want).max()) < 2e-5
     assert float(np.abs(stale - want).max()) > 2e-4  # the history matters to the logits
+
+
+@pytest.mark.parametrize("label", ["tiny-llama", "tiny-transformer"])
+def test_cpu_cache_is_allocated_once_and_written_in_place(built, label):
+    """On CPU the loop's cache lives in two buffers per layer made before the prefill: every
+    step's past_key_values.* point into them, alternating, and a step past the capacity is refused."""
+    s, _ = built(label)
+    prompt, new = PROMPTS[label][0], 3
+    if s.architecture == "encoder-decoder":
+        runner = EncoderDecoderRunner(s, [prompt] * 2, 0, start_token(s.tokens), new)
+    else:
+        runner = DecoderRunner(s, [prompt] * 2, 0, new)
+    pairs = {"past_key_values." + n[len("present."):]: [(b.ctypes.data, b.ctypes.data + b.nbytes) for b in pair]
+             for n, pair in runner.kv.buffers.items()}
+    assert pairs and all(".encoder." not in n for n in pairs)
+
+    def side(name, value):
+        start = value.data_ptr()
+        hits = [i for i, (lo, hi) in enumerate(pairs[name]) if lo <= start < hi]
+        assert len(hits) == 1, name
+        return hits[0]
+
+    runner.prefill()
+    sides = []
+    for step in range(new):
+        assert set(runner.cache) == set(pairs)
+        sides.append({side(n, v) for n, v in runner.cache.items()})
+        if step < new - 1:
+            runner.step(np.array([5, 6]))
+        else:
+            runner.reorder(np.array([1, 0]))  # a beam reorder takes the other buffer too
+            sides.append({side(n, v) for n, v in runner.cache.items()})
+    assert sides == [{0}, {1}, {0}, {1}]
+    runner.step(np.array([5, 6]))  # the third new token: the capacity
+    with pytest.raises(RunError, match="capacity"):
+        runner.step(np.array([5, 6]))
 
 
 def test_two_step_beam_search_never_scores_below_greedy(small_two_step):
