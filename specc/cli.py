@@ -282,6 +282,54 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
                f"(tolerance {v['tolerance']['atol']:g} + {v['tolerance']['rtol']:g} x |torch|, {v['target']} {v['precision']})")
 
 
+# --- weights: import hf / export-weights ----------------------------------------------------
+
+
+@main.group("import", cls=_Group)
+def import_group() -> None:
+    """Turn a checkpoint from another framework into a spec plus weights."""
+
+
+@import_group.command("hf")
+@click.argument("src_dir", type=click.Path(file_okay=False))
+@click.option("-o", "--out", "out_spec", required=True, type=click.Path(dir_okay=False),
+              help="The spec to write (SPEC.yaml); the weights go to SPEC.safetensors beside it.")
+@click.option("--name", default=None, help="The spec's name (default: from SRC_DIR).")
+@click.option("--force", is_flag=True, help="Replace SPEC.yaml / SPEC.safetensors if they exist.")
+@click.option("--json", "as_json", is_flag=True, help='{"spec": path, "weights": path} on stdout.')
+def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as_json: bool) -> None:
+    """Import a local Hugging Face checkpoint folder (config.json + model.safetensors or
+    pytorch_model.bin): BERT, GPT-2, LLaMA-style, BART / mBART / Marian / Pegasus.
+
+    Anything in the config or the weights that specc cannot compute exactly is refused, naming
+    the field."""
+    from specc.weights.hf import import_hf
+
+    spec_path, weights_path = import_hf(src_dir, out_spec, name=name, force=force)
+    if as_json:
+        _emit_json({"spec": str(spec_path), "weights": str(weights_path)})
+        return
+    click.echo(f"wrote {spec_path} and {weights_path} ({_human_bytes(weights_path.stat().st_size)})")
+    click.echo(f"next: specc build {spec_path} -o DIR")
+
+
+@main.command("export-weights")
+@click.argument("spec")
+@click.option("-o", "--out", "out_file", required=True, type=click.Path(dir_okay=False), help="The .safetensors file to write.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random initialisation (a spec without weights:).")
+def export_weights_cmd(spec: str, out_file: str, seed: int) -> None:
+    """Write the weights SPEC builds with (its weights: file, else the seeded initialisation) in
+    specc's parameter names."""
+    from specc import export_weights
+
+    if not out_file.endswith(".safetensors"):
+        raise click.UsageError("the output must be a .safetensors file")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(out_file))):
+        raise SpeccError(f"{os.path.dirname(out_file)}: no such directory")
+    export_weights(spec, out_file, seed=seed)
+    click.echo(f"wrote {out_file} ({_human_bytes(os.path.getsize(out_file))})")
+
+
 # --- run / generate -------------------------------------------------------------------------
 
 

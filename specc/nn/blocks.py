@@ -140,7 +140,7 @@ class Stack(nn.Module):
         x = tokens
         pos = self.r.position
         if pos.kind == "sinusoidal":
-            x = x + sinusoidal(position_ids, self.r.d_model, pos.base).to(x.dtype)
+            x = x + sinusoidal(position_ids, self.r.d_model, pos.base, pos.layout).to(x.dtype)
         elif pos.kind == "learned":
             x = x + self.positions(position_ids)
         if types is not None:

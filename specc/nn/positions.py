@@ -19,12 +19,15 @@ import math
 import torch
 
 
-def sinusoidal(position_ids: torch.Tensor, d_model: int, base: float) -> torch.Tensor:
-    """[B, T] int positions -> [B, T, D] float encodings (sin on even dims, cos on odd)."""
+def sinusoidal(position_ids: torch.Tensor, d_model: int, base: float, layout: str = "interleaved") -> torch.Tensor:
+    """[B, T] int positions -> [B, T, D] float encodings: sin on even dims, cos on odd
+    (interleaved), or the sines of every frequency first, then the cosines (halves)."""
     half = (d_model + 1) // 2
     # inverse frequencies base^(-2i/D), i = 0..half-1
     inv = torch.exp(torch.arange(half, dtype=torch.float32, device=position_ids.device) * (-2.0 * math.log(base) / d_model))
     angles = position_ids.to(torch.float32).unsqueeze(-1) * inv  # [B, T, half]
+    if layout == "halves":
+        return torch.cat((torch.sin(angles), torch.cos(angles[..., : d_model - half])), dim=-1)
     pe = torch.stack((torch.sin(angles), torch.cos(angles)), dim=-1).flatten(-2)  # interleave: [B, T, 2*half]
     return pe[..., :d_model]
 

@@ -69,8 +69,12 @@ class _PositionBase(KindNode):
 
 
 class SinusoidalPosition(_PositionBase):
+    """layout: interleaved = sin on even dims, cos on odd (Vaswani et al.); halves = all sines,
+    then all cosines, the same frequencies (tensor2tensor, Marian, Pegasus)."""
+
     kind: Literal["sinusoidal"] = "sinusoidal"
     base: Annotated[float, Field(gt=1.0)] = 10000.0
+    layout: Literal["interleaved", "halves"] = "interleaved"
 
 
 class LearnedPosition(_PositionBase):

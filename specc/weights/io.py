@@ -63,11 +63,16 @@ def _umask() -> int:
 
 def save_module(module: nn.Module, path: str | os.PathLike) -> None:
     """Write the module's parameters as safetensors, atomically (temp file, then rename)."""
+    save_tensors({n: p.detach() for n, p in module.named_parameters()}, path)
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
+    """Write named tensors as safetensors, atomically (temp file, then rename), byte-reproducibly."""
     from safetensors.torch import save_file
 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tensors = {n: p.detach().contiguous().cpu() for n, p in module.named_parameters()}
+    tensors = {n: t.contiguous().cpu() for n, t in tensors.items()}
     try:
         # one metadata key: safetensors writes a metadata map in no fixed order, and identical
         # builds must give identical bytes

@@ -433,6 +433,23 @@ def test_sinusoidal_base_and_position_ids():
     close(got[0], expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("d", [16, 33])
+def test_sinusoidal_halves_layout_puts_every_sine_before_the_cosines(d):
+    """layout: halves (tensor2tensor / Marian): angle[p, j] = p / base^(2*(j//2)/d); the sines of
+    the even j fill the first ceil(d/2) dims, the cosines of the odd j the rest."""
+    n, base = 40, 10000.0
+    angle = np.array([[p / base ** (2 * (j // 2) / d) for j in range(d)] for p in range(n)])
+    first = (d + 1) // 2
+    expected = np.zeros((n, d))
+    expected[:, :first] = np.sin(angle[:, 0::2])
+    expected[:, first:] = np.cos(angle[:, 1::2])
+    got = sinusoidal(torch.arange(n)[None], d, base, "halves")
+    close(got[0], torch.tensor(expected, dtype=torch.float32), atol=2e-5, rtol=0)
+    # the same numbers as the interleaved layout, in another order
+    inter = sinusoidal(torch.arange(n)[None], d, base)[0]
+    close(got[0, :, :first], inter[:, 0::2], atol=0, rtol=0)
+
+
 # --- 7. norms -----------------------------------------------------------------------------------
 
 
