@@ -627,7 +627,7 @@ def convert_tensors(fam: Family, config: dict, tensors: dict, resolved, where: s
             raise CheckpointError(f"{where}: {src} has shape {tuple(tensors[src].shape)}; specc's {name} "
                                   f"needs {tuple(shape)} from this config")
         used.add(src)
-        out[name] = t.contiguous().clone()
+        out[name] = t.contiguous() if how == "copy" else t.contiguous().clone()  # views would share storage
     _check_leftovers(fam, resolved, tensors, out, used, find, where)
     return {k: (v if v.is_floating_point() else v.to(torch.float32)) for k, v in out.items()}
 
