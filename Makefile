@@ -6,7 +6,10 @@ PY := $(VENV)/bin/python
 RUNTIME ?= cpu
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow clean
+BENCH_VENV ?= .venv-bench
+BENCH_ARGS ?=
+
+.PHONY: install test test-slow bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -21,5 +24,13 @@ test:
 test-slow:
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
+# the performance suite: its own environment (Optimum needs an older transformers than the tests),
+# then benchmarks/suite.py, which rewrites docs/benchmarks.md and docs/benchmarks_latency.png
+bench:
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),bench]'
+	$(BENCH_VENV)/bin/python benchmarks/suite.py $(BENCH_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info .pytest_cache

@@ -30,7 +30,7 @@ from specc.spec.resolve import ResolvedSpec
 STAGES = ("load", "resolve", "build module", "export", "optimize", "verify", "write")
 TARGETS = ("onnx", "tensorrt", "triton")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
-BUILT_PRECISIONS = {"onnx": ("fp32", "fp16")}  # what each target builds today
+BUILT_PRECISIONS = {"onnx": ("fp32", "fp16", "int8", "int4")}  # what each target builds today
 MANIFEST_VERSION = 1
 DEFAULT_OPSET = 18  # see specc/export/onnx.py for why
 
@@ -255,13 +255,23 @@ def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n
     for sig in r.graphs:
         with _quiet():
             files[sig.name] = onnx_export.save(programs.pop(sig.name), sig, tmp / f"{sig.name}.onnx", weight_bytes, opset)
+    if precision in ("int8", "int4"):
+        from specc.export.quantize import quantize
+
+        with clock.stage("quantize") as facts:
+            for sig in r.graphs:
+                if len(files[sig.name]) > 1:
+                    raise BuildError(f"{precision} builds of graphs past 2 GB (external data) are not supported yet")
+                with _quiet():
+                    optimizations.append(quantize(files[sig.name][0], precision, sig))
+            facts["quantized"] = [o for o in optimizations if "precision" in o]
     return files, optimizations
 
 
 def _for_precision(model, precision: str):
     """The module the exporter traces: the model itself in fp32, a half-precision copy in fp16
     (norms and softmax still accumulate in fp32 inside the modules)."""
-    if precision == "fp32":
+    if precision in ("fp32", "int8", "int4"):  # integer precisions quantize the fp32 graph
         return model
     import copy
 
@@ -273,10 +283,10 @@ def _for_precision(model, precision: str):
 def _session(path: Path, graph: str):
     from specc.deps import require_onnxruntime
 
+    from specc.runtime.session import session_options
+
     ort = require_onnxruntime("verifying a build")
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
+    opts = session_options(ort)
     try:
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types

@@ -23,6 +23,10 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("onnx", "fp32"): (1e-4, 1e-4),
     ("onnx", "fp16"): (2e-2, 2e-2),
     ("onnx", "bf16"): (1e-1, 5e-2),
+    # integer weights: the gate catches a broken graph, not quantization noise; the benchmark
+    # reports the quality (hidden-state error, argmax / greedy agreement) on a trained model
+    ("onnx", "int8"): (1e-1, 1e-1),
+    ("onnx", "int4"): (2e-1, 2e-1),
     ("tensorrt", "fp32"): (5e-4, 5e-4),
     ("tensorrt", "fp16"): (2e-2, 2e-2),
     ("tensorrt", "bf16"): (1e-1, 5e-2),

@@ -1,0 +1,77 @@
+"""Integer precisions, applied to an exported fp32 graph with onnxruntime's quantizers.
+
+- int8: dynamic quantization. MatMul weights become int8 (per output column), activations are
+  quantized at run time (DynamicQuantizeLinear + MatMulInteger, fused by onnxruntime into
+  DynamicQuantizeMatMul). Only MatMul is quantized: Gather (the embedding tables) stays fp32, and
+  so does any attention op.
+- int4: weight-only 4-bit blocks (com.microsoft MatMulNBits, block 32, symmetric), activations
+  fp32 with int8 compute inside the kernel (accuracy_level 4). For decoders, whose speed is the
+  weight bytes read per token.
+
+Both read the saved .onnx and write it back in place, normalized again so identical inputs give
+identical bytes.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from specc.errors import BuildError
+
+INT_PRECISIONS = ("int8", "int4")
+INT4_BLOCK = 32
+
+
+def quantize(path: Path, precision: str, sig) -> dict:
+    """Quantize the graph at `path` in place; returns facts for the manifest."""
+    import onnx
+
+    from specc.export.onnx import _normalize
+
+    tmp = path.with_name(f".{path.name}.q.onnx")
+    before = onnx.load(str(path), load_external_data=False)
+    n_matmul = sum(1 for n in before.graph.node if n.op_type == "MatMul")
+    del before
+    try:
+        if precision == "int8":
+            _dynamic_int8(path, tmp)
+        elif precision == "int4":
+            _weight_only(path, tmp, bits=4)
+        else:
+            raise BuildError(f"no quantizer for precision {precision!r}")
+        proto = onnx.load(str(tmp))
+        _normalize(proto, sig)
+        onnx.save(proto, str(path))
+    except BuildError:
+        raise
+    except Exception as exc:  # onnxruntime's quantizer raises many types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BuildError(f"quantizing the {sig.name} graph to {precision} failed: {first}") from None
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + ".data")):
+            if leftover.exists():
+                os.unlink(leftover)
+    ops: dict[str, int] = {}
+    for n in proto.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    quantized = {k: v for k, v in ops.items() if k in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits",
+                                                      "DynamicQuantizeLinear")}
+    return {"graph": sig.name, "precision": precision, "matmuls": n_matmul, "quantized_ops": quantized}
+
+
+def _dynamic_int8(src: Path, dst: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
+                     extra_options={"MatMulConstBOnly": True})
+
+
+def _weight_only(src: Path, dst: Path, bits: int) -> None:
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    config = DefaultWeightOnlyQuantConfig(block_size=INT4_BLOCK, is_symmetric=True, accuracy_level=4, bits=bits)
+    q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=bits, block_size=INT4_BLOCK, is_symmetric=True,
+                             accuracy_level=4, algo_config=config)
+    q.process()
+    onnx.save(q.model.model, str(dst))
