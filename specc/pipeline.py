@@ -135,7 +135,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         precision = r.serving.precision
         if precision not in BUILT_PRECISIONS[target]:
             raise BuildError(f"precision {precision} is not built for target {target} yet; "
-                             f"choose {' or '.join(BUILT_PRECISIONS[target])}")
+                             f"choose one of {', '.join(BUILT_PRECISIONS[target])}")
         facts["name"] = r.name
     weights_path = Path(weights) if weights is not None else (Path(r.weights_path) if r.weights_path else None)
     weights_info: dict[str, Any] = {"source": "seed", "seed": seed}

@@ -232,7 +232,7 @@ def test_unknown_target_is_bad_usage(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--precision", "int8"], "precision int8 is not built for target onnx yet; choose fp32 or fp16"),
+    (["--precision", "bf16"], "precision bf16 is not built for target onnx yet; choose one of fp32, fp16, int8, int4"),
     (["--target", "tensorrt"], "target 'tensorrt' is not available"),
     (["--target", "triton"], "target 'triton' is not available"),
     (["--opset", "12"], "opset 12 is not supported"),

@@ -471,7 +471,7 @@ def test_external_data(built, tmp_path, monkeypatch):
 @pytest.mark.parametrize("options, message", [
     ({"target": "foo"}, "unknown target 'foo'"),
     ({"target": "tensorrt"}, "not available"),
-    ({"precision": "int8"}, "precision int8 is not built for target onnx"),
+    ({"precision": "bf16"}, "precision bf16 is not built for target onnx"),
     ({"precision": "fp64"}, "unknown precision 'fp64'"),
     ({"opset": 7}, "opset 7 is not supported"),
 ])

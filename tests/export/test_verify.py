@@ -48,7 +48,7 @@ def test_tolerance_table_is_keyed_by_target_and_precision():
     assert all(a >= b for a, b in zip(TOLERANCES[("onnx", "fp16")], TOLERANCES[("onnx", "fp32")]))
 
 
-@pytest.mark.parametrize("target,precision", [("onnx", "int8"), ("onnx", "int4"), ("triton", "fp32"), ("nope", "fp16")])
+@pytest.mark.parametrize("target,precision", [("tensorrt", "int8"), ("onnx", "int2"), ("triton", "fp32"), ("nope", "fp16")])
 def test_unknown_tolerance_key_raises(target, precision):
     assert (target, precision) not in TOLERANCES
     with pytest.raises(VerificationError, match=re.escape(repr(target)) + ".*" + re.escape(repr(precision))):
@@ -330,7 +330,7 @@ def test_verify_tolerance_lookup_decides(built, monkeypatch):
 def test_verify_rejects_an_unknown_tolerance_key(built):
     r, result = built["encoder-default"]
     with pytest.raises(VerificationError, match="no verification tolerance"):
-        verify(r, specc.to_torch(r, seed=0), _sessions(result), target="onnx", precision="int8")
+        verify(r, specc.to_torch(r, seed=0), _sessions(result), target="tensorrt", precision="int8")
 
 
 # --- a failing verification fails the whole build ---------------------------------------------
