@@ -295,19 +295,18 @@ def _session(path: Path, graph: str):
 
 @contextlib.contextmanager
 def _quiet():
-    """The exporter prints progress to stdout and logs warnings; `specc build --json` owns stdout."""
+    """The exporter prints progress to stdout and logs warnings, onnxruntime's quantizers log a
+    line per node through the root logger; `specc build --json` owns stdout and a build reports
+    through its own progress. Log records up to WARNING are dropped while inside."""
     sink = io.StringIO()
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    disabled = logging.root.manager.disable
+    logging.disable(max(disabled, logging.WARNING))
     try:
         with contextlib.redirect_stdout(sink), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        logging.disable(disabled)
 
 
 # --- cache, manifest, memory -------------------------------------------------------------------

@@ -25,8 +25,8 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("onnx", "bf16"): (1e-1, 5e-2),
     # integer weights: the gate catches a broken graph, not quantization noise; the benchmark
     # reports the quality (hidden-state error, argmax / greedy agreement) on a trained model
-    # (tiny random models measure int8 1-2% of max|torch|, int4 15-17%)
-    ("onnx", "int8"): (1e-3, 5e-2),
+    # (measured: int8 1-2% of max|torch| on tiny random models, 7% on gpt2-small at 1024 tokens; int4 15-17% on tiny ones)
+    ("onnx", "int8"): (1e-3, 1e-1),
     ("onnx", "int4"): (1e-3, 3.5e-1),
     ("tensorrt", "fp32"): (5e-4, 5e-4),
     ("tensorrt", "fp16"): (2e-2, 2e-2),
