@@ -214,7 +214,6 @@ GPT2 = Family(
     refuse=(
         Refuse("scale_attn_by_inverse_layer_idx", (False,), False, "scores divided by the layer index"),
         Refuse("add_cross_attention", (False,), False, "GPT-2 layers with cross-attention"),
-        Refuse("summary_type", ("cls_index", None), "cls_index", ""),  # only used by the double-heads model
     ),
     heads={"GPT2LMHeadModel": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
     names=(
