@@ -88,8 +88,11 @@ def save(program, sig: GraphSig, path: Path, weight_bytes: int, opset: int | Non
     import onnx
 
     external = weight_bytes >= EXTERNAL_DATA_BYTES
-    program.save(str(path), external_data=external)
-    proto = onnx.load(str(path), load_external_data=False)
+    if external:
+        program.save(str(path), external_data=True)
+        proto = onnx.load(str(path), load_external_data=False)
+    else:
+        proto = program.model_proto  # in memory: one serialization, no write-and-read-back
     written = {o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")}
     if opset is not None and written != {opset}:
         raise BuildError(f"the {sig.name} graph was asked for opset {opset} but declares {sorted(written)}")
