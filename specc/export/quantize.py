@@ -29,17 +29,13 @@ def quantize(path: Path, precision: str, sig) -> dict:
     from specc.export.onnx import _normalize
 
     tmp = path.with_name(f".{path.name}.q.onnx")
-    before = onnx.load(str(path), load_external_data=False)
-    n_matmul = sum(1 for n in before.graph.node if n.op_type == "MatMul")
-    del before
     try:
         if precision == "int8":
-            _dynamic_int8(path, tmp)
+            proto = _dynamic_int8(path, tmp)
         elif precision == "int4":
-            _weight_only(path, tmp, bits=4)
+            proto = _weight_only(path, bits=4)
         else:
             raise BuildError(f"no quantizer for precision {precision!r}")
-        proto = onnx.load(str(tmp))
         _normalize(proto, sig)
         onnx.save(proto, str(path))
     except BuildError:
@@ -56,17 +52,21 @@ def quantize(path: Path, precision: str, sig) -> dict:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
     quantized = {k: v for k, v in ops.items() if k in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits",
                                                       "DynamicQuantizeLinear")}
-    return {"graph": sig.name, "precision": precision, "matmuls": n_matmul, "quantized_ops": quantized}
+    return {"graph": sig.name, "precision": precision, "float_matmuls_left": ops.get("MatMul", 0),
+            "quantized_ops": quantized}
 
 
-def _dynamic_int8(src: Path, dst: Path) -> None:
+def _dynamic_int8(src: Path, tmp: Path):
+    """The quantizer writes a file (at `tmp`); returns it loaded."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
+    quantize_dynamic(src, tmp, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
                      extra_options={"MatMulConstBOnly": True})
+    return onnx.load(str(tmp))
 
 
-def _weight_only(src: Path, dst: Path, bits: int) -> None:
+def _weight_only(src: Path, bits: int):
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
@@ -74,4 +74,4 @@ def _weight_only(src: Path, dst: Path, bits: int) -> None:
     q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=bits, block_size=INT4_BLOCK, is_symmetric=True,
                              accuracy_level=4, algo_config=config)
     q.process()
-    onnx.save(q.model.model, str(dst))
+    return q.model.model

@@ -14,7 +14,6 @@ onnxruntime writes each step's present.* straight into them.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -46,14 +45,6 @@ def choose_providers(available: Sequence[str], requested: Sequence[str] | None =
     if "CPUExecutionProvider" not in chosen:
         chosen.append("CPUExecutionProvider")
     return chosen
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, so containers and taskset count right)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def session_options(ort, threads: int | None = None):

@@ -16,6 +16,7 @@ safetensors, or from pytorch_model.bin with torch.load(weights_only=True), never
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -490,7 +491,7 @@ def _merge(into: dict, data: dict) -> None:
         if isinstance(v, dict) and isinstance(into.get(k), dict):
             _merge(into[k], v)
         else:
-            into[k] = json.loads(json.dumps(v)) if isinstance(v, dict) else v
+            into[k] = copy.deepcopy(v)
 
 
 def _has(tensors: dict, name: str, prefixes: tuple[str, ...]) -> bool:
@@ -598,8 +599,6 @@ def expand(fam: Family, resolved, heads: list[str]) -> dict[str, tuple[tuple[str
 
 def convert_tensors(fam: Family, config: dict, tensors: dict, resolved, where: str) -> dict:
     """specc's parameters from the checkpoint's tensors; every parameter filled, every tensor used."""
-    import torch
-
     from specc.inspect import parameter_shapes
 
     shapes = parameter_shapes(resolved)
@@ -627,15 +626,14 @@ def convert_tensors(fam: Family, config: dict, tensors: dict, resolved, where: s
                                   f"needs {tuple(shape)} from this config")
         used.add(src)
         out[name] = t.contiguous() if how == "copy" else t.contiguous().clone()  # views would share storage
-    _check_leftovers(fam, resolved, tensors, out, used, find, where)
-    return {k: (v if v.is_floating_point() else v.to(torch.float32)) for k, v in out.items()}
+    _check_leftovers(fam, resolved, table, tensors, out, used, find, where)
+    return out
 
 
-def _check_leftovers(fam, resolved, tensors, out, used, find, where) -> None:
+def _check_leftovers(fam, resolved, table, tensors, out, used, find, where) -> None:
     import torch
 
     # tied copies some checkpoints keep (pytorch_model.bin stores every alias) must equal the table
-    table = expand(fam, resolved, [o.name for o in resolved.outputs])
     tied_aliases = {}
     for name, (candidates, how) in table.items():
         if name in out:
