@@ -17,6 +17,8 @@ install:
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[$(RUNTIME),test]'
 	$(VENV)/bin/specc --version
+	# `specc graph` renders with graphviz's dot program: installed where this can (root with apt-get), else named
+	@command -v dot >/dev/null || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "note: install graphviz (its dot program) for specc graph: apt-get install graphviz / brew install graphviz / conda install graphviz"
 
 test:
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -145,25 +145,68 @@ def inspect(spec: str, length: int | None, as_json: bool) -> None:
     if as_json:
         _emit_json(facts)
         return
-    total = facts["parameters"]
-    _table(
-        f"{facts['name']}: {total:,} parameters",
-        ["component", "parameters", "share"],
-        [[c, f"{n:,}", f"{100 * n / total:.1f}%"] for c, n in facts["parameters_by_component"].items()],
-    )
-    for note in facts["shared"]:
-        click.echo(f"  {note}")
-    click.echo(f"FLOPs per token at length {facts['length']}: {facts['flops_per_token']:,}")
-    click.echo(f"KV cache per token: {facts['kv_cache_bytes_per_token']:,} bytes"
-               + (f" (+ {facts['cross_kv_cache_bytes_per_source_token']:,} per source token, cross-attention)"
-                  if facts["cross_kv_cache_bytes_per_source_token"] else ""))
-    click.echo("Weights: " + ", ".join(f"{p} {b / 2**20:,.1f} MiB" for p, b in facts["weight_bytes"].items()))
-    _table(
-        "layers",
-        ["layer", "parameters", "FLOPs/token", "heads", "kv", "d_k", "d_v", "pattern", "d_ff", "activation"],
-        [[f"{l['stack']}.{l['index']}", f"{l['parameters']:,}", f"{l['flops_per_token']:,}", l["heads"], l["kv_heads"],
-          l["d_k"], l["d_v"], l["pattern"], l["d_ff"], l["activation"]] for l in facts["layers"]],
-    )
+    from specc.report import inspect_report, render
+
+    render(inspect_report(facts))
+
+
+# --- graph / diff -------------------------------------------------------------------------
+
+
+def _graph_format(ctx, param, value: str) -> str:
+    from pathlib import Path
+
+    from specc.show.graph import FORMATS
+
+    if Path(value).suffix.lower().lstrip(".") not in FORMATS:
+        raise click.BadParameter(f"{value}: the extension picks the format: .svg, .png or .dot")
+    return value
+
+
+@main.command()
+@click.argument("specs", nargs=-1, required=True, metavar="SPEC | --diff A B")
+@click.option("-o", "--out", "out_file", required=True, type=click.Path(dir_okay=False), callback=_graph_format,
+              help="FILE.svg, FILE.png (rendered with graphviz's dot) or FILE.dot (DOT source).")
+@click.option("--diff", "as_diff", is_flag=True, help="Two specs A B: B drawn with what differs from A highlighted.")
+def graph(specs: tuple[str, ...], out_file: str, as_diff: bool) -> None:
+    """Draw the architecture of SPEC (stacks ×N, one layer expanded, residual paths)."""
+    from specc.show.graph import build_diff_graph, build_graph, write
+    from specc.spec import load_spec, resolve
+
+    if len(specs) != (2 if as_diff else 1):
+        raise click.UsageError("graph takes one SPEC, or two with --diff (specc graph --diff A B -o FILE)")
+    resolved = [resolve(load_spec(s)) for s in specs]
+    g = build_diff_graph(*resolved) if as_diff else build_graph(resolved[0])
+    click.echo(write(g, out_file))
+
+
+@main.command()
+@click.argument("spec_a")
+@click.argument("spec_b")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+def diff(spec_a: str, spec_b: str, as_json: bool) -> None:
+    """The resolved specs A and B side by side: differing fields, parameters and FLOPs."""
+    from specc.show.diff import diff_specs, pct
+    from specc.spec import load_spec, resolve
+
+    facts = diff_specs(resolve(load_spec(spec_a)), resolve(load_spec(spec_b)))
+    if as_json:
+        _emit_json(facts)
+        return
+    names = facts["names"]
+    a_col, b_col = f"A: {names['a']}", f"B: {names['b']}"
+    if names["a"] == names["b"]:
+        a_col, b_col = f"A: {spec_a}", f"B: {spec_b}"
+    if facts["differences"]:
+        _table(f"{len(facts['differences'])} differing fields", ["key", a_col, b_col],
+               [[d["key"], d["a"], d["b"]] for d in facts["differences"]])
+    else:
+        click.echo("no differences")
+    p, f = facts["parameters"], facts["flops_per_token"]
+    click.echo(f"parameters: {p['a']:,} -> {p['b']:,} ({pct(p['a'], p['b'])})")
+    click.echo(f"FLOPs per token: {f['a']:,} -> {f['b']:,} ({pct(f['a'], f['b'])})"
+               + (f" (length {facts['length']['a']})" if facts["length"]["a"] == facts["length"]["b"]
+                  else f" (lengths {facts['length']['a']} and {facts['length']['b']})"))
 
 
 # --- build --------------------------------------------------------------------------------
@@ -270,16 +313,9 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
         return
     if quiet:
         return
-    m = result.manifest
-    v = m["verification"]
-    _table(
-        f"{m['name']} -> {result.out_dir}" + (" (cached)" if result.cached else ""),
-        ["artifact", "size", "sha256"],
-        [[a["path"], _human_bytes(a["bytes"]), a["sha256"][:12]] for a in m["artifacts"]],
-    )
-    click.echo(f"parameters: {m['parameters']:,}")
-    click.echo(f"verified: {len(v['cases'])} cases, max |onnxruntime - torch| {v['max_abs_diff']:.2e} "
-               f"(tolerance {v['tolerance']['atol']:g} + {v['tolerance']['rtol']:g} x |torch|, {v['target']} {v['precision']})")
+    from specc.report import build_report, render
+
+    render(build_report(result.manifest, str(result.out_dir), cached=result.cached))
 
 
 # --- weights: import hf / export-weights ----------------------------------------------------
