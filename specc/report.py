@@ -1,0 +1,140 @@
+"""Reports as aligned tables: pure formatting, data in, text or rich tables out.
+
+`inspect_report` and `build_report` turn the facts of `specc inspect` and a build manifest into a
+list of blocks (a `Table` or a line of text). `render` writes the blocks to a rich Console: rich
+tables on a terminal, plain aligned text (no ANSI codes, no box drawing) otherwise. Nothing here
+computes a fact: every number comes from the facts or the manifest, as `--json` prints them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+    def plain(self) -> list[str]:
+        """Aligned lines: the first column left-justified, the others right-justified."""
+        widths = [max(len(str(c)) for c in [col] + [r[i] for r in self.rows]) for i, col in enumerate(self.columns)]
+        lines = [self.title]
+        for row in [self.columns] + self.rows:
+            lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                                   for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        return lines
+
+    def rich(self):
+        from rich.table import Table as RichTable
+
+        table = RichTable(title=self.title)
+        for i, col in enumerate(self.columns):
+            table.add_column(col, justify="left" if i == 0 else "right")
+        for row in self.rows:
+            table.add_row(*[str(c) for c in row])
+        return table
+
+
+Block = Union[Table, str]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def inspect_report(facts: dict[str, Any]) -> list[Block]:
+    """The blocks of `specc inspect` from `inspect_spec`'s facts."""
+    total = facts["parameters"]
+    blocks: list[Block] = [Table(
+        f"{facts['name']}: {total:,} parameters",
+        ["component", "parameters", "share"],
+        [[c, f"{n:,}", f"{100 * n / total:.1f}%"] for c, n in facts["parameters_by_component"].items()],
+    )]
+    blocks += [f"  {note}" for note in facts.get("shared", [])]
+    blocks.append(f"FLOPs per token at length {facts['length']}: {facts['flops_per_token']:,}")
+    cross = facts.get("cross_kv_cache_bytes_per_source_token") or 0
+    blocks.append(f"KV cache per token: {facts['kv_cache_bytes_per_token']:,} bytes"
+                  + (f" (+ {cross:,} per source token, cross-attention)" if cross else ""))
+    blocks.append("Weights: " + ", ".join(f"{p} {b / 2**20:,.1f} MiB" for p, b in facts["weight_bytes"].items()))
+    blocks.append(Table(
+        "layers",
+        ["layer", "parameters", "FLOPs/token", "heads", "kv", "d_k", "d_v", "pattern", "d_ff", "activation"],
+        [[f"{l['stack']}.{l['index']}", f"{l['parameters']:,}", f"{l['flops_per_token']:,}", str(l["heads"]),
+          str(l["kv_heads"]), str(l["d_k"]), str(l["d_v"]), str(l["pattern"]), str(l["d_ff"]), str(l["activation"])]
+         for l in facts["layers"]],
+    ))
+    return blocks
+
+
+def fusions(manifest: dict[str, Any]) -> dict[str, int]:
+    """Graph-pass fusions that fired, {name: count} summed over graphs, from the manifest's
+    `fusions` key (top level or per optimization entry); empty when none fired."""
+    total: dict[str, int] = {}
+    sources = [manifest.get("fusions")] + [o.get("fusions") for o in manifest.get("optimizations") or []]
+    for src in sources:
+        for name, count in (src or {}).items():
+            if count:
+                total[name] = total.get(name, 0) + int(count)
+    return total
+
+
+def case_max_abs(case: dict[str, Any]) -> float:
+    """The largest |onnxruntime - torch| over one verification case's outputs."""
+    return max((o["max_abs"] for o in (case.get("outputs") or {}).values()), default=0.0)
+
+
+def build_report(manifest: dict[str, Any], out_dir: str, cached: bool = False) -> list[Block]:
+    """The summary printed at the end of `specc build`, from the manifest."""
+    v = manifest["verification"]
+    tol = v["tolerance"]
+    blocks: list[Block] = [Table(
+        f"{manifest['name']} -> {out_dir}" + (" (cached)" if cached else ""),
+        ["artifact", "size", "sha256"],
+        [[a["path"], human_bytes(a["bytes"]), a["sha256"][:12]] for a in manifest["artifacts"]],
+    )]
+    blocks.append(f"parameters: {manifest['parameters']:,}")
+    blocks.append(f"verified: {len(v['cases'])} cases, max |onnxruntime - torch| {v['max_abs_diff']:.2e} "
+                  f"(tolerance {tol['atol']:g} + {tol['rtol']:g} x |torch|, {v['target']} {v['precision']})")
+    cases = [c for c in v["cases"] if isinstance(c, dict)]
+    if cases:
+        blocks.append(Table("verification", ["graph", "case", "max abs diff", "tolerance"], [
+            [str(c.get("graph", "")), str(c.get("case", "")), f"{case_max_abs(c):.2e}",
+             f"{tol['atol']:g} + {tol['rtol']:g} x |torch|"] for c in cases]))
+    timings = manifest.get("timings_s") or {}
+    if timings:
+        blocks.append(Table("timings", ["stage", "seconds"], [[s, f"{t:.2f}"] for s, t in timings.items()]))
+    opts = manifest.get("optimizations") or []
+    if opts:
+        blocks.append("optimizations: " + ", ".join(
+            f"{o.get('graph', '?')} {o.get('nodes_before', '?')} -> {o.get('nodes_after', '?')} nodes"
+            + (f" ({o['pass']})" if o.get("pass") else "") for o in opts))
+    fired = fusions(manifest)
+    blocks.append("fusions: " + (", ".join(f"{n} x{c}" for n, c in sorted(fired.items())) if fired else "none"))
+    return blocks
+
+
+def render(blocks: list[Block], console=None) -> None:
+    """Write blocks to console (default: stdout): rich tables on a terminal, plain aligned text
+    otherwise."""
+    from rich.console import Console
+
+    console = console or Console()
+    for block in blocks:
+        if isinstance(block, Table):
+            if console.is_terminal:
+                console.print(block.rich())
+            else:
+                for line in block.plain():
+                    console.file.write(line + "\n")
+        else:
+            if console.is_terminal:
+                console.print(block, highlight=False, markup=False)
+            else:
+                console.file.write(block + "\n")
+    console.file.flush()
