@@ -1,0 +1,223 @@
+"""The language reference (docs/language.md), rendered from the pydantic models in schema.py so
+that it cannot drift from them. Regenerate with::
+
+    .venv/bin/python -m specc.spec.reference > docs/language.md
+
+Every example below is checked by tests/spec/test_reference_doc.py: it is appended to a small
+spec extending ``base`` and must load and resolve.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from typing import Any, Literal, Union
+
+from annotated_types import Ge, Gt, Le, Lt, MaxLen
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from specc.spec import schema
+
+REGENERATE = ".venv/bin/python -m specc.spec.reference > docs/language.md"
+
+
+# (title, base spec, YAML appended to `specc: 1 / name: example / extends: <base>`)
+EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
+    "position": [
+        ("sinusoidal", "tiny-transformer", "position: {kind: sinusoidal, layout: halves, max_length: 256}\n"),
+        ("learned", "tiny-gpt2", "position: {kind: learned, max_length: 128}\n"),
+        ("relative", "tiny-bert", "position: {kind: relative, clip: 8, values: false}\n"),
+        ("rotary", "tiny-llama", "position: {kind: rotary, base: 10000.0, fraction: 0.5}\n"),
+        ("alibi", "tiny-gpt2", "position: {kind: alibi, max_length: 128}\n"),
+        ("none", "tiny-gpt2", "position: {kind: none}\n"),
+    ],
+    "pattern": [
+        ("full", "tiny-bert", "encoder:\n  attention:\n    pattern: {kind: full}\n"),
+        ("local", "tiny-bert", "encoder:\n  attention:\n    pattern: {kind: local, window: 8}\n"),
+        ("linformer", "tiny-bert", "encoder:\n  attention:\n    pattern: {kind: linformer, k: 32}\n"),
+        ("bigbird", "tiny-bert",
+         "encoder:\n  attention:\n    pattern: {kind: bigbird, block: 8, window: 3, global: 1, random: 1}\n"),
+    ],
+    "score": [
+        (s, "tiny-gpt2", f"decoder:\n  attention: {{score: {s}}}\n")
+        for s in ("scaled_dot", "dot", "bilinear", "additive")
+    ],
+    "merge": [
+        ("project", "tiny-gpt2", "decoder:\n  attention: {merge: project}\n"),
+        ("concat", "tiny-gpt2", "decoder:\n  attention: {merge: concat}\n"),
+        ("mean", "tiny-gpt2", "decoder:\n  attention: {merge: mean, d_k: 64, d_v: 64}\n"),
+    ],
+    "norm": [
+        (f"{k}, {p}", "tiny-gpt2", f"norm: {{kind: {k}, placement: {p}}}\n")
+        for k in ("layernorm", "rmsnorm") for p in ("post", "pre", "sandwich")
+    ],
+    "activation": [
+        (a, "tiny-gpt2", f"decoder:\n  ffn: {{activation: {a}}}\n")
+        for a in ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+    ],
+    "outputs": [
+        ("hidden", "tiny-bert", "outputs:\n  - {kind: hidden, name: last_hidden_state}\n"),
+        ("lm", "tiny-gpt2", "outputs:\n  - {kind: lm, name: logits}\n"),
+        ("mlm", "tiny-bert", "outputs:\n  - {kind: mlm}\n"),
+        ("classifier", "tiny-bert", "outputs:\n  - {kind: classifier, classes: 3, pool: first, pooler: tanh}\n"),
+        ("token_classifier", "tiny-bert", "outputs:\n  - {kind: token_classifier, classes: 9}\n"),
+        ("pooled", "tiny-bert", "outputs:\n  - {kind: pooled, pool: first, pooler: tanh}\n"),
+    ],
+}
+
+
+def example_text(base: str, snippet: str) -> str:
+    """The whole spec an example stands for."""
+    return f"specc: 1\nname: example\nextends: {base}\n{snippet}"
+
+
+def _type(ann: Any) -> str:
+    origin = typing.get_origin(ann)
+    if origin is typing.Annotated:
+        return _type(typing.get_args(ann)[0])
+    if origin is Literal:
+        return " \\| ".join(f"`{a}`" if not isinstance(a, bool) else f"`{str(a).lower()}`" for a in typing.get_args(ann))
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(ann)
+        if all(inspect.isclass(a) and issubclass(a, schema.KindNode) for a in args):
+            return "one of the kinds below"
+        return " \\| ".join("null" if a is type(None) else _type(a) for a in args)
+    if origin is list:
+        return f"list of {_type(typing.get_args(ann)[0])}"
+    if inspect.isclass(ann) and issubclass(ann, BaseModel):
+        return f"mapping ([{ann.__name__}](#{ann.__name__.lower()}))"
+    return {int: "integer", float: "number", str: "string", bool: "boolean"}.get(ann, str(ann))
+
+
+def _constraints(info: FieldInfo) -> str:
+    parts = []
+    metas = list(info.metadata)
+    ann = info.annotation
+    if typing.get_origin(ann) is typing.Annotated:
+        for a in typing.get_args(ann)[1:]:
+            metas.extend(getattr(a, "metadata", [a]))
+    for m in metas:
+        if isinstance(m, Ge):
+            parts.append(f">= {m.ge}")
+        elif isinstance(m, Gt):
+            parts.append(f"> {m.gt}")
+        elif isinstance(m, Le):
+            parts.append(f"<= {m.le}")
+        elif isinstance(m, Lt):
+            parts.append(f"< {m.lt}")
+        elif isinstance(m, MaxLen):
+            parts.append(f"at most {m.max_length} characters")
+        elif getattr(m, "pattern", None):
+            parts.append(f"matches `{m.pattern}`")
+    return ", ".join(dict.fromkeys(parts))
+
+
+def _default(info: FieldInfo) -> str:
+    if info.is_required():
+        return "**required**"
+    value = info.default
+    if value is PydanticUndefined:
+        return ""
+    if value is None:
+        return "null"
+    if value == "":
+        return '`""`'
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, BaseModel):
+        kind = getattr(value, "kind", None)
+        return f"`{{kind: {kind}}}`" if kind else "defaults of each key"
+    return f"`{value}`"
+
+
+def _doc(model: type[BaseModel]) -> str:
+    doc = model.__doc__ or ""
+    if doc.startswith(("Base of every", "A member of a union")) or not doc.strip():
+        return ""
+    return " ".join(inspect.cleandoc(doc).split())
+
+
+def _table(model: type[BaseModel]) -> list[str]:
+    lines = ["| key | type | default | constraints |", "|---|---|---|---|"]
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        if key == "kind" and issubclass(model, schema.KindNode):
+            continue
+        lines.append(f"| `{key}` | {_type(info.annotation)} | {_default(info)} | {_constraints(info)} |")
+    return lines if len(lines) > 2 else ["(no other keys)"]
+
+
+def _union_members(ann: Any) -> list[type[BaseModel]]:
+    if typing.get_origin(ann) is typing.Annotated:
+        ann = typing.get_args(ann)[0]
+    return [a for a in typing.get_args(ann) if inspect.isclass(a) and issubclass(a, BaseModel)]
+
+
+def _examples(group: str) -> list[str]:
+    out = []
+    for title, base, snippet in EXAMPLES.get(group, []):
+        out += [f"Example ({title}, on `{base}`):", "", "```yaml", snippet.rstrip("\n"), "```", ""]
+    return out
+
+
+def _models() -> list[tuple[type[BaseModel], str | None]]:
+    """The mappings of the language in document order, with their example group."""
+    s = schema
+    return [
+        (s.ModelSpec, None), (s.VocabSpec, None), (s.NormSpec, "norm"), (s.DropoutSpec, None),
+        (s.StackSpec, None), (s.AttentionSpec, "score"), (s.FFNSpec, "activation"),
+        (s.TokensSpec, None), (s.ServingSpec, None), (s.RangeSpec, None),
+    ]
+
+
+def _kinds() -> list[tuple[str, str, Any, str]]:
+    s = schema
+    return [
+        ("position", "`position:` (top level)", s.PositionSpec, "position"),
+        ("pattern", "`attention.pattern:`", s.PatternSpec, "pattern"),
+        ("outputs", "each item of `outputs:`", s.OutputSpec, "outputs"),
+    ]
+
+
+def render() -> str:
+    lines = [
+        "# The spec language (v1): reference",
+        "",
+        "<!-- Generated from specc/spec/schema.py by specc/spec/reference.py; do not edit by hand.",
+        f"     Regenerate: {REGENERATE} -->",
+        "",
+        "A spec is a YAML mapping. Every mapping forbids unknown keys (a misspelt key is an error",
+        "with a suggestion), values are strict (`\"8\"` is not a number, `yes` is not `true`), and a",
+        "spec may `extends:` a catalog name or a file, overriding keys mapping by mapping. The rules",
+        "that relate several fields are listed in [errors.md](errors.md#cross-field-rules).",
+        "Every example on this page is loaded and resolved by tests/spec/test_reference_doc.py.",
+        "",
+    ]
+    for model, group in _models():
+        lines += [f"## {model.__name__}", ""]
+        if _doc(model):
+            lines += [_doc(model), ""]
+        lines += _table(model) + [""]
+        if group == "score":
+            lines += ["`merge` examples:", ""] + _examples("merge")
+            lines += ["`score` examples:", ""]
+        lines += _examples(group) if group else []
+    for anchor, where, union, group in _kinds():
+        lines += [f"## Kinds of {anchor}", "", f"Chosen by `kind:` in {where}.", ""]
+        examples = {t: (b, y) for t, b, y in EXAMPLES[group]}
+        for member in _union_members(union):
+            kind = typing.get_args(member.model_fields["kind"].annotation)[0]
+            lines += [f"### kind: {kind}", ""]
+            if _doc(member):
+                lines += [_doc(member), ""]
+            lines += _table(member) + [""]
+            if kind in examples:
+                base, snippet = examples[kind]
+                lines += [f"Example (on `{base}`):", "", "```yaml", snippet.rstrip("\n"), "```", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
