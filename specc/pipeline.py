@@ -30,7 +30,9 @@ from specc.spec.resolve import ResolvedSpec
 STAGES = ("load", "resolve", "build module", "export", "optimize", "verify", "write")
 TARGETS = ("onnx", "tensorrt", "triton")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
-BUILT_PRECISIONS = {"onnx": ("fp32", "fp16", "int8", "int4")}  # what each target builds today
+BUILT_PRECISIONS = {"onnx": ("fp32", "fp16", "int8", "int4"),  # what each target builds today
+                    "triton": ("fp32", "fp16", "int8", "int4"),
+                    "tensorrt": ("fp32", "fp16")}  # bf16: onnxruntime (CPU) cannot verify the graph first
 MANIFEST_VERSION = 1
 DEFAULT_OPSET = 18  # see specc/export/onnx.py for why
 
@@ -121,8 +123,10 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
 
     if target not in TARGETS:
         raise BuildError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    if target != "onnx":
-        raise BuildError(f"target {target!r} is not available in specc {__version__} yet; use --target onnx")
+    if target == "tensorrt":  # before any export work: without TensorRT there is nothing to build
+        from specc.deps import require_tensorrt
+
+        require_tensorrt("specc build --target tensorrt")
     if opset not in SUPPORTED_OPSETS:
         raise BuildError(f"opset {opset} is not supported; choose {SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1}")
     clock = _Clock(progress)
@@ -164,14 +168,25 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             from specc.export.verify import verify
 
             sessions = {name: _session(paths[0], name) for name, paths in files.items()}
-            report = verify(r, model, sessions, target, precision, seed=seed)
+            report = verify(r, model, sessions, "onnx", precision, seed=seed)  # the ONNX graph, by onnxruntime
             del sessions
             facts["max_abs_diff"] = report.max_abs
         with clock.stage("write"):
             from specc.weights import save_module
 
             save_module(model, stage.tmp / "model.safetensors")
-            artifacts = [p for paths in files.values() for p in paths] + [stage.tmp / "model.safetensors"]
+            graph_files = {sig.name: f"{sig.name}.onnx" for sig in r.graphs}
+            if target == "tensorrt":
+                options_verified = _tensorrt(r, model, files, stage.tmp, precision, seed)
+            if target == "triton":  # REPO/NAME/config.pbtxt, REPO/NAME/1/model.onnx; manifest at REPO
+                from specc.export.triton import model_names, write_repository
+
+                names = model_names(r)
+                artifacts = write_repository(stage.tmp, r, files)
+                graph_files = {g: f"{names[g]}/1/model.onnx" for g in graph_files}
+            else:
+                artifacts = [p for paths in files.values() for p in paths]
+            artifacts.append(stage.tmp / "model.safetensors")
             manifest = {
                 "specc_manifest": MANIFEST_VERSION,
                 "name": r.name,
@@ -181,12 +196,13 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
                 "options": options,
                 "versions": vers,
                 "cache_key": cache_key,
-                "graphs": {sig.name: {"file": f"{sig.name}.onnx", "inputs": _sigs(sig.inputs),
+                "graphs": {sig.name: {"file": graph_files[sig.name], "inputs": _sigs(sig.inputs),
                                       "outputs": _sigs(sig.outputs)} for sig in r.graphs},
                 "artifacts": [_artifact(p, stage.tmp) for p in artifacts],
                 "parameters": n_params,
                 "optimizations": optimizations,
                 "verification": report.to_dict(),
+                **({"verification_tensorrt": options_verified} if target == "tensorrt" else {}),
                 # wall-clock seconds per stage: not content, kept apart from the hashes above
                 "timings_s": {**clock.so_far(), "total": round(time.perf_counter() - t_start, 3)},
             }
@@ -266,6 +282,25 @@ def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n
                     optimizations.append(quantize(files[sig.name][0], precision, sig))
             facts["quantized"] = [o for o in optimizations if "precision" in o]
     return files, optimizations
+
+
+def _tensorrt(r: ResolvedSpec, model, files: dict, tmp: Path, precision: str, seed: int) -> dict:
+    """Check each graph against TensorRT's parser support, build one engine per graph
+    (`<graph>.plan`, added to `files`) and verify the engines like the ONNX graphs (same cases,
+    the tensorrt tolerance). Needs TensorRT and a CUDA GPU. Returns the engines' verification."""
+    import onnx
+
+    from specc.export.tensorrt import EngineSession, build_engine, check_compatible
+    from specc.export.verify import verify
+
+    sessions = {}
+    for sig in r.graphs:
+        onnx_path = files[sig.name][0]
+        check_compatible(onnx.load(str(onnx_path), load_external_data=False), graph=sig.name)
+        plan = build_engine(onnx_path, tmp / f"{sig.name}.plan", r, sig, precision)
+        files[sig.name].append(plan)
+        sessions[sig.name] = EngineSession(plan)
+    return verify(r, model, sessions, "tensorrt", precision, seed=seed).to_dict()
 
 
 def _for_precision(model, precision: str):
