@@ -120,7 +120,9 @@ class Attention(nn.Module):
         """Cross-attention keys and values of the encoder output [B,S,D]: [B,Hkv,S,Dk|Dv]."""
         s = self.spec
         k = self._heads(self.k(memory), s.kv_heads, s.d_k)
-        v = k if self.v is None else self._heads(self.v(memory), s.kv_heads, s.d_v)
+        # share_kv: the same values, but a tensor of their own, so that the exported graph has
+        # two outputs (present.N.encoder.key / .value) and not one aliased under two names
+        v = k.clone() if self.v is None else self._heads(self.v(memory), s.kv_heads, s.d_v)
         return k, v
 
     # --- forward -----------------------------------------------------------------------------
