@@ -60,8 +60,12 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
                                 "build -q bad.yaml -o build/bad --weights w.safetensors", 1),
     "memory": ({}, "build -q tiny-gpt2 -o build/tiny --max-memory 1MiB", 1),
     "run-no-build": ({}, "generate build/none --ids 1,2,3", 1),
+    "run-bad-ids": ({"one.yaml": GPT.replace("bad", "one") + "decoder: {layers: 1}\n"},
+                    "generate build/one --ids 1,2,1000", 1),
     "usage": ({}, "build tiny-gpt2", 2),
 }
+# commands run before a case's own (not shown in the page)
+SETUP = {"run-bad-ids": "build -q one.yaml -o build/one"}
 
 
 def run_case(case_id: str, cwd: Path) -> str:
@@ -69,6 +73,8 @@ def run_case(case_id: str, cwd: Path) -> str:
     for name, text in files.items():
         (cwd / name).write_text(text, encoding="utf-8")
     env = dict(os.environ, NO_COLOR="1", COLUMNS="100", TERM="dumb")
+    if case_id in SETUP:
+        subprocess.run([SPECC, *shlex.split(SETUP[case_id])], cwd=cwd, env=env, check=True, capture_output=True, timeout=300)
     proc = subprocess.run([SPECC, *shlex.split(command)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     out = (proc.stdout + proc.stderr).rstrip("\n")
     # the page shows paths as a user sees them: the temporary folder is the current one
