@@ -94,10 +94,13 @@ def _type(ann: Any) -> str:
 def _constraints(info: FieldInfo) -> str:
     parts = []
     metas = list(info.metadata)
-    ann = info.annotation
-    if typing.get_origin(ann) is typing.Annotated:
-        for a in typing.get_args(ann)[1:]:
-            metas.extend(getattr(a, "metadata", [a]))
+    anns = [info.annotation]
+    if typing.get_origin(info.annotation) in (Union, types.UnionType):
+        anns = list(typing.get_args(info.annotation))  # `NonNegInt | None`: the constraints of each
+    for ann in anns:
+        if typing.get_origin(ann) is typing.Annotated:
+            for a in typing.get_args(ann)[1:]:
+                metas.extend(getattr(a, "metadata", [a]))
     for m in metas:
         if isinstance(m, Ge):
             parts.append(f">= {m.ge}")
@@ -128,11 +131,35 @@ def _default(info: FieldInfo) -> str:
         return f"`{str(value).lower()}`"
     if isinstance(value, BaseModel):
         kind = getattr(value, "kind", None)
-        return f"`{{kind: {kind}}}`" if kind else "defaults of each key"
+        if kind:
+            return f"`{{kind: {kind}}}`"
+        items = value.model_dump(by_alias=True)
+        if all(isinstance(v, (int, float, str)) for v in items.values()):
+            return "`{" + ", ".join(f"{k}: {v}" for k, v in items.items()) + "}`"
+        return "defaults of each key"
     return f"`{value}`"
 
 
+# What the models say in code comments rather than docstrings.
+NOTES = {
+    "ModelSpec": "The top level of a spec file. `architecture` decides which stacks exist: `encoder`, "
+                 "`decoder`, or both for `encoder-decoder`. `outputs: null` means an lm head "
+                 "for anything with a decoder, the last hidden state for encoders. `weights` is a `.safetensors` file, relative "
+                 "to the spec's file.",
+    "VocabSpec": "`tie_output` defaults to tying the lm / mlm head to the embeddings wherever one "
+                 "exists; written as `true` without such an output it is an error. `target_size` is the "
+                 "target vocabulary of an encoder-decoder.",
+    "DropoutSpec": "`dropout: 0.1` is short for `{hidden: 0.1, attention: 0.1}`.",
+    "StackSpec": "`cross_attention` exists only in the decoder of an encoder-decoder; null there means "
+                 "the same settings as `attention`.",
+    "AttentionSpec": "`d_k` defaults to `d_model / heads` and `d_v` to `d_k`; `kv_heads` (grouped-query "
+                     "attention) defaults to `heads`.",
+}
+
+
 def _doc(model: type[BaseModel]) -> str:
+    if model.__name__ in NOTES:
+        return NOTES[model.__name__]
     doc = model.__doc__ or ""
     if doc.startswith(("Base of every", "A member of a union")) or not doc.strip():
         return ""
