@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 BENCH_VENV ?= .venv-bench
 BENCH_ARGS ?=
 
-.PHONY: install test test-slow bench clean
+.PHONY: install test test-slow fuzz bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ test:
 
 test-slow:
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+# the spec fuzzers at length (make test runs them bounded): FUZZ_EXAMPLES generated specs built
+# and verified, ten times as many compiled, ten times as many catalog mutations
+FUZZ_EXAMPLES ?= 300
+fuzz:
+	SPECC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s -p no:logging tests/reliability/test_fuzz_specs.py tests/reliability/test_mutations.py $(PYTEST_ARGS)
 
 # the performance suite: its own environment (Optimum needs an older transformers than the tests),
 # then benchmarks/suite.py, which rewrites docs/benchmarks.md and docs/benchmarks_latency.png
