@@ -274,14 +274,6 @@ class _StageDisplay:
             self.status.stop()
 
 
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 @main.command()
 @click.argument("spec")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="The build directory to write.")
@@ -345,7 +337,9 @@ def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as
     if as_json:
         _emit_json({"spec": str(spec_path), "weights": str(weights_path)})
         return
-    click.echo(f"wrote {spec_path} and {weights_path} ({_human_bytes(weights_path.stat().st_size)})")
+    from specc.report import human_bytes
+
+    click.echo(f"wrote {spec_path} and {weights_path} ({human_bytes(weights_path.stat().st_size)})")
     click.echo(f"next: specc build {spec_path} -o DIR")
 
 
@@ -363,7 +357,9 @@ def export_weights_cmd(spec: str, out_file: str, seed: int) -> None:
     if not os.path.isdir(os.path.dirname(os.path.abspath(out_file))):
         raise SpeccError(f"{os.path.dirname(out_file)}: no such directory")
     export_weights(spec, out_file, seed=seed)
-    click.echo(f"wrote {out_file} ({_human_bytes(os.path.getsize(out_file))})")
+    from specc.report import human_bytes
+
+    click.echo(f"wrote {out_file} ({human_bytes(os.path.getsize(out_file))})")
 
 
 # --- run / generate -------------------------------------------------------------------------

@@ -393,11 +393,11 @@ def test_default_limit_is_available_memory(tmp_path, monkeypatch):
     import specc.pipeline
 
     monkeypatch.setattr(specc.pipeline, "available_memory", lambda: 64 * 1024**2)
-    with pytest.raises(BuildError, match="0.1 GiB is available"):
+    with pytest.raises(BuildError, match="but 64.0 MiB is available"):
         specc.build(SPEC, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
     # an explicit limit overrides what the machine reports
-    with pytest.raises(BuildError, match=r"but 0\.5 GiB is available"):
+    with pytest.raises(BuildError, match=r"but 512\.0 MiB is available"):
         specc.build(SPEC, tmp_path / "out", max_memory=GIB // 2)
 
 
@@ -470,7 +470,7 @@ def test_external_data(built, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("options, message", [
     ({"target": "foo"}, "unknown target 'foo'"),
-    ({"target": "tensorrt"}, "not available"),
+    ({"target": "triton", "precision": "bf16"}, "precision bf16 is not built for target triton"),
     ({"precision": "bf16"}, "precision bf16 is not built for target onnx"),
     ({"precision": "fp64"}, "unknown precision 'fp64'"),
     ({"opset": 7}, "opset 7 is not supported"),
