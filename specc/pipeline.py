@@ -176,16 +176,17 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
 
             save_module(model, stage.tmp / "model.safetensors")
             graph_files = {sig.name: f"{sig.name}.onnx" for sig in r.graphs}
-            if target == "tensorrt":
-                options_verified = _tensorrt(r, model, files, stage.tmp, precision, seed)
-            if target == "triton":  # REPO/NAME/config.pbtxt, REPO/NAME/1/model.onnx; manifest at REPO
+            engine_report, plans = None, {}
+            if target == "tensorrt" or (target == "triton" and _engines_possible(precision)):
+                engine_report, plans = _tensorrt(r, model, files, stage.tmp, precision, seed)
+            if target == "triton":  # REPO/NAME/config.pbtxt, REPO/NAME/1/model.onnx (+ model.plan); manifest at REPO
                 from specc.export.triton import model_names, write_repository
 
                 names = model_names(r)
-                artifacts = write_repository(stage.tmp, r, files)
+                artifacts = write_repository(stage.tmp, r, files, plans)
                 graph_files = {g: f"{names[g]}/1/model.onnx" for g in graph_files}
             else:
-                artifacts = [p for paths in files.values() for p in paths]
+                artifacts = [p for paths in files.values() for p in paths] + list(plans.values())
             artifacts.append(stage.tmp / "model.safetensors")
             manifest = {
                 "specc_manifest": MANIFEST_VERSION,
@@ -202,7 +203,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
                 "parameters": n_params,
                 "optimizations": optimizations,
                 "verification": report.to_dict(),
-                **({"verification_tensorrt": options_verified} if target == "tensorrt" else {}),
+                **({"verification_tensorrt": engine_report} if engine_report is not None else {}),
                 # wall-clock seconds per stage: not content, kept apart from the hashes above
                 "timings_s": {**clock.so_far(), "total": round(time.perf_counter() - t_start, 3)},
             }
@@ -284,23 +285,34 @@ def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n
     return files, optimizations
 
 
-def _tensorrt(r: ResolvedSpec, model, files: dict, tmp: Path, precision: str, seed: int) -> dict:
+def _engines_possible(precision: str) -> bool:
+    """Whether a Triton build also builds TensorRT engines: tensorrt importable, a CUDA GPU, and a
+    precision the tensorrt target builds."""
+    import importlib.util
+
+    if precision not in BUILT_PRECISIONS["tensorrt"] or importlib.util.find_spec("tensorrt") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _tensorrt(r: ResolvedSpec, model, files: dict, tmp: Path, precision: str, seed: int) -> tuple[dict, dict]:
     """Check each graph against TensorRT's parser support, build one engine per graph
-    (`<graph>.plan`, added to `files`) and verify the engines like the ONNX graphs (same cases,
-    the tensorrt tolerance). Needs TensorRT and a CUDA GPU. Returns the engines' verification."""
+    (`<graph>.plan`) and verify the engines like the ONNX graphs (same cases, the tensorrt
+    tolerance). Needs TensorRT and a CUDA GPU. Returns (the engines' verification, graph -> plan)."""
     import onnx
 
     from specc.export.tensorrt import EngineSession, build_engine, check_compatible
     from specc.export.verify import verify
 
-    sessions = {}
+    sessions, plans = {}, {}
     for sig in r.graphs:
         onnx_path = files[sig.name][0]
         check_compatible(onnx.load(str(onnx_path), load_external_data=False), graph=sig.name)
-        plan = build_engine(onnx_path, tmp / f"{sig.name}.plan", r, sig, precision)
-        files[sig.name].append(plan)
-        sessions[sig.name] = EngineSession(plan)
-    return verify(r, model, sessions, "tensorrt", precision, seed=seed).to_dict()
+        plans[sig.name] = build_engine(onnx_path, tmp / f"{sig.name}.plan", r, sig, precision)
+        sessions[sig.name] = EngineSession(plans[sig.name])
+    return verify(r, model, sessions, "tensorrt", precision, seed=seed).to_dict(), plans
 
 
 def _for_precision(model, precision: str):
@@ -417,10 +429,11 @@ def check_memory(r: ResolvedSpec, max_memory: int | None = None) -> None:
     need = estimate_memory(r)
     have = max_memory if max_memory is not None else available_memory()
     if have is not None and need["bytes"] > have:
-        gib = 1024**3
+        from specc.report import human_bytes
+
         raise BuildError(
-            f"building {r.name} needs about {need['bytes'] / gib:.1f} GiB "
-            f"({need['weights'] / gib:.1f} GiB of fp32 weights held ~4 times during export and verification, "
-            f"{need['activations'] / gib:.1f} GiB of activations), but {have / gib:.1f} GiB is available; "
+            f"building {r.name} needs about {human_bytes(need['bytes'])} "
+            f"({human_bytes(need['weights'])} of fp32 weights held ~4 times during export and verification, "
+            f"{human_bytes(need['activations'])} of activations), but {human_bytes(have)} is available; "
             "free memory, build on a larger machine, or raise the limit with --max-memory"
         )
