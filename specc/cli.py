@@ -277,7 +277,8 @@ class _StageDisplay:
 @main.command()
 @click.argument("spec")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="The build directory to write.")
-@click.option("--target", type=click.Choice(["onnx", "tensorrt", "triton"]), default="onnx", show_default=True)
+@click.option("--target", type=click.Choice(["onnx", "tensorrt", "triton"]), default="onnx", show_default=True,
+              help="onnx: DIR/*.onnx; triton: a Triton model repository in DIR; tensorrt: engines (needs TensorRT and a GPU). See docs/serving.md.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "int4"]), default=None,
               help="Default: the spec's serving.precision.")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="Trained weights (.safetensors); default: the spec's weights: key, else seeded random.")
