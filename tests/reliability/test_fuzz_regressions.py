@@ -1,10 +1,11 @@
 """Specs that fuzzing (test_fuzz_specs.py) found to break specc, kept as they were generated.
-Each must build and pass verification."""
+Each must build and pass verification; a case not fixed yet is a strict xfail."""
 from __future__ import annotations
 
 import pytest
 
 import specc
+from specc.errors import VerificationError
 from specc.spec import loads_spec
 
 # cross-attention with share_kv: key and value were one tensor, so the exporter wrote a single
@@ -85,12 +86,83 @@ serving:
   precision: fp16
 """
 
-FOUND = {"cross-attention-share-kv": CROSS_SHARE_KV}
+# int8 (dynamic quantization) of a d_model-16 encoder-decoder: the encoder's cross-attention key
+# cache differs from torch by 0.033 (relative 0.118) against a tolerance of 0.001 + 0.1 x 0.284;
+# the build refuses it (exit 1, VerificationError). Not fixed yet: either the int8 tolerance for
+# the cache outputs or the quantizer's choice of MatMuls must change.
+INT8_ENCDEC_TINY = """\
+specc: 1
+name: fuzz
+architecture: encoder-decoder
+d_model: 16
+vocab:
+  size: 63
+  scale: none
+  norm: true
+  tie_output: false
+position:
+  kind: relative
+  max_length: 32
+  clip: 4
+  values: true
+norm:
+  placement: post
+  eps: 1e-05
+  final: true
+dropout: 0.1
+encoder:
+  layers: 2
+  attention:
+    heads: 2
+    kv_heads: 1
+    score: bilinear
+    bias: false
+    pattern:
+      kind: local
+      window: 1
+  ffn:
+    d_ff: 8
+    activation: relu
+    bias: true
+decoder:
+  layers: 1
+  attention:
+    heads: 1
+    kv_heads: 1
+    merge: concat
+    d_v: 16
+  ffn:
+    d_ff: 8
+    activation: relu
+outputs:
+- name: out0
+  kind: hidden
+tokens:
+  eos: 47
+  pad: 0
+  decoder_start: 43
+serving:
+  batch:
+    min: 1
+    opt: 1
+    max: 2
+  length:
+    min: 1
+    opt: 3
+    max: 16
+  precision: int8
+"""
+
+FOUND = {
+    "cross-attention-share-kv": CROSS_SHARE_KV,
+    "int8-encoder-decoder-tiny": pytest.param(INT8_ENCDEC_TINY, marks=pytest.mark.xfail(
+        strict=True, raises=VerificationError, reason="int8 cache outputs beyond tolerance; not fixed yet")),
+}
 
 
-@pytest.mark.parametrize("name", sorted(FOUND))
-def test_found_spec_builds_and_verifies(name, tmp_path):
-    spec = loads_spec(FOUND[name], file=f"{name}.yaml")
+@pytest.mark.parametrize("text", list(FOUND.values()), ids=list(FOUND))
+def test_found_spec_builds_and_verifies(text, tmp_path):
+    spec = loads_spec(text, file="found.yaml")
     result = specc.build(spec, tmp_path / "out", seed=0)
     assert result.verification["passed"] is True
     outputs = {o["name"] for g in result.manifest["graphs"].values() for o in g["outputs"]}
