@@ -136,7 +136,10 @@ MISTAKES = (
 
 
 def spoil(data: dict, mistake: str) -> None:
-    stack = data.get("decoder") or data["encoder"]
+    stack = data.get("decoder") or data.get("encoder")
+    if stack is None:  # both stacks already removed: still a mistake, spoil further
+        data["d_model"] = -8
+        return
     if mistake == "heads_not_dividing":
         stack["attention"] = {**stack["attention"], "heads": 3}
         stack["attention"].pop("d_k", None)
@@ -155,7 +158,7 @@ def spoil(data: dict, mistake: str) -> None:
     elif mistake == "negative_d_model":
         data["d_model"] = -8
     elif mistake == "missing_stack":
-        data.pop("decoder" if data["architecture"] != "encoder" else "encoder")
+        data.pop("decoder" if data["architecture"] != "encoder" else "encoder", None)
     elif mistake == "classifier_without_classes":
         data["outputs"] = [{"name": "c", "kind": "classifier"}]
     elif mistake == "tie_without_lm":
@@ -323,3 +326,13 @@ def report_counts():
     """Prints how many generated specs were built, compiled and rejected (pytest -s shows it)."""
     yield
     print(f"\nfuzz: {COUNTS}")
+
+
+@settings(max_examples=len(MISTAKES) * 2, **COMMON)
+@given(data=spec_data(), mistake=st.sampled_from(MISTAKES))
+def test_every_deliberate_mistake_is_rejected_with_a_location(data, mistake):
+    """The rejection path in every run: each mistake spoils a generated spec and must be refused."""
+    spoil(data, mistake)
+    text = dump_yaml(data)
+    note(f"spec text:\n{text}")
+    assert load_or_located(text) is None, f"{mistake} was accepted"
