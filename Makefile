@@ -6,10 +6,11 @@ PY := $(VENV)/bin/python
 RUNTIME ?= cpu
 PYTEST_ARGS ?=
 
+SERVE_VENV ?= .venv-serve
 BENCH_VENV ?= .venv-bench
 BENCH_ARGS ?=
 
-.PHONY: install test test-slow fuzz bench clean
+.PHONY: install install-serve test test-slow fuzz bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,14 @@ install:
 	$(VENV)/bin/specc --version
 	# `specc graph` renders with graphviz's dot program: installed where this can (root with apt-get), else named
 	@command -v dot >/dev/null || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "note: install graphviz (its dot program) for specc graph: apt-get install graphviz / brew install graphviz / conda install graphviz"
+	$(MAKE) install-serve
+
+# `specc serve`: its own environment, since PyTriton (the Triton server it bundles) needs numpy < 2
+install-serve:
+	test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(SERVE_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),serve]'
+	$(SERVE_VENV)/bin/specc --version
 
 test:
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
@@ -41,4 +50,4 @@ bench:
 	$(BENCH_VENV)/bin/python benchmarks/suite.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) $(BENCH_VENV) build *.egg-info .pytest_cache

@@ -363,6 +363,30 @@ def export_weights_cmd(spec: str, out_file: str, seed: int) -> None:
     click.echo(f"wrote {out_file} ({human_bytes(os.path.getsize(out_file))})")
 
 
+# --- serve ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("build_dir", type=click.Path(file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
+@click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider (repeat; default: the best available).")
+def serve(build_dir: str, host: str, http_port: int, grpc_port: int, metrics_port: int, providers: tuple[str, ...]) -> None:
+    """Serve a build on a real Triton Inference Server (PyTriton), with dynamic batching from the
+    spec's serving: shapes, until Ctrl-C. Needs the serve environment: `make install-serve`, then
+    `.venv-serve/bin/specc serve DIR`."""
+    from specc.runtime.serve import describe, serve as serve_build
+
+    def ready(info: dict) -> None:
+        click.echo(describe(info), err=True)
+
+    serve_build(build_dir, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                providers=list(providers) or None, on_ready=ready)
+    click.echo("specc: server stopped", err=True)
+
+
 # --- run / generate -------------------------------------------------------------------------
 
 
