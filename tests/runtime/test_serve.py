@@ -93,31 +93,20 @@ class Server:
             raise
 
 
-def http_infer(port: int, model: str, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict:
-    import tritonclient.http as http
+def infer(protocol: str, port: int, model: str, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict:
+    """One request with tritonclient over `protocol` ("http" or "grpc")."""
+    import importlib
+
     from tritonclient.utils import np_to_triton_dtype
 
-    client = http.InferenceServerClient(f"127.0.0.1:{port}")
+    api = importlib.import_module(f"tritonclient.{protocol}")
+    client = api.InferenceServerClient(f"127.0.0.1:{port}")
     inputs = []
     for name, arr in feeds.items():
-        t = http.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        t = api.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
         t.set_data_from_numpy(arr)
         inputs.append(t)
-    res = client.infer(model, inputs, outputs=[http.InferRequestedOutput(o) for o in outputs])
-    return {o: res.as_numpy(o) for o in outputs}
-
-
-def grpc_infer(port: int, model: str, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict:
-    import tritonclient.grpc as grpc
-    from tritonclient.utils import np_to_triton_dtype
-
-    client = grpc.InferenceServerClient(f"127.0.0.1:{port}")
-    inputs = []
-    for name, arr in feeds.items():
-        t = grpc.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
-    res = client.infer(model, inputs, outputs=[grpc.InferRequestedOutput(o) for o in outputs])
+    res = client.infer(model, inputs, outputs=[api.InferRequestedOutput(o) for o in outputs])
     return {o: res.as_numpy(o) for o in outputs}
 
 
@@ -144,7 +133,7 @@ def test_serve_answers_concurrent_http_and_grpc_requests_like_specc_run(tmp_path
     try:
         model = session.spec["name"]
         with ThreadPoolExecutor(16) as pool:
-            futures = [pool.submit(http_infer if i % 2 == 0 else grpc_infer,
+            futures = [pool.submit(infer, "http" if i % 2 == 0 else "grpc",
                                    server.http if i % 2 == 0 else server.grpc, model, feeds, outputs)
                        for i, feeds in enumerate(requests)]
             answers = [f.result(timeout=120) for f in futures]
@@ -189,12 +178,12 @@ def test_serve_decoder_prefill_and_cached_step_over_http(tmp_path):
     server = Server(build)
     try:
         # the prefill sends no cache: the server supplies the empty one
-        first = http_infer(server.http, session.spec["name"], feeds_for(ids, {}, 0), ["logits"] + present_names)
+        first = infer("http", server.http, session.spec["name"], feeds_for(ids, {}, 0), ["logits"] + present_names)
         want = session.run(**feeds_for(ids, {}, 0))
         np.testing.assert_allclose(first["logits"], want["logits"], rtol=1e-5, atol=1e-5)
         past = {p: first[q] for p, q in zip(sorted(past_names), sorted(present_names))}
         nxt = np.array([[int(first["logits"][0, -1].argmax())]], dtype=np.int64)
-        second = http_infer(server.http, session.spec["name"], feeds_for(nxt, past, 4), ["logits"])
+        second = infer("http", server.http, session.spec["name"], feeds_for(nxt, past, 4), ["logits"])
         full = session.run(input_ids=np.concatenate([ids, nxt], axis=1))
         np.testing.assert_allclose(second["logits"][0, -1], full["logits"][0, -1], rtol=1e-4, atol=1e-4)
     finally:
