@@ -41,10 +41,11 @@ def test_tolerance_table_is_keyed_by_target_and_precision():
         atol, rtol = value
         assert 0 < atol < 1 and 0 < rtol < 1, key
         assert tolerance(target, precision) == (atol, rtol)
-    # every precision a target builds has a tolerance; fp16 is looser than fp32
+    # every precision a target builds has a tolerance (a Triton repository holds the ONNX graphs,
+    # verified as the onnx target's); fp16 is looser than fp32
     for target, precisions in BUILT_PRECISIONS.items():
         for precision in precisions:
-            assert (target, precision) in TOLERANCES
+            assert ("onnx" if target == "triton" else target, precision) in TOLERANCES
     assert all(a >= b for a, b in zip(TOLERANCES[("onnx", "fp16")], TOLERANCES[("onnx", "fp32")]))
 
 
