@@ -112,26 +112,6 @@ def schema() -> None:
 # --- inspect ------------------------------------------------------------------------------
 
 
-def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    """An aligned table: rich on a terminal, plain text when piped."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if console.is_terminal:
-        table = Table(title=title)
-        for i, col in enumerate(columns):
-            table.add_column(col, justify="left" if i == 0 else "right")
-        for row in rows:
-            table.add_row(*[str(c) for c in row])
-        console.print(table)
-        return
-    widths = [max(len(str(c)) for c in [col] + [r[i] for r in rows]) for i, col in enumerate(columns)]
-    click.echo(title)
-    for line in [columns] + rows:
-        click.echo("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
-
-
 @main.command()
 @click.argument("spec")
 @click.option("--length", type=click.IntRange(min=1), default=None, help="Sequence length for FLOPs (default: serving.length.opt).")
@@ -186,27 +166,18 @@ def graph(specs: tuple[str, ...], out_file: str, as_diff: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def diff(spec_a: str, spec_b: str, as_json: bool) -> None:
     """The resolved specs A and B side by side: differing fields, parameters and FLOPs."""
-    from specc.show.diff import diff_specs, pct
+    from specc.show.diff import diff_specs
     from specc.spec import load_spec, resolve
 
     facts = diff_specs(resolve(load_spec(spec_a)), resolve(load_spec(spec_b)))
     if as_json:
         _emit_json(facts)
         return
+    from specc.report import diff_report, render
+
     names = facts["names"]
-    a_col, b_col = f"A: {names['a']}", f"B: {names['b']}"
-    if names["a"] == names["b"]:
-        a_col, b_col = f"A: {spec_a}", f"B: {spec_b}"
-    if facts["differences"]:
-        _table(f"{len(facts['differences'])} differing fields", ["key", a_col, b_col],
-               [[d["key"], d["a"], d["b"]] for d in facts["differences"]])
-    else:
-        click.echo("no differences")
-    p, f = facts["parameters"], facts["flops_per_token"]
-    click.echo(f"parameters: {p['a']:,} -> {p['b']:,} ({pct(p['a'], p['b'])})")
-    click.echo(f"FLOPs per token: {f['a']:,} -> {f['b']:,} ({pct(f['a'], f['b'])})"
-               + (f" (length {facts['length']['a']})" if facts["length"]["a"] == facts["length"]["b"]
-                  else f" (lengths {facts['length']['a']} and {facts['length']['b']})"))
+    labels = (spec_a, spec_b) if names["a"] == names["b"] else (names["a"], names["b"])
+    render(diff_report(facts, *labels))
 
 
 # --- build --------------------------------------------------------------------------------

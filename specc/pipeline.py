@@ -30,8 +30,9 @@ from specc.spec.resolve import ResolvedSpec
 STAGES = ("load", "resolve", "build module", "export", "optimize", "verify", "write")
 TARGETS = ("onnx", "tensorrt", "triton")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
-BUILT_PRECISIONS = {"onnx": ("fp32", "fp16", "int8", "int4"),  # what each target builds today
-                    "triton": ("fp32", "fp16", "int8", "int4"),
+_ONNX_PRECISIONS = ("fp32", "fp16", "int8", "int4")
+BUILT_PRECISIONS = {"onnx": _ONNX_PRECISIONS,  # what each target builds today
+                    "triton": _ONNX_PRECISIONS,  # a repository of the onnx target's graphs
                     "tensorrt": ("fp32", "fp16")}  # bf16: onnxruntime (CPU) cannot verify the graph first
 MANIFEST_VERSION = 1
 DEFAULT_OPSET = 18  # see specc/export/onnx.py for why

@@ -119,6 +119,21 @@ def build_report(manifest: dict[str, Any], out_dir: str, cached: bool = False) -
     return blocks
 
 
+def diff_report(facts: dict[str, Any], label_a: str, label_b: str) -> list[Block]:
+    """The blocks of `specc diff` from `diff_specs`' facts."""
+    from specc.show.diff import pct
+
+    diffs = facts["differences"]
+    blocks: list[Block] = [Table(f"{len(diffs)} differing fields", ["key", f"A: {label_a}", f"B: {label_b}"],
+                                 [[d["key"], str(d["a"]), str(d["b"])] for d in diffs])
+                           if diffs else "no differences"]
+    p, f, n = facts["parameters"], facts["flops_per_token"], facts["length"]
+    blocks.append(f"parameters: {p['a']:,} -> {p['b']:,} ({pct(p['a'], p['b'])})")
+    blocks.append(f"FLOPs per token: {f['a']:,} -> {f['b']:,} ({pct(f['a'], f['b'])})"
+                  + (f" (length {n['a']})" if n["a"] == n["b"] else f" (lengths {n['a']} and {n['b']})"))
+    return blocks
+
+
 def render(blocks: list[Block], console=None) -> None:
     """Write blocks to console (default: stdout): rich tables on a terminal, plain aligned text
     otherwise."""
