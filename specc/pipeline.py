@@ -24,6 +24,7 @@ from typing import Any, Callable
 from specc import __version__
 from specc.errors import BuildError
 from specc.export.outdir import MANIFEST, Staging
+from specc.fileio import write_atomic
 from specc.spec.dump import spec_to_data
 from specc.spec.resolve import ResolvedSpec
 
@@ -388,9 +389,7 @@ def _artifact(path: Path, root: Path) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def estimate_memory(r: ResolvedSpec) -> dict:

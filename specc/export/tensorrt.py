@@ -12,6 +12,7 @@ from pathlib import Path
 
 from specc.errors import BuildError
 from specc.export import tensorrt_ops as ops
+from specc.fileio import write_atomic
 from specc.spec.resolve import BATCH, ENC_SEQ, PAST, SEQ, TOTAL, GraphSig, ResolvedSpec
 
 Shape = tuple[int, ...]
@@ -182,9 +183,7 @@ def build_engine(onnx_path: Path, plan_path: Path, r: ResolvedSpec, sig: GraphSi
         raise BuildError(f"TensorRT could not build an engine for the {sig.name} graph (see its log above)")
     plan_path.write_bytes(bytes(engine))
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_file.with_name(cache_file.name + f".{os.getpid()}.tmp")
-    tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
-    os.replace(tmp, cache_file)
+    write_atomic(cache_file, bytes(config.get_timing_cache().serialize()))
     return plan_path
 
 

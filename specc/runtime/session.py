@@ -21,6 +21,7 @@ import numpy as np
 
 from specc.deps import require_onnxruntime
 from specc.errors import SpeccError
+from specc.fileio import write_atomic
 
 # most capable first; onnxruntime would otherwise fall back silently
 PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
@@ -283,17 +284,11 @@ def _ids(x) -> np.ndarray:
 
 def save_npz(path: str | Path, arrays: dict[str, np.ndarray]) -> None:
     """Write arrays as NPZ atomically (temp file, then rename)."""
-    import os
+    import io
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_atomic(path, buf.getvalue())
 
 
 def shape_of(value) -> tuple[int, ...]:

@@ -10,14 +10,13 @@ highlight them and tests can read the structure.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import graphviz
 
 from specc.errors import SpeccError
+from specc.fileio import write_atomic
 from specc.spec.resolve import ResolvedAttention, ResolvedSpec
 
 FORMATS = ("svg", "png", "dot")
@@ -127,7 +126,7 @@ class _Builder:
         r, v = self.r, self.r.vocab
         src = {"encoder": "source tokens", "decoder": "target tokens" if r.architecture == "encoder-decoder" else "tokens"}[role]
         inp = self.node(self.g, f"{role}_input", src, "#ffffff", shape="plaintext")
-        lines = [f"token embedding", f"{vocab} × {r.d_model}"]
+        lines = ["token embedding", f"{vocab} × {r.d_model}"]
         if v.type_size:
             lines.append(f"+ token types ({v.type_size})")
         if v.scale == "sqrt_d_model":
@@ -228,15 +227,4 @@ def write(g: graphviz.Digraph, out: str) -> str:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise GraphError(f"{out}: directory {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return str(path)
+    return str(write_atomic(path, data))

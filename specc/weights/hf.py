@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specc.errors import SpeccError
+from specc.fileio import write_atomic
 
 
 class CheckpointError(SpeccError):
@@ -730,7 +731,7 @@ def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str 
     params = convert_tensors(fam, config, tensors, resolved, where)
     save_tensors(params, weights)
     try:
-        _write_text(out_spec, text)
+        write_atomic(out_spec, text)
     except BaseException:
         weights.unlink(missing_ok=True)
         raise
@@ -752,15 +753,6 @@ def _kind_first(data: Any, order: tuple[str, ...] = _TOP) -> Any:
     if isinstance(data, list):
         return [_kind_first(v, _NESTED) for v in data]
     return data
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _flat(data: dict, prefix: str = ""):

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from specc.errors import WeightsError
+from specc.fileio import umask
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -55,12 +56,6 @@ def load_into(module: nn.Module, path: str | os.PathLike) -> None:
             p.copy_(tensors[n].to(p.dtype))
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def save_module(module: nn.Module, path: str | os.PathLike) -> None:
     """Write the module's parameters as safetensors, atomically (temp file, then rename)."""
     save_tensors({n: p.detach() for n, p in module.named_parameters()}, path)
@@ -77,7 +72,7 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike) -> N
         # one metadata key: safetensors writes a metadata map in no fixed order, and identical
         # builds must give identical bytes
         save_file(tensors, str(tmp), metadata={"format": "pt"})
-        os.chmod(tmp, 0o666 & ~_umask())  # the writer makes 0600; follow the umask like other files
+        os.chmod(tmp, 0o666 & ~umask())  # the writer makes 0600; follow the umask like other files
         os.replace(tmp, path)
     finally:
         if tmp.exists():
