@@ -167,20 +167,25 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         model, n_params = _build_module(clock, r, weights_path, seed)
         files, optimizations = _export(clock, r, model, precision, opset, n_params, stage.tmp)
         with clock.stage("verify") as facts:
-            from specc.export.verify import verify
+            from specc.export.verify import reference_outputs, verify
+            from specc.weights import save_module
 
+            # the module's outputs and weights first, then the module is released: the graph is
+            # loaded and run without a second copy of the weights beside it
+            refs = reference_outputs(r, model, seed)
+            save_module(model, stage.tmp / "model.safetensors")
+            _release(model)
+            del model
             sessions = {name: _session(paths[0], name) for name, paths in files.items()}
-            report = verify(r, model, sessions, "onnx", precision, seed=seed)  # the ONNX graph, by onnxruntime
+            report = verify(r, refs, sessions, "onnx", precision, seed=seed)  # the ONNX graph, by onnxruntime
             del sessions
             facts["max_abs_diff"] = report.max_abs
         with clock.stage("write"):
-            from specc.weights import save_module
-
-            save_module(model, stage.tmp / "model.safetensors")
             graph_files = {sig.name: f"{sig.name}.onnx" for sig in r.graphs}
             engine_report, plans = None, {}
             if target == "tensorrt" or (target == "triton" and _engines_possible(precision)):
-                engine_report, plans = _tensorrt(r, model, files, stage.tmp, precision, seed)
+                engine_report, plans = _tensorrt(r, refs, files, stage.tmp, precision, seed)
+            del refs
             if target == "triton":  # REPO/NAME/config.pbtxt, REPO/NAME/1/model.onnx (+ model.plan); manifest at REPO
                 from specc.export.triton import model_names, write_repository
 
@@ -252,6 +257,19 @@ def _build_module(clock: _Clock, r: ResolvedSpec, weights_path: Path | None, see
     return model, n_params
 
 
+def _release(model) -> None:
+    """Free what of the module's weight memory can be freed, at once. `del model` alone is not
+    enough: the exporter's graph objects hold the parameters in reference cycles (and onnxscript's
+    rewrite rules keep the last graph they matched, so its weights stay until the process ends).
+    Each parameter and buffer is pointed at an empty tensor, so whatever only it held goes back
+    now. The module is unusable afterwards."""
+    import torch
+
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            tensor.data = torch.empty(0, dtype=tensor.dtype)
+
+
 def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n_params: int, tmp: Path):
     """Export every graph, optimize it, save it into tmp. Returns ({graph: [files]}, optimizations)."""
     from specc.export import onnx as onnx_export
@@ -299,10 +317,10 @@ def _engines_possible(precision: str) -> bool:
     return torch.cuda.is_available()
 
 
-def _tensorrt(r: ResolvedSpec, model, files: dict, tmp: Path, precision: str, seed: int) -> tuple[dict, dict]:
+def _tensorrt(r: ResolvedSpec, refs: dict, files: dict, tmp: Path, precision: str, seed: int) -> tuple[dict, dict]:
     """Check each graph against TensorRT's parser support, build one engine per graph
     (`<graph>.plan`) and verify the engines like the ONNX graphs (same cases, the tensorrt
-    tolerance). Needs TensorRT and a CUDA GPU. Returns (the engines' verification, graph -> plan)."""
+    tolerance) against the module's reference_outputs(). Needs TensorRT and a CUDA GPU. Returns (the engines' verification, graph -> plan)."""
     import onnx
 
     from specc.export.tensorrt import EngineSession, build_engine, check_compatible
@@ -314,7 +332,7 @@ def _tensorrt(r: ResolvedSpec, model, files: dict, tmp: Path, precision: str, se
         check_compatible(onnx.load(str(onnx_path), load_external_data=False), graph=sig.name)
         plans[sig.name] = build_engine(onnx_path, tmp / f"{sig.name}.plan", r, sig, precision)
         sessions[sig.name] = EngineSession(plans[sig.name])
-    return verify(r, model, sessions, "tensorrt", precision, seed=seed).to_dict(), plans
+    return verify(r, refs, sessions, "tensorrt", precision, seed=seed).to_dict(), plans
 
 
 def _for_precision(model, precision: str):

@@ -99,22 +99,87 @@ def save(program, sig: GraphSig, path: Path, weight_bytes: int, opset: int | Non
     exporter's down-conversion can fail and silently keep its own)."""
     import onnx
 
-    external = weight_bytes >= EXTERNAL_DATA_BYTES
-    if external:
+    if weight_bytes >= EXTERNAL_DATA_BYTES:
         program.save(str(path), external_data=True)
         proto = onnx.load(str(path), load_external_data=False)
-    else:
-        proto = program.model_proto  # in memory: one serialization, no write-and-read-back
-    written = {o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")}
-    if opset is not None and written != {opset}:
-        raise BuildError(f"the {sig.name} graph was asked for opset {opset} but declares {sorted(written)}")
-    _normalize(proto, sig)
-    if external:
+        _check_opset(proto, sig, opset)
+        _normalize(proto, sig)
         # the exporter names the data file after the model file; keep that relative name
         onnx.save(proto, str(path), save_as_external_data=False)
         return [path, path.with_name(path.name + ".data")]
-    onnx.save(proto, str(path))
+    model = program.model
+    weights = dict(model.graph.initializers)
+    model.graph.initializers.clear()
+    try:
+        proto = _serialize(model)  # the graph without its weights: small
+    finally:
+        model.graph.initializers.update(weights)
+    _check_opset(proto, sig, opset)
+    _normalize(proto, sig)
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+        del proto
+        for value in weights.values():
+            for piece in _initializer_record(value):
+                f.write(piece)
     return [path]
+
+
+def _serialize(model):
+    import onnx_ir as ir
+
+    return ir.serde.serialize_model(model)
+
+
+def _check_opset(proto, sig: GraphSig, opset: int | None) -> None:
+    written = {o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")}
+    if opset is not None and written != {opset}:
+        raise BuildError(f"the {sig.name} graph was asked for opset {opset} but declares {sorted(written)}")
+
+
+# Streaming the weights. A protobuf parser merges repeated occurrences of an embedded message
+# field (proto3 and proto2 alike), so a ModelProto written as its weightless skeleton followed by
+# one `graph { initializer: T }` record per weight parses as the complete model (onnx.load,
+# onnxruntime and TensorRT's parser all read it so) while the writer holds one tensor at a time
+# instead of the whole serialized model twice (protobuf message + bytes).
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload_len: int) -> bytes:
+    """The key and length of a length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(payload_len)
+
+
+def _initializer_record(value) -> list[bytes]:
+    """One weight as a `graph { initializer: T }` ModelProto record, in pieces (the raw bytes
+    are never copied into a second buffer)."""
+    import onnx
+    import onnx_ir as ir
+
+    tensor = value.const_value
+    if tensor is None:
+        raise BuildError(f"initializer {value.name!r} has no value")
+    if tensor.dtype == ir.DataType.STRING:  # no raw form: the serializer's own encoding
+        proto = ir.serde.serialize_tensor(tensor)
+        proto.name = value.name
+        del proto.metadata_props[:]
+        body = [proto.SerializeToString()]
+    else:
+        head = onnx.TensorProto(name=value.name, dims=list(tensor.shape.numpy()), data_type=int(tensor.dtype))
+        raw = tensor.tobytes()
+        body = [head.SerializeToString(), _field(_TENSOR_RAW_DATA, len(raw)), raw]
+    size = sum(map(len, body))
+    inner = _field(_GRAPH_INITIALIZER, size)
+    return [_field(_MODEL_GRAPH, len(inner) + size), inner, *body]
 
 
 def _normalize(proto, sig: GraphSig) -> None:

@@ -144,21 +144,30 @@ def _cache_inputs(sig: GraphSig, case: Case, past_out: dict | None, source_out: 
     return feed
 
 
+_CHUNK = 1 << 20  # elements compared at a time: a large output (a long prompt's logits) is never copied whole
+
+
 def _compare(name: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: float, where: str) -> dict:
     if got.shape != want.shape:
         raise VerificationError(f"{where}: output {name!r} has shape {list(got.shape)} in onnxruntime, "
                                 f"{list(want.shape)} in torch")
-    got, want = got.astype(np.float32, copy=False), want.astype(np.float32, copy=False)
-    if np.isnan(got).any() or np.isnan(want).any():
-        side = "onnxruntime" if np.isnan(got).any() else "torch"
-        raise VerificationError(f"{where}: output {name!r} {list(got.shape)} has NaN in {side}")
-    finite = np.isfinite(want)
-    if not np.array_equal(np.isfinite(got), finite) or not np.array_equal(got[~finite], want[~finite]):
-        raise VerificationError(f"{where}: output {name!r} {list(got.shape)} has infinities where the other "
-                                f"side does not (or of the other sign)")
-    diff = np.abs(got[finite] - want[finite])
-    max_abs = float(diff.max()) if diff.size else 0.0
-    scale = float(np.abs(want[finite]).max()) if diff.size else 0.0
+    flat_got, flat_want = got.reshape(-1), want.reshape(-1)
+    chunks = range(0, flat_got.size, _CHUNK)
+    for side, flat in (("onnxruntime", flat_got), ("torch", flat_want)):
+        if any(np.isnan(flat[i:i + _CHUNK]).any() for i in chunks):
+            raise VerificationError(f"{where}: output {name!r} {list(got.shape)} has NaN in {side}")
+    max_abs = scale = 0.0
+    for i in chunks:
+        g = flat_got[i:i + _CHUNK].astype(np.float32, copy=False)
+        w = flat_want[i:i + _CHUNK].astype(np.float32, copy=False)
+        finite = np.isfinite(w)
+        if not np.array_equal(np.isfinite(g), finite) or not np.array_equal(g[~finite], w[~finite]):
+            raise VerificationError(f"{where}: output {name!r} {list(got.shape)} has infinities where the other "
+                                    f"side does not (or of the other sign)")
+        g, w = g[finite], w[finite]
+        if g.size:
+            max_abs = max(max_abs, float(np.abs(g - w).max()))
+            scale = max(scale, float(np.abs(w).max()))
     max_rel = max_abs / scale if scale > 0 else max_abs
     if max_abs > atol + rtol * scale:
         raise VerificationError(
@@ -168,60 +177,98 @@ def _compare(name: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: fl
     return {"shape": list(got.shape), "max_abs": max_abs, "max_rel": max_rel}
 
 
-def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", precision: str = "fp32",
-           seed: int = 0) -> Report:
-    """Run every case through `sessions` (graph name -> onnxruntime.InferenceSession or anything
-    with the same run()) and through `reference` (the fp32 SpeccModel in eval mode)."""
-    import torch
+@dataclass
+class _Step:
+    """One case with its integer inputs and where its cache inputs come from."""
+    case: Case
+    sig: GraphSig
+    key: tuple[str, str]
+    prev: tuple[str, str] | None
+    src: tuple[str, str] | None
+    base: dict
+    shapes: dict
 
-    atol, rtol = tolerance(target, precision)
-    report = Report(target, precision, atol, rtol)
+    @property
+    def where(self) -> str:
+        return f"{self.case.graph} graph, case {self.case.name} ({', '.join(f'{k} {v}' for k, v in self.shapes.items())})"
+
+
+def _steps(r: ResolvedSpec, seed: int) -> list[_Step]:
+    """Every case's inputs, the same for the reference and for the graph under test."""
     sigs = {g.name: g for g in r.graphs}
-    ort_out: dict[tuple[str, str], dict] = {}
-    ref_out: dict[tuple[str, str], dict] = {}
     masks: dict[tuple[str, str], np.ndarray] = {}  # each case's attention_mask
     totals: dict[tuple[str, str], int] = {}  # each case's past + new tokens
+    steps = []
     for i, case in enumerate(cases(r)):
         sig = sigs[case.graph]
         key = (case.graph, case.name)
-        rng = np.random.default_rng([seed, i])
         prev = (case.graph, case.after) if case.after else None
         src = ("encoder", case.source) if case.source else None
-        base = _base_feed(r, sig, case, rng, masks.get(prev), masks.get(src))
+        base = _base_feed(r, sig, case, np.random.default_rng([seed, i]), masks.get(prev), masks.get(src))
         totals[key] = (totals[prev] if prev else 0) + case.sequence
         if "attention_mask" in base:
             masks[key] = base["attention_mask"]
-        feed_ort = {**base, **_cache_inputs(sig, case, ort_out.get(prev), ort_out.get(src))}
-        feed_ref = {**base, **_cache_inputs(sig, case, ref_out.get(prev), ref_out.get(src))}
-        for s in sig.inputs:  # float inputs in the graph's precision
-            if s.dtype.startswith("float"):
-                feed_ort[s.name] = feed_ort[s.name].astype(_NP.get(s.dtype, np.float32))
-        names = [s.name for s in sig.outputs]
         shapes = {"batch": case.batch, "sequence": case.sequence}
         if prev:
             shapes["past_sequence"] = totals[prev]
         if src:
             shapes["encoder_sequence"] = totals[src]
-        where = f"{case.graph} graph, case {case.name} ({', '.join(f'{k} {v}' for k, v in shapes.items())})"
-        try:
-            got = dict(zip(names, sessions[case.graph].run(names, feed_ort)))
-        except Exception as exc:  # onnxruntime's own exception types
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise VerificationError(f"{where}: onnxruntime failed to run the graph: {msg}") from None
+        steps.append(_Step(case, sig, key, prev, src, base, shapes))
+    return steps
+
+
+def reference_outputs(r: ResolvedSpec, reference, seed: int = 0) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+    """The reference's outputs for every case, (graph, case) -> {output: array}: `reference` is
+    the fp32 SpeccModel in eval mode, its caches fed from its own earlier outputs. A build takes
+    these first, so that the module can be released before the graph is loaded for comparison."""
+    import torch
+
+    out: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    for step in _steps(r, seed):
+        feed = {**step.base, **_cache_inputs(step.sig, step.case, out.get(step.prev), out.get(step.src))}
         with torch.no_grad():
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
-                       for k, v in feed_ref.items()}
-            if case.graph == "encoder":
-                out = reference.encode(**tensors)
-            elif case.graph == "decoder":
-                out = reference.decode(**tensors)
+                       for k, v in feed.items()}
+            if step.case.graph == "encoder":
+                result = reference.encode(**tensors)
+            elif step.case.graph == "decoder":
+                result = reference.decode(**tensors)
             else:
-                out = reference(**tensors)
-            want = {k: v.float().numpy() for k, v in out.items()}
-        ort_out[key], ref_out[key] = got, want
-        figures = {n: _compare(n, got[n], want[n], atol, rtol, where) for n in names}
-        report.cases.append({"graph": case.graph, "case": case.name, "shapes": shapes, "outputs": figures})
+                result = reference(**tensors)
+            out[step.key] = {k: v.float().numpy() for k, v in result.items()}
+    return out
+
+
+def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", precision: str = "fp32",
+           seed: int = 0) -> Report:
+    """Run every case through `sessions` (graph name -> onnxruntime.InferenceSession or anything
+    with the same run()) and compare with `reference`: the fp32 SpeccModel in eval mode, or its
+    reference_outputs() taken before."""
+    refs = reference if isinstance(reference, dict) else reference_outputs(r, reference, seed)
+    atol, rtol = tolerance(target, precision)
+    report = Report(target, precision, atol, rtol)
+    steps = _steps(r, seed)
+    # outputs are kept only for the cases a later case continues from (a long case's logits are large)
+    needed = {s.prev for s in steps if s.prev} | {s.src for s in steps if s.src}
+    kept: dict[tuple[str, str], dict] = {}
+    for step in steps:
+        feed = {**step.base, **_cache_inputs(step.sig, step.case, kept.get(step.prev), kept.get(step.src))}
+        for s in step.sig.inputs:  # float inputs in the graph's precision
+            if s.dtype.startswith("float"):
+                feed[s.name] = feed[s.name].astype(_NP.get(s.dtype, np.float32))
+        names = [s.name for s in step.sig.outputs]
+        try:
+            got = dict(zip(names, sessions[step.case.graph].run(names, feed)))
+        except Exception as exc:  # onnxruntime's own exception types
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise VerificationError(f"{step.where}: onnxruntime failed to run the graph: {msg}") from None
+        want = refs[step.key]
+        figures = {n: _compare(n, got[n], want[n], atol, rtol, step.where) for n in names}
+        report.cases.append({"graph": step.case.graph, "case": step.case.name, "shapes": step.shapes, "outputs": figures})
+        if step.key in needed:
+            kept[step.key] = got
+        del got, want
     return report
 
 
-__all__ = ["TOLERANCES", "Case", "Report", "cases", "tolerance", "verify"]
+__all__ = ["TOLERANCES", "Case", "Report", "cases", "reference_outputs", "tolerance", "verify"]
