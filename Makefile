@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 # the runtime extra: cpu (onnxruntime) by default; gpu installs onnxruntime-gpu instead, never both
 RUNTIME ?= cpu
 PYTEST_ARGS ?=
+# pytest-xdist workers for make test: the tests are mostly single-threaded exports (2 workers take
+# 9 min where one took 23 on a 2-core machine); TEST_JOBS=0 runs them in this process
+TEST_JOBS ?= 2
 
 SERVE_VENV ?= .venv-serve
 BENCH_VENV ?= .venv-bench
@@ -30,7 +33,7 @@ install-serve:
 	$(SERVE_VENV)/bin/specc --version
 
 test:
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 test-slow:
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
@@ -42,12 +45,16 @@ fuzz:
 	SPECC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s -p no:logging tests/reliability/test_fuzz_specs.py tests/reliability/test_mutations.py $(PYTEST_ARGS)
 
 # the performance suite: its own environment (Optimum needs an older transformers than the tests),
-# then benchmarks/suite.py, which rewrites docs/benchmarks.md and docs/benchmarks_latency.png
+# then benchmarks/suite.py, which rewrites docs/benchmarks.md and docs/benchmarks_latency.png, and
+# benchmarks/passes.py and build_cost.py (docs/benchmarks_passes.md, docs/benchmarks_build.md). The GPU
+# suite, benchmarks/gpu.py, runs on a CUDA machine (docs/benchmarks_gpu.md).
 bench:
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),bench]'
 	$(BENCH_VENV)/bin/python benchmarks/suite.py $(BENCH_ARGS)
+	$(BENCH_VENV)/bin/python benchmarks/passes.py
+	$(BENCH_VENV)/bin/python benchmarks/build_cost.py
 
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) $(BENCH_VENV) build *.egg-info .pytest_cache

@@ -419,6 +419,9 @@ def _row(name: str, ts: list[float], base: float, unit: str = "ms", floor: float
     return "| " + " | ".join(cells) + " |"
 
 
+SEE_ALSO = ('Also: what each graph pass buys, [benchmarks_passes.md](benchmarks_passes.md) (benchmarks/passes.py); build cost after the streaming writer, [benchmarks_build.md](benchmarks_build.md) (benchmarks/build_cost.py); the GPU suite, [benchmarks_gpu.md](benchmarks_gpu.md) (benchmarks/gpu.py, on a CUDA machine).')
+
+
 def report(facts: dict, bert: dict, gen: dict, step: dict, builds: dict, plot: str | None, command: str,
            qual: dict) -> str:
     peak, bw = facts["matmul_gflops"], facts["read_gbps"]
@@ -442,6 +445,8 @@ def report(facts: dict, bert: dict, gen: dict, step: dict, builds: dict, plot: s
         "",
         "Every onnxruntime variant runs with onnxruntime's default threads (two here); the rows marked "
         "\"threads = CPUs\" set them explicitly, as a check that the setting is not what differs.",
+        "",
+        SEE_ALSO,
         "",
         "## bert-base (encoder, fp32)",
         "",

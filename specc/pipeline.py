@@ -152,8 +152,9 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
     spec_data = spec_to_data(r.spec)
     options = {"target": target, "precision": precision, "opset": opset, "weights": weights_info}
     vers = versions()
+    ort_passes = _ort_passes(target, precision)
     cache_key = hashlib.sha256(_canonical({"spec": spec_data, "options": options, "versions": vers,
-                                           "manifest": MANIFEST_VERSION})).hexdigest()
+                                           "manifest": MANIFEST_VERSION, "passes": ort_passes})).hexdigest()
     out = Path(out_dir)
     if not force:
         hit = _cached(out, cache_key)
@@ -165,7 +166,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
 
     with Staging(out) as stage:
         model, n_params = _build_module(clock, r, weights_path, seed)
-        files, optimizations = _export(clock, r, model, precision, opset, n_params, stage.tmp)
+        files, optimizations = _export(clock, r, model, precision, opset, n_params, stage.tmp, ort_passes)
         with clock.stage("verify") as facts:
             from specc.export.verify import reference_outputs, verify
             from specc.weights import save_module
@@ -270,8 +271,20 @@ def _release(model) -> None:
             tensor.data = torch.empty(0, dtype=tensor.dtype)
 
 
-def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n_params: int, tmp: Path):
-    """Export every graph, optimize it, save it into tmp. Returns ({graph: [files]}, optimizations)."""
+def _ort_passes(target: str, precision: str) -> list[str]:
+    """specc's graph passes for this build: they emit onnxruntime operators, so only graphs that
+    onnxruntime runs get them (not the tensorrt target, nor a triton repository with engines)."""
+    from specc.export.passes import PASSES
+
+    if target == "tensorrt" or (target == "triton" and _engines_possible(precision)):
+        return []
+    return list(PASSES)
+
+
+def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n_params: int, tmp: Path,
+            ort_passes: list[str] = ()):
+    """Export every graph, optimize it (onnxscript's optimizer, then specc's `ort_passes`), save it
+    into tmp. Returns ({graph: [files]}, optimizations)."""
     from specc.export import onnx as onnx_export
 
     export_model = _for_precision(model, precision)
@@ -286,6 +299,13 @@ def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n
         for sig in r.graphs:
             with _quiet():
                 optimizations.append({"graph": sig.name, **onnx_export.optimize(programs[sig.name])})
+            if ort_passes:
+                from specc.export import passes
+
+                before = len(programs[sig.name].model.graph)
+                fired = passes.apply(programs[sig.name].model, ort_passes)
+                optimizations.append({"graph": sig.name, "pass": "specc.passes", "nodes_before": before,
+                                      "nodes_after": len(programs[sig.name].model.graph), "fusions": fired})
         facts["optimizations"] = optimizations
     weight_bytes = n_params * (2 if precision in ("fp16", "bf16") else 4)
     files = {}

@@ -107,22 +107,32 @@ def save(program, sig: GraphSig, path: Path, weight_bytes: int, opset: int | Non
         # the exporter names the data file after the model file; keep that relative name
         onnx.save(proto, str(path), save_as_external_data=False)
         return [path, path.with_name(path.name + ".data")]
-    model = program.model
+
+    def prepare(proto) -> None:
+        _check_opset(proto, sig, opset)
+        _normalize(proto, sig)
+
+    write_streaming(program.model, path, prepare)
+    return [path]
+
+
+def write_streaming(model, path: Path, prepare=None) -> None:
+    """Write an onnx_ir Model to one .onnx file holding one weight in memory at a time (see the
+    note on _MODEL_GRAPH below). `prepare(proto)` may edit the weightless ModelProto first."""
     weights = dict(model.graph.initializers)
     model.graph.initializers.clear()
     try:
         proto = _serialize(model)  # the graph without its weights: small
     finally:
         model.graph.initializers.update(weights)
-    _check_opset(proto, sig, opset)
-    _normalize(proto, sig)
+    if prepare is not None:
+        prepare(proto)
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
         del proto
         for value in weights.values():
             for piece in _initializer_record(value):
                 f.write(piece)
-    return [path]
 
 
 def _serialize(model):

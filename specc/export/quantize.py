@@ -67,7 +67,8 @@ def _dynamic_int8(src: Path, tmp: Path):
 
     quantize_dynamic(src, tmp, op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=True,
                      weight_type=QuantType.QInt8,
-                     extra_options={"MatMulConstBOnly": True})
+                     # the graph passes emit com.microsoft operators, which onnx shape inference cannot type
+                     extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
     return onnx.load(str(tmp))
 
 

@@ -1,0 +1,79 @@
+"""Build cost: wall time and peak memory (RSS) of `specc build` for bert-base and gpt2-small, each
+in its own process, against the fp32 weight bytes, and next to Optimum's export-plus-validation
+of the same model where Optimum is installed (`make bench`'s environment). Writes
+docs/benchmarks_build.md.
+
+    .venv/bin/python benchmarks/build_cost.py          # specc only
+    .venv-bench/bin/python benchmarks/build_cost.py    # specc and Optimum, interleaved per model
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from specc.fileio import write_atomic  # noqa: E402
+from suite import WORK, _cpu, hf_checkpoint, optimum_export, specc_build  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1024**3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["bert-base", "gpt2-small"])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks_build.md"))
+    args = ap.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    import specc
+    from specc import load_spec, resolve
+
+    have_optimum = importlib.util.find_spec("optimum") is not None
+    rows = []
+    for spec in args.models:
+        weights = sum(p.numel() for p in specc.to_torch(resolve(load_spec(spec)), seed=0).parameters()) * 4
+        print(f"[build_cost] {spec}: specc build", file=sys.stderr, flush=True)
+        _, s_s, s_rss = specc_build(spec, force=True)
+        o = None
+        if have_optimum:
+            print(f"[build_cost] {spec}: Optimum export", file=sys.stderr, flush=True)
+            hf_checkpoint(spec)
+            _, o_s, o_rss = optimum_export(spec)
+            o = (o_s, o_rss)
+        rows.append((spec, weights, s_s, s_rss, o))
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Build cost",
+        "",
+        "Written by `benchmarks/build_cost.py`; do not edit by hand. Wall time and peak RSS of one process "
+        "each: `specc build SPEC --force` (load, export, optimize, passes, verify, write; random weights of "
+        "the real shapes) and, where Optimum is installed, `optimum.exporters.onnx.main_export` with its "
+        "validation (O2 for bert-base). Peak RSS counts everything the process holds, the Python "
+        "interpreter and the torch and onnxruntime libraries included (about 0.2 GiB before any model).",
+        "",
+        f"Command: `{' '.join([Path(sys.executable).parent.parent.name + '/bin/python', 'benchmarks/build_cost.py'] + sys.argv[1:])}`",
+        "",
+        f"Run: {date}; {_cpu()}, {os.cpu_count()} cores; python {platform.python_version()}, specc "
+        f"{specc.__version__}, torch {torch.__version__}.",
+        "",
+        "| model | fp32 weights | specc build | specc peak / weights | Optimum export + validation | specc time / Optimum |",
+        "|---|---|---|---|---|---|",
+    ]
+    for spec, weights, s_s, s_rss, o in rows:
+        opt = f"{o[0]:.0f} s, {o[1] / GIB:.2f} GiB" if o else "not run (Optimum not installed here)"
+        ratio = f"{s_s / o[0]:.2f}x" if o else "-"
+        lines.append(f"| {spec} | {weights / GIB:.2f} GiB | {s_s:.0f} s, {s_rss / GIB:.2f} GiB | "
+                     f"{s_rss / weights:.1f}x | {opt} | {ratio} |")
+    out = write_atomic(args.out, "\n".join(lines) + "\n")
+    print(f"[build_cost] wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,858 @@
+"""The GPU half of the performance suite: the suite's workloads on CUDA, and
+docs/benchmarks_gpu.md rewritten with the results.
+
+    python benchmarks/gpu.py [--repeats 20] [--gen-repeats 5] [--quick] [--out PATH]
+
+Needs a CUDA GPU (without one it says so and exits, writing nothing), torch, transformers and
+specc (importable: installed, or PYTHONPATH=.); onnxruntime with the CUDA / TensorRT execution
+providers and TensorRT itself are used where installed, and the report says which were not and why.
+
+Variants, each measured on the same inputs, random weights (seed 0) of the real shapes, nothing
+downloaded:
+- bert-base, batch 1 and 8, sequence 128: the Hugging Face BertModel (BertConfig() defaults) in
+  fp32 and fp16 eager; specc's PyTorch module (specc.to_torch("bert-base")) in fp32 and fp16
+  eager and under torch.compile (fp16, default mode);
+- gpt2-small: greedy generation (prompt 32 + 64 new, batch 1) with HF GPT2LMHeadModel.generate
+  and with specc's module in a cached greedy loop (below), fp32 and fp16; one decode step at 512
+  context (511 cached + 1 new), eager and (specc, fp16) under torch.compile;
+- onnxruntime: specc's built bert-base graph on the CUDA and TensorRT execution providers, and
+  a TensorRT engine built by `specc build --target tensorrt`, where those can be had.
+
+Timing: every call is bracketed by torch.cuda.synchronize(); the variants of a table run
+interleaved, one call of each per round, after warm-up rounds; medians and min-max ranges are
+reported, with ratios against PyTorch eager fp32 (the Hugging Face model) of the same workload.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite import _cpu  # noqa: E402  (the CPU suite's; it imports no baseline at module level)
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "build" / "bench-gpu"
+DEFAULT_OUT = ROOT / "docs" / "benchmarks_gpu.md"
+HF_FP32 = "HF eager fp32"
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+class Clock:
+    """Wall time since start, against the run's budget (compiles are skipped once it runs short)."""
+
+    def __init__(self, budget_s: float):
+        self.t0 = time.perf_counter()
+        self.budget_s = budget_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+
+def log(msg: str) -> None:
+    print(f"[gpu {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+class Runner:
+    """Calls on one device: synchronize before and after each call when it is CUDA."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.cuda = device == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def timed(self, fn) -> float:
+        self.sync()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        return time.perf_counter() - t0
+
+    def interleaved(self, variants: dict, repeats: int, warmup: int = 3) -> dict[str, list[float]]:
+        """Each variant called once per round, rounds repeated; seconds per call, warm-up rounds
+        dropped (as benchmarks/suite.py measures, without its pause: nothing spins on a GPU)."""
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for i in range(warmup + repeats):
+            for name, fn in variants.items():
+                dt = self.timed(fn)
+                if i >= warmup:
+                    times[name].append(dt)
+        return times
+
+
+def med(ts: list[float]) -> float:
+    return statistics.median(ts)
+
+
+class CompileTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise CompileTimeout in the main thread after `seconds` (SIGALRM; Unix)."""
+    seconds = max(1, int(seconds))
+
+    def on_alarm(signum, frame):
+        raise CompileTimeout(f"did not finish within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def compile_variant(name: str, make, runner: Runner, clock: Clock, limit_s: float, failures: list,
+                    reserve_s: float = 90.0):
+    """make() -> a callable whose first calls compile. Runs two warm-up calls under a time limit;
+    returns (callable, seconds of the first call) or (None, None), recording why in failures."""
+    limit = min(limit_s, clock.left() - reserve_s)
+    if limit < 20:
+        failures.append((name, f"skipped: the run's time budget was spent ({clock.elapsed():.0f} s of "
+                               f"{clock.budget_s:.0f} s) before this compile"))
+        log(f"{name}: skipped (time budget)")
+        return None, None
+    log(f"{name}: compiling (limit {limit:.0f} s)")
+    try:
+        with time_limit(limit):
+            fn = make()
+            first = runner.timed(fn)
+            runner.timed(fn)
+    except CompileTimeout as exc:
+        failures.append((name, f"torch.compile {exc} (the time guard this run allowed it)"))
+        log(f"{name}: compile timed out")
+        return None, None
+    except Exception as exc:  # whatever dynamo / inductor raise
+        failures.append((name, f"torch.compile failed: {first_line(exc)}"))
+        log(f"{name}: compile failed: {first_line(exc)}")
+        traceback.print_exc(limit=-3)
+        return None, None
+    log(f"{name}: compiled, first call {first:.1f} s")
+    return fn, first
+
+
+# --- machine facts and floors -------------------------------------------------------------------------
+
+
+def machine_facts(device: str) -> dict:
+    import transformers
+
+    import specc
+
+    facts = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _cpu(), "cores": os.cpu_count(),
+        "versions": {"specc": specc.__version__, "python": platform.python_version(), "torch": torch.__version__,
+                     "CUDA (torch)": torch.version.cuda or "none", "transformers": transformers.__version__},
+    }
+    try:
+        import onnxruntime
+
+        facts["versions"]["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        facts["gpu"] = p.name
+        facts["gpu_memory_gib"] = p.total_memory / 2**30
+        facts["sms"] = p.multi_processor_count
+        facts["capability"] = f"{p.major}.{p.minor}"
+        facts["driver"] = _nvidia_smi("driver_version")
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        if cudnn:
+            facts["versions"]["cuDNN"] = str(cudnn)
+    else:
+        facts["gpu"] = "none (debug run on the CPU)"
+    return facts
+
+
+def _nvidia_smi(field: str) -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no nvidia-smi)"
+
+
+def matmul_probe(runner: Runner, n: int, calls: int = 10) -> dict[str, float]:
+    """TFLOP/s of an n x n x n torch.mm on random data: each dtype's mean over `calls` products
+    after 3 warm-ups. fp32 with TF32 off (torch's default) and on."""
+    out = {}
+    dev = runner.device
+    for label, dtype, tf32 in (("bf16", torch.bfloat16, False), ("fp16", torch.float16, False),
+                               ("tf32", torch.float32, True), ("fp32", torch.float32, False)):
+        if dev == "cpu" and dtype != torch.float32:
+            continue
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            a = torch.randn(n, n, device=dev, dtype=dtype)
+            b = torch.randn(n, n, device=dev, dtype=dtype)
+            for _ in range(3):
+                torch.mm(a, b)
+            dt = runner.timed(lambda: [torch.mm(a, b) for _ in range(calls)])
+            out[label] = 2 * n**3 * calls / dt / 1e12
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+    return out
+
+
+def copy_bandwidth(runner: Runner, mib: int = 1024) -> float:
+    """GB/s of a device-to-device copy of `mib` MiB, counting bytes read and written; best of 5."""
+    x = torch.empty(mib * 2**20, dtype=torch.uint8, device=runner.device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    best = min(runner.timed(lambda: y.copy_(x)) for _ in range(5))
+    return 2 * mib * 2**20 / best / 1e9
+
+
+# --- models ------------------------------------------------------------------------------------------
+
+
+class Sizes:
+    """The workloads' sizes: the real ones, or tiny ones for a debug run (--tiny)."""
+
+    def __init__(self, tiny: bool):
+        self.tiny = tiny
+        self.bert_spec, self.gpt_spec = ("tiny-bert", "tiny-gpt2") if tiny else ("bert-base", "gpt2-small")
+        self.seq = 32 if tiny else 128
+        self.batches = (1, 8) if not tiny else (1, 2)
+        self.context = 64 if tiny else 512
+        self.prompt, self.new = (8, 8) if tiny else (32, 64)
+        self.vocab_lo, self.vocab_hi = (10, 900) if tiny else (1000, 20000)
+
+    def bert_config(self):
+        import transformers as T
+
+        if self.tiny:
+            return T.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=128, max_position_embeddings=128)
+        return T.BertConfig()
+
+    def gpt2_config(self):
+        import transformers as T
+
+        if self.tiny:
+            return T.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                bos_token_id=999, eos_token_id=999)
+        return T.GPT2Config()
+
+
+def hf_model(cls, config, device: str, dtype):
+    torch.manual_seed(0)
+    config._attn_implementation = "sdpa"  # transformers' default where torch has it; named, so the doc can say
+    return cls(config).eval().to(device=device, dtype=dtype)
+
+
+def specc_model(spec: str, device: str, dtype):
+    import specc
+
+    return specc.to_torch(spec, seed=0).to(device=device, dtype=dtype).eval()
+
+
+# --- bert-base ----------------------------------------------------------------------------------------
+
+
+def bert(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, compile_limit: float, failures: list) -> dict:
+    import transformers as T
+
+    dev = runner.device
+    log("bert: models")
+    hf32 = hf_model(T.BertModel, sizes.bert_config(), dev, torch.float32)
+    hf16 = copy.deepcopy(hf32).half()
+    sp32 = specc_model(sizes.bert_spec, dev, torch.float32)
+    sp16 = copy.deepcopy(sp32).half()
+    attn = getattr(hf32.config, "_attn_implementation", "?")
+    rng = np.random.default_rng(0)
+    variants: dict[int, dict] = {}
+    refs = {}
+    for batch in sizes.batches:
+        ids = torch.from_numpy(rng.integers(sizes.vocab_lo, sizes.vocab_hi, (batch, sizes.seq))).to(dev)
+        feeds = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+
+        def hf(m, feeds=feeds):
+            with torch.inference_mode():
+                return m(**feeds).last_hidden_state
+
+        def sp(m, feeds=feeds):
+            with torch.inference_mode():
+                return m(**feeds)["last_hidden_state"]
+
+        variants[batch] = {HF_FP32: lambda hf=hf: hf(hf32), "HF eager fp16": lambda hf=hf: hf(hf16),
+                           "specc eager fp32": lambda sp=sp: sp(sp32), "specc eager fp16": lambda sp=sp: sp(sp16)}
+        refs[batch] = sp
+    # every compile before any timing, so that no table is measured while the compilers' worker
+    # processes are still busy and every table sees the same machine
+    compile_s: dict[int, dict] = {b: {} for b in sizes.batches}
+    if compile_limit > 0:
+        for mode in ("default", "reduce-overhead"):
+            name = f"specc torch.compile fp16 ({mode})"
+            compiled = torch.compile(sp16, mode=None if mode == "default" else mode, dynamic=False)
+            for batch in sizes.batches:
+                fn, secs = compile_variant(f"bert batch {batch}: {name}", lambda c=compiled, b=batch: (lambda: refs[b](c)),
+                                           runner, clock, compile_limit, failures)
+                if fn is not None:
+                    variants[batch][name] = fn
+                    compile_s[batch][name] = secs
+    tables = {}
+    for batch in sizes.batches:
+        log(f"bert batch {batch}: timing {len(variants[batch])} variants")
+        times = runner.interleaved(variants[batch], repeats)
+        ref = refs[batch](sp32).float()
+        diffs = {k: float((v().float() - ref).abs().max()) for k, v in variants[batch].items() if k.startswith("specc")}
+        tables[batch] = {"times": times, "diffs": diffs, "compile_s": compile_s[batch]}
+    return {"tables": tables, "attn": attn}
+
+
+def _free(dev: str) -> None:
+    import gc
+
+    gc.collect()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+
+
+# --- gpt2-small -------------------------------------------------------------------------------------
+
+
+def specc_greedy(model, prompt: torch.Tensor, new: int) -> torch.Tensor:
+    """specc's module in a cached greedy loop: the prompt in one call, then one token per call
+    with the previous call's present.* fed back as past_key_values.*. The chosen ids stay on the
+    device (no host sync per token). Returns the new ids [B, new]."""
+    with torch.inference_mode():
+        out = model(input_ids=prompt, use_cache=True)
+        names = [k for k in out if k.startswith("present.")]
+        token = out["logits"][:, -1].argmax(-1, keepdim=True)
+        chosen = [token]
+        for _ in range(new - 1):
+            past = {"past_key_values." + k[len("present."):]: out[k] for k in names}
+            out = model(input_ids=token, **past)
+            token = out["logits"][:, -1].argmax(-1, keepdim=True)
+            chosen.append(token)
+        return torch.cat(chosen, dim=1)
+
+
+def gpt2(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, gen_repeats: int, compile_limit: float,
+         failures: list) -> dict:
+    """Generation and the decode step; each part that fails is recorded, the other still runs."""
+    import transformers as T
+
+    dev = runner.device
+    log("gpt2: models")
+    models = {"hf32": hf_model(T.GPT2LMHeadModel, sizes.gpt2_config(), dev, torch.float32)}
+    models["hf16"] = copy.deepcopy(models["hf32"]).half()
+    models["sp32"] = specc_model(sizes.gpt_spec, dev, torch.float32)
+    models["sp16"] = copy.deepcopy(models["sp32"]).half()
+    result: dict = {}
+    for part, fn in (("generation", gpt2_generation), ("decode step", gpt2_decode_step)):
+        try:
+            result.update(fn(models, sizes, runner, clock, repeats, gen_repeats, compile_limit, failures))
+        except Exception as exc:
+            failures.append((f"{sizes.gpt_spec} {part}", first_line(exc)))
+            log(f"gpt2 {part} failed: {first_line(exc)}")
+            traceback.print_exc()
+    models.clear()
+    _free(dev)
+    return result
+
+
+def gpt2_generation(models: dict, sizes: Sizes, runner: Runner, clock: Clock, repeats: int, gen_repeats: int,
+                    compile_limit: float, failures: list) -> dict:
+    dev = runner.device
+    rng = np.random.default_rng(0)
+    prompt = torch.from_numpy(rng.integers(sizes.vocab_lo, sizes.vocab_hi, (1, sizes.prompt))).to(dev)
+    kw = dict(do_sample=False, num_beams=1, pad_token_id=0, eos_token_id=None)
+
+    def hf_gen(m, n):
+        with torch.inference_mode():
+            out = m.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
+                             min_new_tokens=n, **kw)
+        return out[:, prompt.shape[1]:]
+
+    gens = {"HF generate fp32": lambda n: hf_gen(models["hf32"], n),
+            "HF generate fp16": lambda n: hf_gen(models["hf16"], n),
+            "specc greedy loop fp32": lambda n: specc_greedy(models["sp32"], prompt, n),
+            "specc greedy loop fp16": lambda n: specc_greedy(models["sp16"], prompt, n)}
+    log("gpt2: generation")
+    full = runner.interleaved({k: (lambda g=g: g(sizes.new)) for k, g in gens.items()}, gen_repeats, warmup=1)
+    first = runner.interleaved({k: (lambda g=g: g(1)) for k, g in gens.items()}, gen_repeats, warmup=1)
+    ids = {k: g(sizes.new).cpu() for k, g in gens.items()}
+    same = {k: bool(torch.equal(ids[k], ids[k.replace("fp16", "fp32")])) for k in gens if k.endswith("fp16")}
+    n_tokens = {k: int(v.shape[1]) for k, v in ids.items()}
+    return {"full": full, "first": first, "same": same, "n_tokens": n_tokens}
+
+
+def gpt2_decode_step(models: dict, sizes: Sizes, runner: Runner, clock: Clock, repeats: int, gen_repeats: int,
+                     compile_limit: float, failures: list) -> dict:
+    """One new token after context - 1 cached positions."""
+    dev = runner.device
+    log("gpt2: decode step")
+    rng = np.random.default_rng(1)
+    past_len = sizes.context - 1
+    ctx = torch.from_numpy(rng.integers(sizes.vocab_lo, sizes.vocab_hi, (1, past_len))).to(dev)
+    step = torch.tensor([[42]], device=dev)
+    mask = torch.ones(1, sizes.context, dtype=torch.long, device=dev)
+    variants = {}
+    for label in ("fp32", "fp16"):
+        m = models[f"hf{label[2:]}"]
+        with torch.inference_mode():
+            cache = m(input_ids=ctx, use_cache=True).past_key_values
+
+        def hf_step(m=m, cache=cache):
+            with torch.inference_mode():
+                m(input_ids=step, past_key_values=cache, attention_mask=mask, use_cache=True)
+                cache.crop(-1)  # the step appended one position; take it back
+
+        variants[f"HF eager {label}"] = hf_step
+    pasts = {}
+    for label in ("fp32", "fp16"):
+        m = models[f"sp{label[2:]}"]
+        with torch.inference_mode():
+            out = m(input_ids=ctx, use_cache=True)
+        past = {"past_key_values." + k[len("present."):]: v for k, v in out.items() if k.startswith("present.")}
+        pasts[label] = past
+
+        def sp_step(m=m, past=past):
+            with torch.inference_mode():
+                return m(input_ids=step, **past)["logits"]
+
+        variants[f"specc eager {label}"] = sp_step
+    compile_s = {}
+    if compile_limit > 0:
+        for mode in ("default", "reduce-overhead"):
+            name = f"specc torch.compile fp16 ({mode})"
+
+            def make(mode=mode):
+                c = torch.compile(models["sp16"], mode=None if mode == "default" else mode, dynamic=False)
+
+                def fn():
+                    with torch.inference_mode():
+                        return c(input_ids=step, **pasts["fp16"])["logits"]
+
+                return fn
+
+            fn, secs = compile_variant(f"gpt2 decode step: {name}", make, runner, clock, compile_limit, failures)
+            if fn is not None:
+                variants[name] = fn
+                compile_s[name] = secs
+    log(f"gpt2 decode step: timing {len(variants)} variants")
+    step_times = runner.interleaved(variants, repeats)
+    with torch.inference_mode():
+        ref = models["sp32"](input_ids=step, **pasts["fp32"])["logits"].float()
+    diffs = {k: float((v().float() - ref).abs().max()) for k, v in variants.items() if k.startswith("specc")}
+    return {"step": step_times, "step_diffs": diffs, "compile_s": compile_s}
+
+
+# --- onnxruntime and TensorRT ---------------------------------------------------------------------
+
+
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+def onnxruntime_gpu(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, failures: list,
+                    test_providers: list[str]) -> dict:
+    """specc's built bert-base graph (fp32, and fp16 where it builds) on the CUDA and TensorRT
+    execution providers; `test_providers` stand in for them in a debug run."""
+    facts: dict = {"rows": {}}
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        for p in GPU_PROVIDERS:
+            failures.append((f"onnxruntime {p}", f"onnxruntime is not installed ({first_line(exc)})"))
+        return facts
+    from specc.deps import installed_runtimes
+
+    available = ort.get_available_providers()
+    dists = installed_runtimes()
+    facts.update(version=ort.__version__, available=available, device=ort.get_device(), dists=dists)
+    log(f"onnxruntime {ort.__version__} ({', '.join(dists) or 'no distribution metadata'}): providers {available}")
+    wanted = [p for p in GPU_PROVIDERS if p in available] + [p for p in test_providers if p in available]
+    for p in GPU_PROVIDERS:
+        if p not in available:
+            cpu_build = "onnxruntime-gpu" not in dists
+            why = (f"{p} not available: this onnxruntime {ort.__version__} is the CPU build "
+                   f"(the `onnxruntime` wheel, get_device() = {ort.get_device()}; providers: {', '.join(available)}); "
+                   "it needs `onnxruntime-gpu`" if cpu_build else
+                   f"{p} not available in onnxruntime-gpu {ort.__version__} here (providers: {', '.join(available)})")
+            if p == "TensorrtExecutionProvider" and not cpu_build:
+                why += "; it also needs TensorRT's libraries"
+            failures.append((f"onnxruntime {p}", why))
+    if not wanted:
+        return facts
+    if runner.device != "cuda" and not test_providers:
+        return facts
+    import specc
+    from specc.runtime import Session
+
+    rng = np.random.default_rng(0)
+    for precision in ("fp32", "fp16"):
+        if clock.left() < 120:
+            failures.append((f"onnxruntime, specc {precision} graph", "skipped: the run's time budget was spent"))
+            continue
+        out_dir = WORK / f"{sizes.bert_spec}-{precision}"
+        log(f"onnxruntime: specc build {sizes.bert_spec} {precision}")
+        try:
+            t0 = time.perf_counter()
+            result = specc.build(sizes.bert_spec, out_dir, precision=precision, progress=None)
+            facts.setdefault("build_s", {})[precision] = (time.perf_counter() - t0, result.cached)
+        except Exception as exc:
+            failures.append((f"specc build {sizes.bert_spec} --precision {precision}", first_line(exc)))
+            continue
+        for provider in wanted:
+            if provider == "TensorrtExecutionProvider" and clock.left() < 240:
+                failures.append((f"onnxruntime {provider}, {precision}", "skipped: too little of the run's time "
+                                 "budget left for TensorRT's engine build"))
+                continue
+            label = f"specc {precision} graph, onnxruntime {provider.replace('ExecutionProvider', '')}"
+            try:
+                graph = Session(out_dir, providers=[provider]).graphs["model"]
+                if graph.provider != provider:
+                    raise RuntimeError(f"onnxruntime put the graph on {graph.provider}")
+                for batch in sizes.batches:
+                    ids = rng.integers(sizes.vocab_lo, sizes.vocab_hi, (batch, sizes.seq)).astype(np.int64)
+                    arrays = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+                    feeds = {n: graph.value(n, arrays[n]) for n in graph.inputs}
+                    t = runner.interleaved({label: lambda: graph.run(feeds)}, repeats)
+                    facts["rows"].setdefault(batch, {})[label] = t[label]
+            except Exception as exc:
+                failures.append((label, first_line(exc)))
+                log(f"{label}: {first_line(exc)}")
+    return facts
+
+
+def tensorrt_engine(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, failures: list) -> dict:
+    """`specc build --target tensorrt` (fp16) and its engine timed with bound device buffers."""
+    rows: dict = {}
+    try:
+        import tensorrt as trt
+    except ImportError as exc:
+        failures.append(("TensorRT engine (specc build --target tensorrt)",
+                         f"TensorRT is not installed here ({first_line(exc)}); it comes from NVIDIA's package index "
+                         "(`pip install 'specc[gpu]'` on a CUDA machine)"))
+        return rows
+    if runner.device != "cuda":
+        return rows
+    if clock.left() < 240:
+        failures.append(("TensorRT engine", "skipped: too little of the run's time budget left for an engine build"))
+        return rows
+    import specc
+
+    rng = np.random.default_rng(0)
+    for precision in ("fp16",):
+        label = f"specc TensorRT engine {precision} (TensorRT {trt.__version__})"
+        try:
+            out_dir = WORK / f"{sizes.bert_spec}-tensorrt-{precision}"
+            log(f"TensorRT: specc build {sizes.bert_spec} --target tensorrt --precision {precision}")
+            specc.build(sizes.bert_spec, out_dir, target="tensorrt", precision=precision, progress=None)
+            plan = next(out_dir.glob("*.plan"))
+            engine = trt.Runtime(trt.Logger(trt.Logger.ERROR)).deserialize_cuda_engine(plan.read_bytes())
+            context = engine.create_execution_context()
+            names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+            inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+            for batch in sizes.batches:
+                ids = rng.integers(sizes.vocab_lo, sizes.vocab_hi, (batch, sizes.seq)).astype(np.int64)
+                arrays = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+                keep = {}
+                for n in inputs:
+                    dtype = torch.from_numpy(np.empty(0, dtype=trt.nptype(engine.get_tensor_dtype(n)))).dtype
+                    keep[n] = torch.from_numpy(arrays[n]).to(device="cuda", dtype=dtype)
+                    context.set_input_shape(n, tuple(keep[n].shape))
+                    context.set_tensor_address(n, keep[n].data_ptr())
+                for n in names:
+                    if n not in inputs:
+                        dtype = torch.from_numpy(np.empty(0, dtype=trt.nptype(engine.get_tensor_dtype(n)))).dtype
+                        keep[n] = torch.empty(tuple(context.get_tensor_shape(n)), dtype=dtype, device="cuda")
+                        context.set_tensor_address(n, keep[n].data_ptr())
+                stream = torch.cuda.current_stream()
+
+                def run():
+                    if not context.execute_async_v3(stream.cuda_stream):
+                        raise RuntimeError("execute_async_v3 returned False")
+
+                t = runner.interleaved({label: run}, repeats)
+                rows.setdefault(batch, {})[label] = t[label]
+        except Exception as exc:
+            failures.append((label, first_line(exc)))
+            log(f"{label}: {first_line(exc)}")
+    return rows
+
+
+# --- the report ---------------------------------------------------------------------------------------
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3f}" if s < 0.01 else f"{s * 1e3:.2f}" if s < 0.1 else f"{s * 1e3:.1f}"
+
+
+def _row(name: str, ts: list[float], base: float | None, extra: list[str]) -> str:
+    m = med(ts)
+    cells = [name, f"{_ms(m)} ms", f"{_ms(min(ts))}-{_ms(max(ts))}", f"{m / base:.2f}x" if base else "-"] + extra
+    return "| " + " | ".join(cells) + " |"
+
+
+def report(args, facts: dict, probe: dict, bw: float, flops: dict, bert_r: dict | None, gpt_r: dict | None,
+           ort_r: dict, trt_rows: dict, failures: list, sizes: Sizes, notes: list[str]) -> str:
+    v = facts["versions"]
+    lines = [
+        "# GPU benchmarks",
+        "",
+        "Written by `python benchmarks/gpu.py` on a CUDA machine; do not edit by hand. The CPU suite is "
+        "[benchmarks.md](benchmarks.md) (`make bench`).",
+        "",
+        f"Command: `{args.command}`",
+        "",
+        f"Run: {facts['date']}. Machine: {facts['gpu']}"
+        + (f", {facts['gpu_memory_gib']:.0f} GiB, {facts['sms']} SMs, compute capability {facts['capability']}, "
+           f"driver {facts['driver']}" if "sms" in facts else "")
+        + f"; {facts['cpu']}, {facts['cores']} cores. " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
+        "",
+        "Method: every call is bracketed by `torch.cuda.synchronize()`; the variants of a table run "
+        "interleaved in one process (one call of each per round) after warm-up rounds; medians and "
+        "min-max ranges of the timed rounds. Ratios are median / median of PyTorch eager fp32 (the "
+        "Hugging Face model) on the same workload: below 1.00x is faster. Random weights of the real "
+        "shapes (seed 0), nothing downloaded; HF and specc models have different random weights, so "
+        "their outputs are not compared; specc's lower-precision and compiled variants are compared "
+        "with specc fp32 (max abs diff). torch.compile runs dynamic=False under a time guard, every "
+        "compile before the first timed table; its first-call (compile) time is reported. Mode "
+        "reduce-overhead replays the compiled kernels as CUDA graphs, so the host launches one graph "
+        "instead of every kernel from Python: where eager fp16 is no faster than eager fp32, the "
+        "time is the host's launching, not the GPU's arithmetic.",
+        "",
+        "## The machine's floors",
+        "",
+        f"Matrix product n x n x n (n = {args.matmul_n}, random data, mean of 10 after 3 warm-ups): "
+        + ", ".join(f"{k} {val:.0f} TFLOP/s" if val >= 10 else f"{k} {val:.2f} TFLOP/s" for k, val in probe.items())
+        + f". Device-to-device copy: {bw:.0f} GB/s (bytes read + written, best of 5 at 1 GiB).",
+        "",
+    ]
+    if bert_r:
+        lines += [f"## {sizes.bert_spec} (encoder), sequence {sizes.seq}", "",
+                  f"Hugging Face BertModel attention: `{bert_r['attn']}`; specc's module computes attention "
+                  "explicitly (scores, softmax in fp32, probs @ v) and its LayerNorms in fp32.", ""]
+        for batch, tab in bert_r["tables"].items():
+            times, diffs, comp = tab["times"], tab["diffs"], tab["compile_s"]
+            base = med(times[HF_FP32])
+            fl = flops.get("bert")
+            reps = len(times[HF_FP32])
+            head = (f"Batch {batch}: time per batch, medians of {reps}. Floor: "
+                    + (f"{batch * sizes.seq * fl / 1e9:.1f} GFLOP per batch, {_ms(batch * sizes.seq * fl / (probe['fp16'] * 1e12))} ms "
+                       f"at the fp16 probe, {_ms(batch * sizes.seq * fl / (probe['fp32'] * 1e12))} ms at the fp32 probe."
+                       if fl and "fp16" in probe else "not probed."))
+            lines += [head, "", "| variant | median | range | vs HF eager fp32 | share of the matmul floor | "
+                      "max abs diff vs specc fp32 | first call (compile) |", "|---|---|---|---|---|---|---|"]
+            for k, ts in times.items():
+                share = "-"
+                if fl and probe:
+                    peak = probe.get("fp16" if "fp16" in k else "fp32")
+                    if peak:
+                        x = batch * sizes.seq * fl / (peak * 1e12) / med(ts)
+                        share = f"{x:.0%}" if x >= 0.1 else f"{x:.1%}"
+                diff = f"{diffs[k]:.2e}" if k in diffs else "-"
+                c = f"{comp[k]:.1f} s" if comp.get(k) else "-"
+                lines.append(_row(k, ts, base, [share, diff, c]))
+            lines.append("")
+    if gpt_r:
+        lines += [f"## {sizes.gpt_spec} (decoder)", ""]
+    if gpt_r and "full" in gpt_r:
+        full, first, new = gpt_r["full"], gpt_r["first"], sizes.new
+        base = med(full["HF generate fp32"])
+        reps = len(next(iter(full.values())))
+        lines += [f"### Greedy generation, batch 1, prompt {sizes.prompt} + {new} new tokens", "",
+                  f"Medians of {reps} after 1 warm-up; EOS off, so every variant makes {new} tokens "
+                  f"({', '.join(f'{k}: {n}' for k, n in gpt_r['n_tokens'].items() if n != new) or 'checked'}). "
+                  "Time to first token = the call with 1 new token. HF: `GPT2LMHeadModel.generate` "
+                  "(do_sample False, its own cache). specc: `specc.to_torch` in the cached greedy loop of "
+                  "benchmarks/gpu.py (`specc_greedy`: present.* fed back as past_key_values.*, which the "
+                  "module concatenates; argmax on the device, no host sync per token).", "",
+                  "| variant | tokens/s | range | time to first token | vs HF generate fp32 (speed) | "
+                  "same ids as fp32 |", "|---|---|---|---|---|---|"]
+        for k, ts in full.items():
+            tps = new / med(ts)
+            same = "-" if k not in gpt_r["same"] else ("yes" if gpt_r["same"][k] else "no")
+            lines.append(f"| {k} | {tps:.1f} | {new / max(ts):.1f}-{new / min(ts):.1f} | {_ms(med(first[k]))} ms | "
+                         f"{base / med(ts):.2f}x | {same} |")
+        lines += ["", "(\"same ids\": random weights give near-tied logits, so fp16 may pick other tokens than fp32 "
+                  "without being wrong.)", ""]
+    if gpt_r and "step" in gpt_r:
+        step = gpt_r["step"]
+        reps = len(step["HF eager fp32"])
+        lines += [
+                  f"### One decode step at {sizes.context} context ({sizes.context - 1} cached + 1 new), batch 1", "",
+                  f"Medians of {reps}. HF: the model with its DynamicCache, cropped back after each step. specc: "
+                  "the module with past_key_values.* given. Weight-read floor: "
+                  + (f"{flops['gpt_params'] * 2 / (bw * 1e9) * 1e3:.3f} ms for fp16 weights at the copy bandwidth"
+                     if flops.get("gpt_params") else "-") + ".", "",
+                  "| variant | median | range | vs HF eager fp32 | max abs logit diff vs specc fp32 | first call (compile) |",
+                  "|---|---|---|---|---|---|"]
+        base = med(step["HF eager fp32"])
+        for k, ts in step.items():
+            diff = f"{gpt_r['step_diffs'][k]:.2e}" if k in gpt_r["step_diffs"] else "-"
+            c = f"{gpt_r['compile_s'][k]:.1f} s" if gpt_r["compile_s"].get(k) else "-"
+            lines.append(_row(k, ts, base, [diff, c]))
+        lines.append("")
+    lines += ["## onnxruntime on CUDA, TensorRT", ""]
+    if ort_r.get("version"):
+        lines += [f"onnxruntime {ort_r['version']} ({', '.join(ort_r['dists']) or '?'}; get_device() = {ort_r['device']}); "
+                  f"available providers: {', '.join(ort_r['available'])}.", ""]
+    rows = {}
+    for source in (ort_r.get("rows", {}), trt_rows):
+        for batch, r in source.items():
+            rows.setdefault(batch, {}).update(r)
+    if rows:
+        base_times = {b: med(t["times"][HF_FP32]) for b, t in bert_r["tables"].items()} if bert_r else {}
+        lines += [f"specc's built {sizes.bert_spec} graph, sequence {sizes.seq}, inputs and outputs on the device "
+                  "(IO binding), ratios against HF eager fp32 of the bert table above.", "",
+                  "| batch | variant | median | range | vs HF eager fp32 |", "|---|---|---|---|---|"]
+        for batch, r in rows.items():
+            for k, ts in r.items():
+                lines.append(f"| {batch} " + _row(k, ts, base_times.get(batch), []))
+        for precision, (secs, cached) in ort_r.get("build_s", {}).items():
+            lines.append(f"\nspecc build {precision}: {secs:.0f} s{' (cache hit)' if cached else ''}.")
+        lines.append("")
+    else:
+        lines += ["Nothing ran here: see below.", ""]
+    lines += ["## Could not run, and why", ""]
+    if not failures and not notes:
+        lines.append("Everything ran.")
+    for what, why in failures:
+        lines.append(f"- {what}: {why}")
+    for note in notes:
+        lines.append(f"- {note}")
+    return "\n".join(lines) + "\n"
+
+
+# --- main -----------------------------------------------------------------------------------------------
+
+
+def _shown_args(argv: list[str]) -> list[str]:
+    """The command line as the report shows it: without --out and --note (a path of the machine
+    it ran on, and the notes the report prints anyway)."""
+    shown, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--out", "--note"):
+            skip = True
+        elif not a.startswith(("--out=", "--note=")):
+            shown.append(a)
+    return shown
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the report to write (default docs/benchmarks_gpu.md)")
+    ap.add_argument("--repeats", type=int, default=20, help="timed rounds for bert and the decode step")
+    ap.add_argument("--gen-repeats", type=int, default=5, help="timed rounds for generation")
+    ap.add_argument("--quick", action="store_true", help="few repeats, a smaller matmul probe (a smoke run)")
+    ap.add_argument("--compile-limit", type=float, default=180, help="seconds each torch.compile may take (0: none)")
+    ap.add_argument("--budget", type=float, default=480, help="seconds for the whole run; compiles and engine builds "
+                    "that would not fit are skipped and reported")
+    ap.add_argument("--note", action="append", default=[], help="a line for the report's 'Could not run' section "
+                    "(facts of the machine the script cannot see)")
+    # debug: run the logic on the CPU with the tiny specs; never writes docs/benchmarks_gpu.md by default
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--test-provider", action="append", default=[], help=argparse.SUPPRESS)
+    ap.add_argument("--only", default="bert,gpt2,ort", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"benchmarks/gpu.py: no CUDA GPU here (torch {torch.__version__}, built with CUDA "
+              f"{torch.version.cuda or 'none'}; torch.cuda.is_available() is False). Nothing measured; "
+              f"{args.out} is left as it is.", file=sys.stderr)
+        return 0
+    if args.device != "cuda" and Path(args.out).resolve() == DEFAULT_OUT.resolve():
+        raise SystemExit("benchmarks/gpu.py: a --device cpu debug run needs --out elsewhere than docs/benchmarks_gpu.md")
+    if args.quick:
+        args.repeats, args.gen_repeats = min(args.repeats, 5), min(args.gen_repeats, 2)
+    args.matmul_n = 4096 if (args.quick or args.device != "cuda") else 8192
+    args.command = " ".join(["python benchmarks/gpu.py"] + _shown_args(sys.argv[1:] if argv is None else argv))
+    only = set(args.only.split(","))
+    clock = Clock(args.budget)
+    runner = Runner(args.device)
+    sizes = Sizes(args.tiny)
+    WORK.mkdir(parents=True, exist_ok=True)
+    failures: list[tuple[str, str]] = []
+
+    facts = machine_facts(args.device)
+    log(f"{facts['gpu']}; " + ", ".join(f"{k} {v}" for k, v in facts["versions"].items()))
+    log("probes")
+    probe = matmul_probe(runner, args.matmul_n if args.device == "cuda" else 512)
+    bw = copy_bandwidth(runner, 1024 if args.device == "cuda" else 64)
+    log("probe: " + ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in probe.items()) + f"; copy {bw:.0f} GB/s")
+
+    import specc
+    from specc.inspect import inspect_spec
+
+    flops = {}
+    with contextlib.suppress(Exception):
+        flops["bert"] = inspect_spec(specc.resolve(specc.load_spec(sizes.bert_spec)), length=sizes.seq)["flops_per_token"]
+    with contextlib.suppress(Exception):
+        flops["gpt_params"] = inspect_spec(specc.resolve(specc.load_spec(sizes.gpt_spec)))["parameters"]
+
+    compile_limit = args.compile_limit
+    bert_r = gpt_r = None
+    ort_r, trt_rows = {}, {}
+
+    def attempt(what: str, fn, default):
+        try:
+            return fn()
+        except Exception as exc:
+            failures.append((what, first_line(exc)))
+            log(f"{what} failed: {first_line(exc)}")
+            traceback.print_exc()
+            _free(args.device)
+            return default
+
+    if "bert" in only:
+        bert_r = attempt(sizes.bert_spec, lambda: bert(sizes, runner, clock, args.repeats, compile_limit, failures), None)
+        _free(args.device)
+    if "gpt2" in only:
+        gpt_r = attempt(sizes.gpt_spec, lambda: gpt2(sizes, runner, clock, args.repeats, args.gen_repeats,
+                                                      compile_limit, failures), None)
+    if "ort" in only:
+        ort_r = attempt("onnxruntime", lambda: onnxruntime_gpu(sizes, runner, clock, args.repeats, failures,
+                                                               args.test_provider), {})
+        trt_rows = attempt("TensorRT", lambda: tensorrt_engine(sizes, runner, clock, args.repeats, failures), {})
+    text = report(args, facts, probe, bw, flops, bert_r, gpt_r, ort_r, trt_rows, failures, sizes, args.note)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, out)
+    print(text, flush=True)
+    log(f"wrote {out} in {clock.elapsed():.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
