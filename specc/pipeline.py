@@ -259,11 +259,11 @@ def _build_module(clock: _Clock, r: ResolvedSpec, weights_path: Path | None, see
 
 
 def _release(model) -> None:
-    """Free what of the module's weight memory can be freed, at once. `del model` alone is not
-    enough: the exporter's graph objects hold the parameters in reference cycles (and onnxscript's
-    rewrite rules keep the last graph they matched, so its weights stay until the process ends).
-    Each parameter and buffer is pointed at an empty tensor, so whatever only it held goes back
-    now. The module is unusable afterwards."""
+    """Free the module's weight memory at once. `del model` alone is not enough: onnxscript's
+    rewrite rules keep the last graph they matched (module-level state), and that graph's input
+    bookkeeping still holds the parameter objects the exporter started from (save() detaches the
+    graph's own constants). Each parameter and buffer is pointed at an empty tensor, so its memory
+    goes back whoever still holds the object. The module is unusable afterwards."""
     import torch
 
     with torch.no_grad():

@@ -96,7 +96,8 @@ def optimize(program) -> dict:
 def save(program, sig: GraphSig, path: Path, weight_bytes: int, opset: int | None = None) -> list[Path]:
     """Write the graph reproducibly; weights past the protobuf limit go to `<name>.onnx.data`.
     Returns the files written. With `opset`, the file must declare exactly that opset (the
-    exporter's down-conversion can fail and silently keep its own)."""
+    exporter's down-conversion can fail and silently keep its own). The program is spent
+    afterwards: its constants are detached (see _drop_weights)."""
     import onnx
 
     if weight_bytes >= EXTERNAL_DATA_BYTES:
@@ -113,7 +114,20 @@ def save(program, sig: GraphSig, path: Path, weight_bytes: int, opset: int | Non
         _normalize(proto, sig)
 
     write_streaming(program.model, path, prepare)
+    _drop_weights(program.model.graph)
     return [path]
+
+
+def _drop_weights(graph) -> None:
+    """Detach every constant from a graph that has been written. onnxscript's rewrite rules keep
+    the last graph they matched (module-level state), so without this its initializers, and the
+    numpy views of the module's parameters that constant folding made, would keep the weights
+    reachable until the process ends, beside onnxruntime's copy during verification."""
+    for value in (*graph.inputs, *graph.initializers.values()):
+        value.const_value = None
+    for node in graph.all_nodes():
+        for value in node.outputs:
+            value.const_value = None
 
 
 def write_streaming(model, path: Path, prepare=None) -> None:
