@@ -152,7 +152,8 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
     spec_data = spec_to_data(r.spec)
     options = {"target": target, "precision": precision, "opset": opset, "weights": weights_info}
     vers = versions()
-    ort_passes = _ort_passes(target, precision)
+    engines = _builds_engines(target, precision)
+    ort_passes = _ort_passes(engines)
     cache_key = hashlib.sha256(_canonical({"spec": spec_data, "options": options, "versions": vers,
                                            "manifest": MANIFEST_VERSION, "passes": ort_passes})).hexdigest()
     out = Path(out_dir)
@@ -184,7 +185,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         with clock.stage("write"):
             graph_files = {sig.name: f"{sig.name}.onnx" for sig in r.graphs}
             engine_report, plans = None, {}
-            if target == "tensorrt" or (target == "triton" and _engines_possible(precision)):
+            if engines:
                 engine_report, plans = _tensorrt(r, refs, files, stage.tmp, precision, seed)
             del refs
             if target == "triton":  # REPO/NAME/config.pbtxt, REPO/NAME/1/model.onnx (+ model.plan); manifest at REPO
@@ -271,14 +272,18 @@ def _release(model) -> None:
             tensor.data = torch.empty(0, dtype=tensor.dtype)
 
 
-def _ort_passes(target: str, precision: str) -> list[str]:
-    """specc's graph passes for this build: they emit onnxruntime operators, so only graphs that
-    onnxruntime runs get them (not the tensorrt target, nor a triton repository with engines)."""
+def _builds_engines(target: str, precision: str) -> bool:
+    """Whether this build makes TensorRT engines: the tensorrt target, or a triton repository
+    where TensorRT and a GPU are there (_engines_possible)."""
+    return target == "tensorrt" or (target == "triton" and _engines_possible(precision))
+
+
+def _ort_passes(engines: bool) -> list[str]:
+    """specc's graph passes for a build. They emit onnxruntime operators, so a build that makes
+    TensorRT engines from its graphs gets none."""
     from specc.export.passes import PASSES
 
-    if target == "tensorrt" or (target == "triton" and _engines_possible(precision)):
-        return []
-    return list(PASSES)
+    return [] if engines else list(PASSES)
 
 
 def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n_params: int, tmp: Path,

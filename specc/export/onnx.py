@@ -100,22 +100,22 @@ def save(program, sig: GraphSig, path: Path, weight_bytes: int, opset: int | Non
     afterwards: its constants are detached (see _drop_weights)."""
     import onnx
 
-    if weight_bytes >= EXTERNAL_DATA_BYTES:
-        program.save(str(path), external_data=True)
-        proto = onnx.load(str(path), load_external_data=False)
-        _check_opset(proto, sig, opset)
-        _normalize(proto, sig)
-        # the exporter names the data file after the model file; keep that relative name
-        onnx.save(proto, str(path), save_as_external_data=False)
-        return [path, path.with_name(path.name + ".data")]
-
     def prepare(proto) -> None:
         _check_opset(proto, sig, opset)
         _normalize(proto, sig)
 
-    write_streaming(program.model, path, prepare)
+    if weight_bytes >= EXTERNAL_DATA_BYTES:
+        program.save(str(path), external_data=True)
+        proto = onnx.load(str(path), load_external_data=False)
+        prepare(proto)
+        # the exporter names the data file after the model file; keep that relative name
+        onnx.save(proto, str(path), save_as_external_data=False)
+        files = [path, path.with_name(path.name + ".data")]
+    else:
+        write_streaming(program.model, path, prepare)
+        files = [path]
     _drop_weights(program.model.graph)
-    return [path]
+    return files
 
 
 def _drop_weights(graph) -> None:
@@ -133,10 +133,12 @@ def _drop_weights(graph) -> None:
 def write_streaming(model, path: Path, prepare=None) -> None:
     """Write an onnx_ir Model to one .onnx file holding one weight in memory at a time (see the
     note on _MODEL_GRAPH below). `prepare(proto)` may edit the weightless ModelProto first."""
+    import onnx_ir as ir
+
     weights = dict(model.graph.initializers)
     model.graph.initializers.clear()
     try:
-        proto = _serialize(model)  # the graph without its weights: small
+        proto = ir.serde.serialize_model(model)  # the graph without its weights: small
     finally:
         model.graph.initializers.update(weights)
     if prepare is not None:
@@ -147,12 +149,6 @@ def write_streaming(model, path: Path, prepare=None) -> None:
         for value in weights.values():
             for piece in _initializer_record(value):
                 f.write(piece)
-
-
-def _serialize(model):
-    import onnx_ir as ir
-
-    return ir.serde.serialize_model(model)
 
 
 def _check_opset(proto, sig: GraphSig, opset: int | None) -> None:

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from specc.export import onnx as onnx_export
 from specc.export import passes
 from specc.nn import to_torch
-from specc.pipeline import _ort_passes
+from specc.pipeline import _builds_engines, _ort_passes
 from specc.spec.load import load_spec
 from specc.spec.resolve import resolve
 
@@ -115,5 +115,5 @@ def test_unknown_pass_is_refused():
 
 
 def test_onnxruntime_passes_never_reach_tensorrt():
-    assert _ort_passes("onnx", "fp32") == list(passes.PASSES)
-    assert _ort_passes("tensorrt", "fp16") == []
+    assert _ort_passes(_builds_engines("onnx", "fp32")) == list(passes.PASSES)
+    assert _ort_passes(_builds_engines("tensorrt", "fp16")) == []
