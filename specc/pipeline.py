@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -173,8 +174,11 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             from specc.weights import save_module
 
             # the module's outputs and weights first, then the module is released: the graph is
-            # loaded and run without a second copy of the weights beside it
-            refs = reference_outputs(r, model, seed)
+            # loaded and run without a second copy of the weights beside it; large outputs (a
+            # long case's logits) wait on disk, in the staging directory, until compared
+            spill = stage.tmp / ".references"
+            spill.mkdir()
+            refs = reference_outputs(r, model, seed, spill=spill)
             save_module(model, stage.tmp / "model.safetensors")
             _release(model)
             del model
@@ -188,6 +192,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             if engines:
                 engine_report, plans = _tensorrt(r, refs, files, stage.tmp, precision, seed)
             del refs
+            shutil.rmtree(spill)
             if target == "triton":  # REPO/NAME/config.pbtxt, REPO/NAME/1/model.onnx (+ model.plan); manifest at REPO
                 from specc.export.triton import model_names, write_repository
 

@@ -11,7 +11,10 @@ max_rel in the figures is max|ort - torch| / max|torch|.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -145,21 +148,51 @@ def _cache_inputs(sig: GraphSig, case: Case, past_out: dict | None, source_out: 
 
 
 _CHUNK = 1 << 20  # elements compared at a time: a large output (a long prompt's logits) is never copied whole
+SPILL_BYTES = 16 << 20  # a reference output this large is kept on disk until it is compared
 
 
-def _compare(name: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: float, where: str) -> dict:
-    if got.shape != want.shape:
+class Spilled:
+    """A reference output kept on disk (a long case's logits), so that it is not in memory beside
+    onnxruntime's session and its own output for the same case; read back a chunk at a time."""
+
+    def __init__(self, path: Path, array: np.ndarray):
+        self.path, self.shape, self.dtype = Path(path), tuple(array.shape), array.dtype
+        with open(self.path, "wb") as f:
+            np.ascontiguousarray(array).tofile(f)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def chunks(self, n: int) -> Iterator[np.ndarray]:
+        with open(self.path, "rb") as f:
+            for i in range(0, self.size, n):
+                chunk = np.fromfile(f, dtype=self.dtype, count=min(n, self.size - i))
+                if chunk.size != min(n, self.size - i):
+                    raise VerificationError(f"{self.path}: the spilled reference output was cut short")
+                yield chunk
+
+
+def _chunks(x: np.ndarray | Spilled) -> Iterator[np.ndarray]:
+    if isinstance(x, Spilled):
+        yield from x.chunks(_CHUNK)
+        return
+    flat = x.reshape(-1)
+    for i in range(0, flat.size, _CHUNK):
+        yield flat[i:i + _CHUNK]
+
+
+def _compare(name: str, got: np.ndarray, want: np.ndarray | Spilled, atol: float, rtol: float, where: str) -> dict:
+    if tuple(got.shape) != tuple(want.shape):
         raise VerificationError(f"{where}: output {name!r} has shape {list(got.shape)} in onnxruntime, "
                                 f"{list(want.shape)} in torch")
-    flat_got, flat_want = got.reshape(-1), want.reshape(-1)
-    chunks = range(0, flat_got.size, _CHUNK)
-    for side, flat in (("onnxruntime", flat_got), ("torch", flat_want)):
-        if any(np.isnan(flat[i:i + _CHUNK]).any() for i in chunks):
+    for side, x in (("onnxruntime", got), ("torch", want)):
+        if any(np.isnan(c).any() for c in _chunks(x)):
             raise VerificationError(f"{where}: output {name!r} {list(got.shape)} has NaN in {side}")
     max_abs = scale = 0.0
-    for i in chunks:
-        g = flat_got[i:i + _CHUNK].astype(np.float32, copy=False)
-        w = flat_want[i:i + _CHUNK].astype(np.float32, copy=False)
+    for g, w in zip(_chunks(got), _chunks(want)):
+        g = g.astype(np.float32, copy=False)
+        w = w.astype(np.float32, copy=False)
         finite = np.isfinite(w)
         if not np.array_equal(np.isfinite(g), finite) or not np.array_equal(g[~finite], w[~finite]):
             raise VerificationError(f"{where}: output {name!r} {list(got.shape)} has infinities where the other "
@@ -217,14 +250,24 @@ def _steps(r: ResolvedSpec, seed: int) -> list[_Step]:
     return steps
 
 
-def reference_outputs(r: ResolvedSpec, reference, seed: int = 0) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+def _continued(steps: list[_Step]) -> set[tuple[str, str]]:
+    """The cases a later case continues from (its caches, or the encoder output it reads)."""
+    return {s.prev for s in steps if s.prev} | {s.src for s in steps if s.src}
+
+
+def reference_outputs(r: ResolvedSpec, reference, seed: int = 0,
+                      spill: Path | None = None) -> dict[tuple[str, str], dict[str, np.ndarray | Spilled]]:
     """The reference's outputs for every case, (graph, case) -> {output: array}: `reference` is
     the fp32 SpeccModel in eval mode, its caches fed from its own earlier outputs. A build takes
-    these first, so that the module can be released before the graph is loaded for comparison."""
+    these first, so that the module can be released before the graph is loaded for comparison.
+    With `spill` (a directory), an output of SPILL_BYTES or more that no later case reads is
+    written there and comes back as a Spilled, read in chunks when compared."""
     import torch
 
-    out: dict[tuple[str, str], dict[str, np.ndarray]] = {}
-    for step in _steps(r, seed):
+    steps = _steps(r, seed)
+    continued = _continued(steps)
+    out: dict[tuple[str, str], dict[str, np.ndarray | Spilled]] = {}
+    for step in steps:
         feed = {**step.base, **_cache_inputs(step.sig, step.case, out.get(step.prev), out.get(step.src))}
         with torch.no_grad():
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
@@ -236,6 +279,11 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0) -> dict[tuple[s
             else:
                 result = reference(**tensors)
             out[step.key] = {k: v.float().numpy() for k, v in result.items()}
+            del result, tensors
+        if spill is not None and step.key not in continued:
+            for k, v in out[step.key].items():
+                if v.nbytes >= SPILL_BYTES:
+                    out[step.key][k] = Spilled(Path(spill) / f"{len(out)}.{k}.bin", v)
     return out
 
 
@@ -249,7 +297,7 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
     report = Report(target, precision, atol, rtol)
     steps = _steps(r, seed)
     # outputs are kept only for the cases a later case continues from (a long case's logits are large)
-    needed = {s.prev for s in steps if s.prev} | {s.src for s in steps if s.src}
+    needed = _continued(steps)
     kept: dict[tuple[str, str], dict] = {}
     for step in steps:
         feed = {**step.base, **_cache_inputs(step.sig, step.case, kept.get(step.prev), kept.get(step.src))}
@@ -271,4 +319,4 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
     return report
 
 
-__all__ = ["TOLERANCES", "Case", "Report", "cases", "reference_outputs", "tolerance", "verify"]
+__all__ = ["TOLERANCES", "Case", "Report", "Spilled", "cases", "reference_outputs", "tolerance", "verify"]

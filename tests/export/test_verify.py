@@ -285,6 +285,39 @@ def test_verify_fails_when_one_output_of_one_case_differs(built, kind, output, c
 
 
 @pytest.mark.parametrize("kind", ["decoder-default", "encoder-default"])
+def test_spilled_references_give_the_same_report(built, kind, tmp_path, monkeypatch):
+    """Large reference outputs wait on disk (chunked reads): the figures are those of the in-memory
+    comparison, cases that a later case continues from stay in memory, and a difference is still
+    found in a spilled output."""
+    r, result = built[kind]
+    model = specc.to_torch(r, seed=0)
+    plain = verify(r, verify_mod.reference_outputs(r, model), _sessions(result))
+    monkeypatch.setattr(verify_mod, "SPILL_BYTES", 64)
+    monkeypatch.setattr(verify_mod, "_CHUNK", 100)  # several chunks per output
+    refs = verify_mod.reference_outputs(r, model, spill=tmp_path)
+    spilled = {key for key, outs in refs.items() if any(isinstance(v, verify_mod.Spilled) for v in outs.values())}
+    continued = {(c.graph, c.after) for c in cases(r) if c.after}
+    assert spilled and not spilled & continued
+    assert len(list(tmp_path.iterdir())) == sum(isinstance(v, verify_mod.Spilled) for o in refs.values() for v in o.values())
+    assert verify(r, refs, _sessions(result)).to_dict() == plain.to_dict()
+    sessions = _sessions(result)
+    name = r.graphs[0].outputs[0].name
+    sessions["model"] = Perturbed(sessions["model"], name, len(cases(r)), _add(1e-2, (0, -1, -1)))
+    with pytest.raises(VerificationError, match=rf"output '{re.escape(name)}' .* differs from torch by 0.01"):
+        verify(r, refs, sessions)
+
+
+def test_a_cut_short_spilled_reference_fails_clearly(tmp_path):
+    want = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    spilled = verify_mod.Spilled(tmp_path / "x.bin", want)
+    _compare("x", want.copy(), spilled, 0.0, 0.0, "here")
+    with open(spilled.path, "r+b") as f:
+        f.truncate(3000)
+    with pytest.raises(VerificationError, match="cut short"):
+        _compare("x", want.copy(), spilled, 0.0, 0.0, "here")
+
+
+@pytest.mark.parametrize("kind", ["decoder-default", "encoder-default"])
 def test_verify_fails_on_a_nan_output(built, kind):
     r, result = built[kind]
     output = r.graphs[0].outputs[0].name
