@@ -20,6 +20,7 @@ import math
 import torch
 from torch import nn
 
+from specc.nn.ops import Dropout, cast
 from specc.nn.positions import alibi_slopes, apply_rotary, relative_index
 from specc.spec.resolve import ResolvedAttention
 from specc.spec.schema import PositionSpec
@@ -69,7 +70,7 @@ class Attention(nn.Module):
             self.proj_v = nn.Parameter(torch.empty(spec.pattern.k, position.max_length))
         if spec.pattern.kind == "bigbird":
             self.register_buffer("random_table", _bigbird_table(spec), persistent=False)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     # --- pieces ------------------------------------------------------------------------------
 
@@ -158,7 +159,9 @@ class Attention(nn.Module):
         present = (k, v)
         k, v = self._repeat(k), self._repeat(v)
         n_keys = k.shape[2]
-        k_idx = torch.arange(n_keys, device=x.device)
+        # key positions, where something reads them (a traced arange costs export time per layer)
+        k_idx = (torch.arange(n_keys, device=x.device)
+                 if self.rel_k is not None or self.alibi or s.pattern.kind in ("local", "bigbird") else None)
 
         if s.pattern.kind == "linformer":
             # project the key axis: K' = E[:, :S] K (padding keys zeroed first)
@@ -183,8 +186,8 @@ class Attention(nn.Module):
             pat = self.pattern_mask(q_idx, k_idx)
             if pat is not None:
                 allowed = allowed & pat
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        probs = self.drop(torch.softmax(scores.float(), dim=-1).to(q.dtype))
+            scores = torch.where(allowed, scores, torch.finfo(scores.dtype).min)
+        probs = self.drop(cast(torch.softmax(cast(scores, torch.float32), dim=-1), q.dtype))
         out = probs @ v
         if rel_v is not None:
             out = out + torch.einsum("bhts,tsd->bhtd", probs, rel_v)

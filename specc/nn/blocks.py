@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from specc.nn.attention import KV, Attention
+from specc.nn.ops import Dropout, cast
 from specc.nn.positions import rotary_cos_sin, sinusoidal
 from specc.spec.resolve import ResolvedLayer, ResolvedSpec, ResolvedStack
 from specc.spec.schema import FFNSpec, NormSpec
@@ -29,8 +30,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        xf = cast(x, torch.float32)
+        return cast(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps), x.dtype) * self.weight
 
 
 class LayerNorm(nn.LayerNorm):
@@ -94,7 +95,7 @@ class Layer(nn.Module):
             if self.cross_attention is not None:
                 self.cross_attention_post_norm = make_norm(norm, d)
             self.ffn_post_norm = make_norm(norm, d)
-        self.drop = nn.Dropout(r.dropout.hidden)
+        self.drop = Dropout(r.dropout.hidden)
 
     def _sublayer(self, x: torch.Tensor, name: str, f) -> tuple[torch.Tensor, KV | None]:
         norm = getattr(self, f"{name}_norm")
@@ -132,7 +133,7 @@ class Stack(nn.Module):
         self.embed_norm = make_norm(r.norm, d) if r.vocab.norm else None
         self.layers = nn.ModuleList(Layer(layer, r) for layer in stack.layers)
         self.final_norm = make_norm(r.norm, d) if stack.final_norm else None
-        self.drop = nn.Dropout(r.dropout.hidden)
+        self.drop = Dropout(r.dropout.hidden)
         self.rotary = stack.layers[0].attention.rotary_dims  # the same in every layer
 
     def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from specc.nn.blocks import ACTIVATIONS, Stack, make_norm
+from specc.nn.ops import Dropout
 from specc.spec.resolve import ABSOLUTE_POSITIONS, ResolvedSpec
 from specc.spec.schema import OutputSpec
 
@@ -67,7 +68,7 @@ class Head(nn.Module):
             self.pooler = nn.Linear(d, d) if out.pooler == "tanh" else None
         if out.kind in ("classifier", "token_classifier"):
             self.proj = nn.Linear(d, out.classes)
-            self.drop = nn.Dropout(r.dropout.hidden)
+            self.drop = Dropout(r.dropout.hidden)
 
     def forward(self, h: Tensor, tied_weight: Tensor, mask: Tensor) -> Tensor:
         """h [B,T,D]; tied_weight [V,D]: the embedding table; mask [B,T]: 1 for real tokens."""
