@@ -29,7 +29,7 @@ from specc.fileio import write_atomic
 from specc.spec.dump import spec_to_data
 from specc.spec.resolve import ResolvedSpec
 
-STAGES = ("load", "resolve", "build module", "export", "optimize", "verify", "write")
+STAGES = ("load", "resolve", "build module", "export", "optimize", "save", "verify", "write")
 TARGETS = ("onnx", "tensorrt", "triton")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 _ONNX_PRECISIONS = ("fp32", "fp16", "int8", "int4")
@@ -319,9 +319,10 @@ def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n
         facts["optimizations"] = optimizations
     weight_bytes = n_params * (2 if precision in ("fp16", "bf16") else 4)
     files = {}
-    for sig in r.graphs:
-        with _quiet():
-            files[sig.name] = onnx_export.save(programs.pop(sig.name), sig, tmp / f"{sig.name}.onnx", weight_bytes, opset)
+    with clock.stage("save"):
+        for sig in r.graphs:
+            with _quiet():
+                files[sig.name] = onnx_export.save(programs.pop(sig.name), sig, tmp / f"{sig.name}.onnx", weight_bytes, opset)
     if precision in ("int8", "int4"):
         from specc.export.quantize import quantize
 
