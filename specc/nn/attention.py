@@ -159,7 +159,7 @@ class Attention(nn.Module):
         present = (k, v)
         k, v = self._repeat(k), self._repeat(v)
         n_keys = k.shape[2]
-        # key positions, where something reads them (a traced arange costs export time per layer)
+        # key positions, only where something reads them (else a dead op in every traced layer)
         k_idx = (torch.arange(n_keys, device=x.device)
                  if self.rel_k is not None or self.alibi or s.pattern.kind in ("local", "bigbird") else None)
 
