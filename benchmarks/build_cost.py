@@ -60,7 +60,7 @@ def main() -> None:
         "# Build cost",
         "",
         "Written by `benchmarks/build_cost.py`; do not edit by hand. Wall time and peak RSS of one process "
-        "each: `specc build SPEC --force` (load, export, optimize, passes, verify, write; random weights of "
+        "each: `specc build SPEC --force` (load, export, optimize and passes, save, verify, write; random weights of "
         "the real shapes) and, where Optimum is installed, `optimum.exporters.onnx.main_export` with its "
         "validation (O2 for bert-base). Peak RSS counts everything the process holds, the Python "
         "interpreter and the torch and onnxruntime libraries included (about 0.2 GiB before any model). "
