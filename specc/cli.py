@@ -231,10 +231,9 @@ class _StageDisplay:
         if "max_abs_diff" in facts:
             detail = f"  max |onnxruntime - torch| {facts['max_abs_diff']:.2e}"
         if "optimizations" in facts:
-            detail = "  " + ", ".join(
-                f"{o['graph']} " + (", ".join(f"{k} x{v}" for k, v in o["fusions"].items()) if "fusions" in o
-                                    else f"{o['nodes_before']} -> {o['nodes_after']} nodes")
-                for o in facts["optimizations"])
+            from specc.report import optimization_text
+
+            detail = "  " + ", ".join(optimization_text(o, fusions=True) for o in facts["optimizations"])
         self._line(f"{stage:<13} {facts['seconds']:7.2f} s{detail}", tick=True)
 
     def _line(self, text: str, tick: bool = False) -> None:

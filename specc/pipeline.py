@@ -298,13 +298,14 @@ def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n
     from specc.export import onnx as onnx_export
 
     export_model = _for_precision(model, precision)
-    programs = {}
+    programs, optimizations = {}, []
     with clock.stage("export", graphs=[g.name for g in r.graphs]):
         for sig in r.graphs:
             example = onnx_export.example_inputs(r, sig)
             with _quiet():
-                programs[sig.name] = onnx_export.export_graph(export_model, sig, example, opset)
-    optimizations = []
+                programs[sig.name], stitched = onnx_export.export_stitched(export_model, r, sig, example, opset)
+            if stitched is not None:
+                optimizations.append(stitched)
     with clock.stage("optimize") as facts:
         for sig in r.graphs:
             with _quiet():

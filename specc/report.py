@@ -72,6 +72,21 @@ def inspect_report(facts: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+def optimization_text(o: dict[str, Any], fusions: bool = False) -> str:
+    """One optimization entry of the manifest as the build prints it (a graph pass's fusions in
+    place of its node counts with `fusions`)."""
+    graph = o.get("graph", "?")
+    if o.get("pass") == "specc.stitch":
+        layers = ", ".join(f"{role} {n}" for role, n in (o.get("layers") or {}).items())
+        if o.get("skipped"):
+            return f"{graph} traced whole ({layers} layers: {o['skipped']})"
+        return f"{graph} {layers} layers from {o.get('layers_traced')} traced (specc.stitch)"
+    if fusions and "fusions" in o:
+        return f"{graph} " + (", ".join(f"{k} x{v}" for k, v in o["fusions"].items()) or "no fusions")
+    return (f"{graph} {o.get('nodes_before', '?')} -> {o.get('nodes_after', '?')} nodes"
+            + (f" ({o['pass']})" if o.get("pass") else ""))
+
+
 def fusions(manifest: dict[str, Any]) -> dict[str, int]:
     """Graph-pass fusions that fired, {name: count} summed over graphs, from the manifest's
     `fusions` key (top level or per optimization entry); empty when none fired."""
@@ -111,9 +126,7 @@ def build_report(manifest: dict[str, Any], out_dir: str, cached: bool = False) -
         blocks.append(Table("timings", ["stage", "seconds"], [[s, f"{t:.2f}"] for s, t in timings.items()]))
     opts = manifest.get("optimizations") or []
     if opts:
-        blocks.append("optimizations: " + ", ".join(
-            f"{o.get('graph', '?')} {o.get('nodes_before', '?')} -> {o.get('nodes_after', '?')} nodes"
-            + (f" ({o['pass']})" if o.get("pass") else "") for o in opts))
+        blocks.append("optimizations: " + ", ".join(optimization_text(o) for o in opts))
     fired = fusions(manifest)
     blocks.append("fusions: " + (", ".join(f"{n} x{c}" for n, c in sorted(fired.items())) if fired else "none"))
     return blocks

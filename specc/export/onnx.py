@@ -51,6 +51,35 @@ class GraphModule(nn.Module):
         return tuple(out[name] for name in self.output_names)
 
 
+def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch.Tensor],
+                    opset: int = DEFAULT_OPSET, stitch: bool = True):
+    """The graph as export_graph gives it, traced with two layers of each deep stack whose layers
+    are alike and the rest written in as copies (specc/export/stitch.py), or traced whole where
+    that cannot be done. Returns (program, facts): facts is the manifest's optimization entry
+    ({"pass": "specc.stitch", ...}: the layers traced and the nodes before and after, or why the
+    graph was traced whole), or None when no stack was deep enough to try."""
+    from specc.export import stitch as st
+
+    plan = st.stitch_plan(r, sig) if stitch else {}
+    if not plan:
+        return export_graph(model, sig, example, opset), None
+    short_sig = st.truncated_sig(sig, st.KEEP if "decoder" in plan else None)
+    short_example = {t.name: example[t.name] for t in short_sig.inputs}
+    program = export_graph(st.truncated(model, plan), short_sig, short_example, opset)
+    graph = program.model.graph
+    before = len(graph)
+    facts = {"graph": sig.name, "pass": "specc.stitch", "layers": plan, "layers_traced": st.KEEP}
+    try:
+        st.stitch(graph, model, plan)
+        st.order_io(graph, sig)
+    except st.NotStitchable as why:  # the graph may be half-changed: trace the whole model
+        del program, graph
+        program = export_graph(model, sig, example, opset)
+        n = len(program.model.graph)
+        return program, {**facts, "layers_traced": None, "skipped": str(why), "nodes_before": n, "nodes_after": n}
+    return program, {**facts, "nodes_before": before, "nodes_after": len(graph)}
+
+
 def export_graph(model: nn.Module, sig: GraphSig, example: dict[str, torch.Tensor], opset: int = DEFAULT_OPSET):
     """The graph as an onnx_ir-backed ONNXProgram (not yet optimized or saved).
 

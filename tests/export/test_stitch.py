@@ -1,0 +1,167 @@
+"""Deep stacks traced with two layers and the rest copied in the ONNX graph (specc/export/stitch.py):
+the stitched graph has the whole trace's inputs, outputs, weights and operators, and onnxruntime
+gives the same outputs for both at sizes other than the traced ones; where stitching cannot be
+proven right the model is traced whole, and the build says which it did."""
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from specc.export import onnx as onnx_export
+from specc.export import stitch
+from specc.nn import to_torch
+from specc.spec.resolve import resolve
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nn"))
+import speclib  # noqa: E402
+
+ort = pytest.importorskip("onnxruntime")
+
+# kinds whose layers differ in what the exporter makes of them: a KV cache, GQA (sizes computed
+# outside any module, once per layer), rotary, relative positions, a local pattern, an encoder
+# with post-norm and no final norm, both graphs of an encoder-decoder, and every head
+FAST = ["decoder-default", "encoder-default", "encdec-default", "gqa", "rotary", "relative", "local",
+        "linformer-encoder", "outputs-encoder", "share-kv"]
+SIZES = {"batch": 3, "sequence": 4, "past_sequence": 6, "total_sequence": 10, "encoder_sequence": 5}
+
+
+def _deep(kind: str, layers: int = 3):
+    data = speclib.merge(speclib.BASE, speclib.KINDS[kind])
+    for role in ("encoder", "decoder"):
+        if role in data and (role != "decoder" or data["architecture"] != "encoder"):
+            data[role] = {**data[role], "layers": layers}
+    return resolve(speclib.tiny({k: v for k, v in data.items() if k in ("encoder", "decoder")}
+                                | {k: v for k, v in speclib.KINDS[kind].items() if k not in ("encoder", "decoder")}))
+
+
+def _feed(r, sig) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    vocab = r.target_vocab_size if sig.name == "decoder" else r.vocab.size
+    feed = {}
+    for t in sig.inputs:
+        shape = [SIZES[d] if isinstance(d, str) else d for d in t.dims]
+        if t.name in ("input_ids",):
+            feed[t.name] = rng.integers(0, vocab, size=shape)
+        elif t.name == "token_type_ids":
+            feed[t.name] = rng.integers(0, max(1, r.vocab.type_size), size=shape)
+        elif t.name == "position_ids":
+            feed[t.name] = np.tile(np.arange(shape[1]) + SIZES["past_sequence"], (shape[0], 1))
+        elif t.dtype.startswith("int"):
+            feed[t.name] = np.ones(shape, np.int64)
+            feed[t.name][-1, 0] = 0  # one padded position
+        else:
+            feed[t.name] = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+    return feed
+
+
+def _run(program, feed) -> list[np.ndarray]:
+    proto = ir.serde.serialize_model(program.model)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)
+
+
+def _ops(program) -> collections.Counter:
+    return collections.Counter(n.op_type for n in program.model.graph if n.op_type != "Constant")
+
+
+@pytest.mark.parametrize("kind", [k if k in FAST else pytest.param(k, marks=pytest.mark.slow) for k in speclib.KINDS])
+def test_a_stitched_graph_is_the_whole_trace(kind):
+    r = _deep(kind)
+    model = to_torch(r, seed=0).eval()
+    for sig in r.graphs:
+        example = onnx_export.example_inputs(r, sig)
+        stitched, facts = onnx_export.export_stitched(model, r, sig, example)
+        whole = onnx_export.export_graph(model, sig, example)
+        plan = stitch.stitch_plan(r, sig)
+        if not plan:
+            assert facts is None
+        else:
+            assert facts["pass"] == "specc.stitch" and facts["layers"] == plan
+            assert facts["layers_traced"] == stitch.KEEP, facts  # every kind with a plan stitches
+            assert facts["nodes_after"] > facts["nodes_before"]
+        g1, g2 = stitched.model.graph, whole.model.graph
+        assert [v.name for v in g1.inputs] == [v.name for v in g2.inputs] == [t.name for t in sig.inputs]
+        assert [v.name for v in g1.outputs] == [v.name for v in g2.outputs] == [t.name for t in sig.outputs]
+        assert {k: tuple(v.shape) for k, v in g1.initializers.items()} == \
+            {k: tuple(v.shape) for k, v in g2.initializers.items()}
+        assert _ops(stitched) == _ops(whole)
+        feed = _feed(r, sig)
+        for name, a, b in zip([t.name for t in sig.outputs], _run(stitched, feed), _run(whole, feed)):
+            np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6, err_msg=f"{kind} {sig.name} {name}")
+
+
+def test_the_plan_takes_deep_stacks_whose_layers_are_alike():
+    r = _deep("encdec-default", layers=4)
+    enc, dec = r.graphs
+    # an encoder-decoder's encoder graph also makes the decoder's cross K/V outside its layers
+    assert stitch.stitch_plan(r, enc) == {"encoder": 4}
+    assert stitch.stitch_plan(r, dec) == {"decoder": 4}
+    shallow = _deep("decoder-default", layers=2)
+    assert stitch.stitch_plan(shallow, shallow.graphs[0]) == {}
+    # layers configured apart (here: BigBird's random key blocks drawn per layer) are traced whole
+    bigbird = _deep("bigbird", layers=3)
+    blocks = [layer.attention.random_blocks for layer in bigbird.decoder.layers]
+    assert stitch.stitch_plan(bigbird, bigbird.graphs[0]) == ({} if blocks[1] != blocks[2] else {"decoder": 3})
+
+
+def test_truncation_keeps_the_parameters_and_the_signature_of_two_layers():
+    r = _deep("decoder-default", layers=4)
+    model = to_torch(r, seed=0)
+    short = stitch.truncated(model, {"decoder": 4})
+    assert len(short.decoder.layers) == 2 and len(model.decoder.layers) == 4
+    assert short.decoder.layers[1].attention.q.weight is model.decoder.layers[1].attention.q.weight
+    sig = stitch.truncated_sig(r.graphs[0], stitch.KEEP)
+    names = [t.name for t in sig.inputs + sig.outputs]
+    assert "past_key_values.1.value" in names and "present.1.key" in names
+    assert not any(".2." in n or ".3." in n for n in names)
+
+
+def test_a_graph_that_cannot_be_stitched_is_traced_whole(monkeypatch):
+    r = _deep("decoder-default")
+    model = to_torch(r, seed=0).eval()
+    sig = r.graphs[0]
+
+    def refuse(*_args, **_kwargs):
+        raise stitch.NotStitchable("decoder layers 0 and 1 differ")
+
+    monkeypatch.setattr(stitch, "stitch", refuse)
+    program, facts = onnx_export.export_stitched(model, r, sig, onnx_export.example_inputs(r, sig))
+    assert facts["layers_traced"] is None and facts["skipped"] == "decoder layers 0 and 1 differ"
+    assert [v.name for v in program.model.graph.outputs] == [t.name for t in sig.outputs]  # all 3 layers' caches
+
+
+def test_layer_nodes_are_found_by_module_path_and_a_mismatch_is_refused():
+    r = _deep("decoder-default")
+    model = to_torch(r, seed=0).eval()
+    sig = r.graphs[0]
+    short_sig = stitch.truncated_sig(sig, stitch.KEEP)
+    example = onnx_export.example_inputs(r, sig)
+    program = onnx_export.export_graph(stitch.truncated(model, {"decoder": 3}), short_sig,
+                                       {t.name: example[t.name] for t in short_sig.inputs})
+    graph = program.model.graph
+    first = stitch._Layer(graph, "decoder", 0, "model.").nodes
+    second = stitch._Layer(graph, "decoder", 1, "model.").nodes
+    assert first and [n.op_type for n in first] == [n.op_type for n in second]
+    # a layer 1 that reads another weight than layer 0 does is not layer 0's pattern
+    reader = next(n for n in second if any(v is not None and v.name == "model.decoder.layers.1.attention.q.weight"
+                                           for v in n.inputs))
+    index = [v.name if v is not None else None for v in reader.inputs].index("model.decoder.layers.1.attention.q.weight")
+    reader.replace_input_with(index, graph.initializers["model.decoder.layers.0.attention.k.weight"])
+    with pytest.raises(stitch.NotStitchable, match="attention.k.weight"):
+        stitch.stitch(graph, model, {"decoder": 3})
+
+
+def test_an_fp16_build_of_a_deep_stack_is_stitched_and_verified(tmp_path):
+    from specc.pipeline import build
+
+    r = _deep("rotary", layers=3)
+    result = build(r, tmp_path / "out", precision="fp16")
+    entry = next(o for o in result.manifest["optimizations"] if o.get("pass") == "specc.stitch")
+    assert entry["layers_traced"] == stitch.KEEP and entry["layers"] == {"decoder": 3}
+    assert result.manifest["verification"]["precision"] == "fp16"
+    assert len(result.manifest["verification"]["cases"]) >= 3
