@@ -66,7 +66,7 @@ def main() -> None:
         "interpreter and the torch and onnxruntime libraries included (about 0.2 GiB before any model). "
         f"{args.repeats} rounds per model, specc then Optimum in turn: the best time and the highest peak. "
         "specc's stages are those of its best run, from the manifest's timings_s (export: torch.export, "
-        "its decompositions and the ONNX translation; verify: the reference outputs, onnxruntime's "
+        "its decompositions and the ONNX translation, of two layers per stack with the rest copied in (specc.stitch); verify: the reference outputs, onnxruntime's "
         "session and every case, the longest at the spec's serving.length.max).",
         "",
         f"Command: `{' '.join([Path(sys.executable).parent.parent.name + '/bin/python', 'benchmarks/build_cost.py'] + sys.argv[1:])}`",
