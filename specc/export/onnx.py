@@ -52,7 +52,7 @@ class GraphModule(nn.Module):
 
 
 def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch.Tensor],
-                    opset: int = DEFAULT_OPSET, stitch: bool = True):
+                    opset: int = DEFAULT_OPSET):
     """The graph as export_graph gives it, traced with two layers of each deep stack whose layers
     are alike and the rest written in as copies (specc/export/stitch.py), or traced whole where
     that cannot be done. Returns (program, facts): facts is the manifest's optimization entry
@@ -60,10 +60,10 @@ def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch
     graph was traced whole), or None when no stack was deep enough to try."""
     from specc.export import stitch as st
 
-    plan = st.stitch_plan(r, sig) if stitch else {}
+    plan = st.stitch_plan(r, sig)
     if not plan:
         return export_graph(model, sig, example, opset), None
-    short_sig = st.truncated_sig(sig, st.KEEP if "decoder" in plan else None)
+    short_sig = st.truncated_sig(sig, plan)
     short_example = {t.name: example[t.name] for t in short_sig.inputs}
     program = export_graph(st.truncated(model, plan), short_sig, short_example, opset)
     graph = program.model.graph

@@ -64,16 +64,16 @@ def truncated(model: nn.Module, roles) -> nn.Module:
     return short
 
 
-def truncated_sig(sig, keep_layers: int | None):
-    """The IO signature of the truncated model: per-layer inputs and outputs (past_key_values.N.*,
+def truncated_sig(sig, plan: dict[str, int]):
+    """The IO signature of truncated(model, plan): per-layer inputs and outputs (past_key_values.N.*,
     present.N.*, which belong to the decoder stack) of layers >= KEEP left out when the decoder
-    is truncated (keep_layers=KEEP), else the signature unchanged."""
-    if keep_layers is None:
+    is truncated, else the signature unchanged."""
+    if "decoder" not in plan:
         return sig
 
     def kept(t) -> bool:
         m = _PER_LAYER_IO.match(t.name)
-        return m is None or int(m.group(2)) < keep_layers
+        return m is None or int(m.group(2)) < KEEP
 
     return sig.model_copy(update={"inputs": tuple(t for t in sig.inputs if kept(t)),
                                   "outputs": tuple(t for t in sig.outputs if kept(t))})
@@ -101,8 +101,14 @@ def _io_name(name: str, layer: int) -> str | None:
     return f"{m.group(1)}.{layer}.{name[m.end():]}"
 
 
-def _attr_key(attr):
+def _tensor_key(tensor):
     import numpy as np
+
+    arr = tensor.numpy()
+    return str(arr.dtype), arr.shape, np.ascontiguousarray(arr).tobytes()
+
+
+def _attr_key(attr):
     import onnx_ir as ir
 
     if attr.is_ref():
@@ -111,22 +117,21 @@ def _attr_key(attr):
         raise NotStitchable(f"a node with a subgraph ({attr.name})")
     value = attr.value
     if attr.type == ir.AttributeType.TENSOR:
-        arr = value.numpy()
-        return attr.name, "tensor", str(arr.dtype), arr.shape, np.ascontiguousarray(arr).tobytes()
+        return attr.name, _tensor_key(value)
     if attr.type == ir.AttributeType.TENSORS:
-        return attr.name, "tensors", tuple(_attr_key(ir.AttrTensor("t", t)) for t in value)
-    if isinstance(value, list):
-        value = tuple(value)
-    return attr.name, int(attr.type), value
+        return attr.name, tuple(map(_tensor_key, value))
+    return attr.name, int(attr.type), tuple(value) if isinstance(value, list) else value
+
+
+def _node_key(node):
+    """What two nodes must share to compute alike from alike inputs."""
+    return (node.op_type, node.domain, node.overload, node.version, len(node.inputs), len(node.outputs),
+            sorted(map(_attr_key, node.attributes.values())))
 
 
 def _same_constant(a, b) -> bool:
-    import numpy as np
-
-    if a.const_value is None or b.const_value is None:
-        return False
-    x, y = a.const_value.numpy(), b.const_value.numpy()
-    return x.dtype == y.dtype and x.shape == y.shape and bool(np.array_equal(x, y))
+    return a.const_value is not None and b.const_value is not None and \
+        _tensor_key(a.const_value) == _tensor_key(b.const_value)
 
 
 def _constant_node(node):
@@ -167,7 +172,7 @@ def stitch(graph, model: nn.Module, plan: dict[str, int], root: str = "model.") 
 
 
 def _check(graph, role: str, root: str):
-    """Match layer 0's nodes with layer 1's. Returns (layer 0, layer 1, pair: layer 0 value ->
+    """Match layer 0's nodes with layer 1's. Returns (layer 1, pair: layer 0 value ->
     layer 1 value, chain: layer 1 input values that layer 0 produced, extra: nodes outside the
     layers that each copy makes again, see _expression)."""
     order = {id(n): i for i, n in enumerate(graph)}
@@ -178,18 +183,14 @@ def _check(graph, role: str, root: str):
     initializers = graph.initializers
     pair, chain, extra = {}, set(), {}
     for n0, n1 in zip(l0.nodes, l1.nodes):
-        if (n0.op_type, n0.domain, n0.overload, n0.version, len(n0.inputs), len(n0.outputs)) != \
-                (n1.op_type, n1.domain, n1.overload, n1.version, len(n1.inputs), len(n1.outputs)):
+        if _node_key(n0) != _node_key(n1):
             raise NotStitchable(f"{role} layers 0 and 1 differ at {n0.op_type} / {n1.op_type}")
-        if sorted(map(_attr_key, n0.attributes.values())) != sorted(map(_attr_key, n1.attributes.values())):
-            raise NotStitchable(f"{role} layers 0 and 1 differ in the attributes of a {n1.op_type}")
         for a, b in zip(n0.inputs, n1.inputs):
             if a is None or b is None:
                 if a is not b:
                     raise NotStitchable(f"{role}: an optional input of a {n1.op_type} is given in one layer only")
             elif _constant(b) is not None:  # read where it is, by every copy
-                if _constant(a) is None or sorted(map(_attr_key, _constant(a).attributes.values())) != \
-                        sorted(map(_attr_key, _constant(b).attributes.values())):
+                if _constant(a) is None or _node_key(_constant(a)) != _node_key(_constant(b)):
                     raise NotStitchable(f"{role}: layers 0 and 1 read different constants ({a.name}, {b.name})")
             elif l1.owns(b):
                 if pair.get(a) is not b:
@@ -225,7 +226,7 @@ def _check(graph, role: str, root: str):
         for user, _ in value.uses():
             if id(user) not in l1.ids and order[id(user)] <= end:
                 raise NotStitchable(f"{role}: {value.name} of layer 1 is read inside the stack")
-    return l0, l1, pair, chain, sorted(extra.values(), key=lambda n: order[id(n)])
+    return l1, pair, chain, sorted(extra.values(), key=lambda n: order[id(n)])
 
 
 def _expression(a, b, l0, l1, depth: int = 8):
@@ -243,9 +244,7 @@ def _expression(a, b, l0, l1, depth: int = 8):
     na, nb = a.producer(), b.producer()
     if na is None or nb is None or len(na.outputs) != 1 or len(nb.outputs) != 1:
         return None
-    if (na.op_type, na.domain, na.overload, len(na.inputs)) != (nb.op_type, nb.domain, nb.overload, len(nb.inputs)):
-        return None
-    if sorted(map(_attr_key, na.attributes.values())) != sorted(map(_attr_key, nb.attributes.values())):
+    if _node_key(na) != _node_key(nb):
         return None
     orders = [list(nb.inputs)]
     if na.op_type in _COMMUTATIVE and na.domain == "" and len(nb.inputs) == 2:
@@ -276,7 +275,7 @@ def _inputs_expression(xs, ys, l0, l1, depth: int):
     return per_layer, nodes
 
 
-def _repeat(graph, model: nn.Module, role: str, layers: int, root: str, l0, l1, pair, chain, extra) -> int:
+def _repeat(graph, model: nn.Module, role: str, layers: int, root: str, l1, pair, chain, extra) -> int:
     import onnx_ir as ir
 
     prev: dict = {}  # layer k-1's copy of each layer 1 value (layer 1: the values themselves)

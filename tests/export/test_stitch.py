@@ -115,7 +115,7 @@ def test_truncation_keeps_the_parameters_and_the_signature_of_two_layers():
     short = stitch.truncated(model, {"decoder": 4})
     assert len(short.decoder.layers) == 2 and len(model.decoder.layers) == 4
     assert short.decoder.layers[1].attention.q.weight is model.decoder.layers[1].attention.q.weight
-    sig = stitch.truncated_sig(r.graphs[0], stitch.KEEP)
+    sig = stitch.truncated_sig(r.graphs[0], {"decoder": 4})
     names = [t.name for t in sig.inputs + sig.outputs]
     assert "past_key_values.1.value" in names and "present.1.key" in names
     assert not any(".2." in n or ".3." in n for n in names)
@@ -139,7 +139,7 @@ def test_layer_nodes_are_found_by_module_path_and_a_mismatch_is_refused():
     r = _deep("decoder-default")
     model = to_torch(r, seed=0).eval()
     sig = r.graphs[0]
-    short_sig = stitch.truncated_sig(sig, stitch.KEEP)
+    short_sig = stitch.truncated_sig(sig, {"decoder": 3})
     example = onnx_export.example_inputs(r, sig)
     program = onnx_export.export_graph(stitch.truncated(model, {"decoder": 3}), short_sig,
                                        {t.name: example[t.name] for t in short_sig.inputs})
