@@ -138,6 +138,33 @@ def test_python_api(built):
     assert staging_leftovers(out.parent) == []
 
 
+def test_verification_session_computes_what_the_runtime_session_does(built):
+    """The build verifies with weight prepacking and constant folding off (to keep a tied head's
+    embedding from being copied twice); the graph's outputs are those of the session a user runs,
+    with every optimization, up to float rounding."""
+    import onnxruntime as ort
+
+    from specc.pipeline import _session
+    from specc.runtime.session import session_options
+
+    _, out, _ = built
+    lean = _session(out / "model.onnx", "model")
+    full = ort.InferenceSession(str(out / "model.onnx"), session_options(ort), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feed = {}
+    for i in lean.get_inputs():
+        if i.name == "input_ids":
+            feed[i.name] = rng.integers(0, 1000, (2, 7), dtype=np.int64)
+        elif i.name in ("attention_mask", "position_ids"):
+            feed[i.name] = np.ones((2, 7), np.int64) if i.name == "attention_mask" else np.tile(np.arange(7), (2, 1))
+        else:  # an empty cache: past_key_values.* [batch, heads, 0, head_dim]
+            feed[i.name] = np.zeros([2, i.shape[1], 0, i.shape[3]], np.float32)
+    names = [o.name for o in lean.get_outputs()]
+    assert "logits" in names
+    for name, a, b in zip(names, lean.run(names, feed), full.run(names, feed)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()), err_msg=name)
+
+
 def test_progress_reports_every_stage_in_order(built):
     _, _, events = built
     starts = [s for s, state, _ in events if state == "start"]

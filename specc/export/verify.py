@@ -148,7 +148,7 @@ def _cache_inputs(sig: GraphSig, case: Case, past_out: dict | None, source_out: 
 
 
 _CHUNK = 1 << 20  # elements compared at a time: a large output (a long prompt's logits) is never copied whole
-SPILL_BYTES = 16 << 20  # a reference output this large is kept on disk until it is compared
+SPILL_BYTES = 16 << 20  # a case's reference outputs this large together are kept on disk until compared
 
 
 class Spilled:
@@ -260,8 +260,9 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0,
     """The reference's outputs for every case, (graph, case) -> {output: array}: `reference` is
     the fp32 SpeccModel in eval mode, its caches fed from its own earlier outputs. A build takes
     these first, so that the module can be released before the graph is loaded for comparison.
-    With `spill` (a directory), an output of SPILL_BYTES or more that no later case reads is
-    written there and comes back as a Spilled, read in chunks when compared."""
+    With `spill` (a directory), the outputs of a case that no later case reads, when they are
+    SPILL_BYTES or more together (a long case's logits, or its many present.*), are written there
+    and come back as Spilled, read in chunks when compared."""
     import torch
 
     steps = _steps(r, seed)
@@ -280,10 +281,9 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0,
                 result = reference(**tensors)
             out[step.key] = {k: v.float().numpy() for k, v in result.items()}
             del result, tensors
-        if spill is not None and step.key not in continued:
+        if spill is not None and step.key not in continued and sum(v.nbytes for v in out[step.key].values()) >= SPILL_BYTES:
             for k, v in out[step.key].items():
-                if v.nbytes >= SPILL_BYTES:
-                    out[step.key][k] = Spilled(Path(spill) / f"{len(out)}.{k}.bin", v)
+                out[step.key][k] = Spilled(Path(spill) / f"{len(out)}.{k}.bin", v)
     return out
 
 

@@ -298,6 +298,7 @@ def test_spilled_references_give_the_same_report(built, kind, tmp_path, monkeypa
     spilled = {key for key, outs in refs.items() if any(isinstance(v, verify_mod.Spilled) for v in outs.values())}
     continued = {(c.graph, c.after) for c in cases(r) if c.after}
     assert spilled and not spilled & continued
+    assert all(isinstance(v, verify_mod.Spilled) for key in spilled for v in refs[key].values())  # a case spills whole
     assert len(list(tmp_path.iterdir())) == sum(isinstance(v, verify_mod.Spilled) for o in refs.values() for v in o.values())
     assert verify(r, refs, _sessions(result)).to_dict() == plain.to_dict()
     sessions = _sessions(result)
