@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from specc.nn.blocks import init_weights
+from specc.nn.blocks import default_init_skipped, init_weights
 from specc.nn.model import SpeccModel
 from specc.spec.resolve import ResolvedSpec, resolve
 from specc.spec.schema import ModelSpec
@@ -24,7 +24,8 @@ def to_torch(spec, *, weights: str | os.PathLike | None = None, seed: int = 0) -
     mode. Weights: `weights=` (safetensors), else the spec's `weights:` key, else seeded random
     initialisation (same seed, same weights)."""
     r = as_resolved(spec)
-    model = SpeccModel(r)
+    with default_init_skipped():
+        model = SpeccModel(r)
     init_weights(model, seed)
     path = weights if weights is not None else r.weights_path
     if path is not None:

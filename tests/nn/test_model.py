@@ -51,6 +51,34 @@ def test_same_seed_same_weights_other_seed_other_weights():
     assert any(not torch.equal(sa[k], sc[k]) for k in sa if k.endswith("q.weight"))
 
 
+def test_seeded_weights_follow_the_documented_draws():
+    """init_weights, independently: parameters in name order from one generator, N(0, 0.02) for
+    weights, zeros for biases, ones for norm weights. The default torch initialisation that
+    construction skips leaves nothing behind."""
+    model = specc.to_torch(tiny(), seed=11)
+    gen = torch.Generator().manual_seed(11)
+    for name, p in sorted(model.named_parameters()):
+        if "norm." in name:
+            assert torch.equal(p, torch.full_like(p, 1.0 if name.endswith(".weight") else 0.0)), name
+        elif name.endswith(".bias"):
+            assert torch.equal(p, torch.zeros_like(p)), name
+        else:
+            assert torch.equal(p, 0.02 * torch.randn(p.shape, generator=gen)), name
+
+
+def test_default_initialisation_is_skipped_only_while_constructing():
+    from specc.nn.blocks import default_init_skipped
+
+    reset = torch.nn.Linear.reset_parameters
+    with pytest.raises(RuntimeError, match="inside"):
+        with default_init_skipped():
+            assert torch.nn.Linear.reset_parameters is not reset
+            raise RuntimeError("inside")
+    assert torch.nn.Linear.reset_parameters is reset
+    torch.manual_seed(0)
+    assert torch.nn.Linear(64, 64).weight.abs().max() > 0.01  # torch's own kaiming-uniform draw
+
+
 def _greedy_step_check(model, ids):
     with torch.no_grad():
         full = model(input_ids=ids)["logits"]
