@@ -256,3 +256,33 @@ def test_opset_zero_is_refused(tmp_path):
     result = run("build", SPEC, "-o", str(tmp_path / "out"), "--opset", "0", "--max-memory", "1KiB")
     assert result.exit_code == 1
     assert "opset 0 is not supported" in result.stderr
+
+
+_ARENAS = """
+import ctypes, sys, threading
+from specc.cli import _one_malloc_arena
+applied = _one_malloc_arena() if sys.argv[1] == "1" else None
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+def grab():
+    for _ in range(100):
+        libc.malloc(4096)
+threads = [threading.Thread(target=grab) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(applied, flush=True)
+libc.malloc_stats()  # one "Arena N:" block per heap, on stderr
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
+@pytest.mark.parametrize("apply,env,arenas", [("0", {}, "many"), ("1", {}, "one"), ("1", {"MALLOC_ARENA_MAX": "4"}, "many")])
+def test_build_keeps_one_malloc_arena_unless_the_user_chose(apply, env, arenas):
+    """specc build asks glibc for one heap for all threads (a steadier peak); a user's
+    MALLOC_ARENA_MAX wins."""
+    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | env
+    proc = subprocess.run([sys.executable, "-c", _ARENAS, apply], capture_output=True, text=True, env=environ, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    n = proc.stderr.count("Arena ")
+    assert proc.stdout.strip() == {"0": "None", "1": str(not env)}[apply]
+    assert (n == 1) if arenas == "one" else (n > 1), proc.stderr
