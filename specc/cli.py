@@ -289,8 +289,8 @@ def _one_malloc_arena() -> bool:
     """Have glibc's malloc serve every thread of this process from one heap, unless the user set
     MALLOC_ARENA_MAX. By default each thread that allocates (torch's and onnxruntime's workers)
     gets a heap of its own, and memory freed in one is not reused by another: gpt2-small's build
-    peaked at 1.39 GiB in most runs and 1.54 GiB in some; with one heap, 1.39 GiB in every run
-    and no slower (docs/reliability.md). A build's threads allocate large tensors, not many small
+    peaked at 1.54 GiB instead of 1.39 in 2 of 7 runs; with one heap, in 1 of 14, and no slower
+    (docs/reliability.md). A build's threads allocate large tensors, not many small
     objects, so they do not contend for the one heap. Returns whether the setting was made (not on
     other C libraries, nor where the user chose)."""
     if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
