@@ -266,7 +266,9 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     """Build SPEC into DIR: export to ONNX, verify against PyTorch, write DIR/manifest.json.
 
     A verification failure exits 1 and leaves DIR as it was."""
-    _one_malloc_arena()
+    from specc.malloc import one_arena
+
+    one_arena()
     from specc.pipeline import DEFAULT_OPSET, build as run_build
 
     display = _StageDisplay(enabled=not (quiet or as_json))
@@ -283,26 +285,6 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     from specc.report import build_report, render
 
     render(build_report(result.manifest, str(result.out_dir), cached=result.cached))
-
-
-def _one_malloc_arena() -> bool:
-    """Have glibc's malloc serve every thread of this process from one heap, unless the user set
-    MALLOC_ARENA_MAX. By default each thread that allocates (torch's and onnxruntime's workers)
-    gets a heap of its own, and memory freed in one is not reused by another: gpt2-small's build
-    peaked at 1.54 GiB instead of 1.39 in 2 of 7 runs; with one heap, in 1 of 14, and no slower
-    (docs/reliability.md). A build's threads allocate large tensors, not many small
-    objects, so they do not contend for the one heap. Returns whether the setting was made (not on
-    other C libraries, nor where the user chose)."""
-    if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt(-8, 1) == 1  # M_ARENA_MAX (glibc's malloc.h), one arena
 
 
 # --- weights: import hf / export-weights ----------------------------------------------------

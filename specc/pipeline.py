@@ -171,6 +171,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         files, optimizations = _export(clock, r, model, precision, opset, n_params, stage.tmp, ort_passes)
         with clock.stage("verify") as facts:
             from specc.export.verify import reference_outputs, verify
+            from specc.malloc import trim
             from specc.weights import save_module
 
             # the module's outputs and weights first, then the module is released: the graph is
@@ -182,6 +183,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             save_module(model, stage.tmp / "model.safetensors")
             _release(model)
             del model
+            trim()  # the module's freed memory back to the system before onnxruntime loads its own copy
             sessions = {name: _session(paths[0], name) for name, paths in files.items()}
             report = verify(r, refs, sessions, "onnx", precision, seed=seed)  # the ONNX graph, by onnxruntime
             del sessions

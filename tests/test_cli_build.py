@@ -260,8 +260,8 @@ def test_opset_zero_is_refused(tmp_path):
 
 _ARENAS = """
 import ctypes, sys, threading
-from specc.cli import _one_malloc_arena
-applied = _one_malloc_arena() if sys.argv[1] == "1" else None
+from specc.malloc import one_arena
+applied = one_arena() if sys.argv[1] == "1" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 def grab():

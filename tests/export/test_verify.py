@@ -318,6 +318,20 @@ def test_a_cut_short_spilled_reference_fails_clearly(tmp_path):
         _compare("x", want.copy(), spilled, 0.0, 0.0, "here")
 
 
+def test_verify_gives_freed_memory_back_before_each_run(built, monkeypatch):
+    """The heap is trimmed before every onnxruntime run, so that a case's freed outputs are not
+    counted beside the next case's (the build's peak memory, docs/reliability.md)."""
+    r, result = built["decoder-default"]
+    sessions = _sessions(result)
+    events = []
+    monkeypatch.setattr(verify_mod, "trim", lambda: events.append("trim"))
+    sessions["model"] = Perturbed(sessions["model"], r.graphs[0].outputs[0].name, 0, None)
+    run = sessions["model"].run
+    sessions["model"].run = lambda names, feed: (events.append("run"), run(names, feed))[1]
+    verify(r, specc.to_torch(r, seed=0), sessions)
+    assert events == ["trim", "run"] * len(cases(r)) and len(cases(r)) > 1
+
+
 @pytest.mark.parametrize("kind", ["decoder-default", "encoder-default"])
 def test_verify_fails_on_a_nan_output(built, kind):
     r, result = built[kind]
@@ -423,6 +437,23 @@ def test_compare_fails_on_infinities_of_the_other_sign():
     got[0, 0] = np.inf
     with pytest.raises(VerificationError, match="infinities"):
         _compare("x", got, want, 1e-4, 1e-4, "here")
+    with pytest.raises(VerificationError, match="infinities"):  # an infinity in torch alone
+        _compare("x", np.zeros_like(want), want, 1e-4, 1e-4, "here")
+
+
+def test_compare_measures_the_finite_values_beside_infinities(monkeypatch):
+    """Chunks with an infinity (the same on both sides) and chunks without give the largest
+    difference and scale of the finite values: a mask value's infinities do not hide a difference."""
+    monkeypatch.setattr(verify_mod, "_CHUNK", 4)
+    want = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want[0, 1] = -np.inf
+    got = want.copy()
+    got[0, 2] += 0.25  # in the chunk with the infinity
+    got[2, 3] -= 0.5  # in a chunk without
+    fig = _compare("x", got, want, 0.0, 0.1, "here")
+    assert fig["max_abs"] == pytest.approx(0.5) and fig["max_rel"] == pytest.approx(0.5 / 11)
+    got[2, 3] = want[2, 3]
+    assert _compare("x", got, want, 0.0, 0.1, "here")["max_abs"] == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize("kind,serving_max", [("decoder-default", 2), ("decoder-default", 1),
