@@ -52,6 +52,24 @@ def main() -> None:
     """specc: declarative Transformer specs compiled to verified PyTorch and ONNX artifacts.
 
     SPEC arguments take a YAML file or a catalog name (e.g. gpt2-small)."""
+    _quick_exit()
+
+
+_exit_registered = False
+
+
+def _quick_exit() -> None:
+    """At exit, have the interpreter's last garbage collections skip the objects still alive.
+    Finalization otherwise walks every object that torch, its exporter, onnxscript and onnxruntime
+    created, several times: 1.7-1.9 s after a gpt2-small build, 0.3 s with them frozen. Objects
+    are still released by reference count, and atexit handlers run as before. Once per process."""
+    global _exit_registered
+    if not _exit_registered:
+        import atexit
+        import gc
+
+        atexit.register(gc.freeze)
+        _exit_registered = True
 
 
 # --- validate / resolve / schema ----------------------------------------------------------

@@ -1,4 +1,4 @@
-"""specc.malloc: the glibc settings a build relies on for a steady peak."""
+"""specc.malloc and the CLI's exit: what the process asks of glibc and of Python's collector."""
 from __future__ import annotations
 
 import subprocess
@@ -39,3 +39,21 @@ def test_trim_gives_freed_heap_pages_back():
     assert gave == "True" and dropped > 40 * 1024, (gave, dropped)  # most of the 50 MiB
     gave, dropped = run("0")
     assert gave == "None" and dropped < 10 * 1024, dropped  # without it, the pages stay
+
+
+_EXIT = """
+import atexit, gc, sys
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))  # runs after specc's (LIFO)
+from specc.cli import main
+if sys.argv[1] == "1":
+    main(["validate", "gpt2-small"])
+"""
+
+
+@pytest.mark.parametrize("invoke", ["1", "0"])
+def test_the_cli_freezes_the_heap_at_exit(invoke):
+    """The command's process skips the interpreter's final collections (about 1.5 s after a build);
+    importing specc.cli alone changes nothing."""
+    proc = subprocess.run([sys.executable, "-c", _EXIT, invoke], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == f"frozen at exit: {invoke == '1'}"

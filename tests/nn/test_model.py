@@ -43,6 +43,47 @@ def test_every_kind_builds_runs_and_matches_the_name_contract(kind):
         assert torch.isfinite(out[sig.name]).all()
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_fused_attention_computes_what_the_written_out_form_does(kind, monkeypatch):
+    """Eager attention takes torch's scaled_dot_product_attention where it can; torch.export records
+    the op-by-op form. Both give the same outputs in every verification case of every kind (left
+    padding with its fully masked rows, caches, one token, the longest), and the fused kernel is
+    really taken for the dot-product scores."""
+    from specc.export.verify import reference_outputs
+    from specc.nn import attention
+
+    r = resolve(tiny(KINDS[kind]))
+    model = specc.to_torch(r, seed=0)
+    calls = []
+    fused = attention.Attention._fused_attention
+    monkeypatch.setattr(attention.Attention, "_fused_attention", lambda self, *a: calls.append(1) or fused(self, *a))
+    got = reference_outputs(r, model)
+    monkeypatch.setattr(attention.Attention, "_fused", lambda self, q, rel_k: False)
+    want = reference_outputs(r, model)
+    stacks = [st for st in (r.encoder, r.decoder) if st is not None]
+    scores = {a.score for st in stacks for layer in st.layers for a in (layer.attention, layer.cross_attention) if a}
+    eligible = scores != {"additive"} and r.position.kind not in ("relative", "alibi")
+    assert bool(calls) == eligible, (kind, len(calls))
+    assert got.keys() == want.keys()
+    for key in want:
+        for name in want[key]:
+            torch.testing.assert_close(torch.from_numpy(got[key][name]), torch.from_numpy(want[key][name]),
+                                       rtol=1e-5, atol=1e-5, msg=lambda m: f"{kind} {key} {name}: {m}")
+
+
+def test_attention_is_written_out_while_exporting(monkeypatch):
+    """torch.export never records the fused kernel: the ONNX graph holds the op-by-op form."""
+    from specc.export import onnx as onnx_export
+    from specc.nn import attention
+
+    r = resolve(tiny(KINDS["decoder-default"]))
+    model = specc.to_torch(r, seed=0)
+    monkeypatch.setattr(attention.Attention, "_fused_attention", lambda *a: pytest.fail("fused while exporting"))
+    sig = r.graphs[0]
+    program = onnx_export.export_graph(model, sig, onnx_export.example_inputs(r, sig))
+    assert any(node.op_type == "Softmax" for node in program.model.graph)
+
+
 def test_same_seed_same_weights_other_seed_other_weights():
     spec = tiny()
     a, b, c = (specc.to_torch(spec, seed=s) for s in (3, 3, 4))
