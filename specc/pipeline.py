@@ -215,7 +215,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
                 "cache_key": cache_key,
                 "graphs": {sig.name: {"file": graph_files[sig.name], "inputs": _sigs(sig.inputs),
                                       "outputs": _sigs(sig.outputs)} for sig in r.graphs},
-                "artifacts": [_artifact(p, stage.tmp) for p in artifacts],
+                "artifacts": _artifacts(artifacts, stage.tmp),
                 "parameters": n_params,
                 "optimizations": optimizations,
                 "verification": report.to_dict(),
@@ -428,29 +428,43 @@ def _quiet():
 
 def _cached(out: Path, cache_key: str) -> dict | None:
     """DIR's manifest when it records this cache key and every artifact is intact."""
-    from specc.export.onnx import file_sha256
-
     try:
         manifest = json.loads((out / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(manifest, dict) or manifest.get("cache_key") != cache_key:
         return None
-    for a in manifest.get("artifacts", []):
-        p = out / a["path"]
-        if not p.is_file() or p.stat().st_size != a["bytes"] or file_sha256(p) != a["sha256"]:
-            return None
+    try:
+        artifacts = [(out / a["path"], a["bytes"], a["sha256"]) for a in manifest.get("artifacts", [])]
+    except (KeyError, TypeError):
+        return None
+    if not all(p.is_file() and p.stat().st_size == size for p, size, _ in artifacts):
+        return None
+    if _sha256s([p for p, _, _ in artifacts]) != [digest for _, _, digest in artifacts]:
+        return None
     return manifest
+
+
+def _sha256s(paths: list[Path]) -> list[str]:
+    """The files' sha256 digests, hashed side by side (hashlib leaves the GIL while hashing: a
+    gpt2-small build's two 0.47 GiB artifacts take 0.4 s instead of 0.8 on two cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specc.export.onnx import file_sha256
+
+    if len(paths) < 2:
+        return [file_sha256(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1)) as pool:
+        return list(pool.map(file_sha256, paths))
 
 
 def _sigs(sigs) -> list[dict]:
     return [{"name": t.name, "dtype": t.dtype, "dims": list(t.dims)} for t in sigs]
 
 
-def _artifact(path: Path, root: Path) -> dict:
-    from specc.export.onnx import file_sha256
-
-    return {"path": path.relative_to(root).as_posix(), "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+def _artifacts(paths: list[Path], root: Path) -> list[dict]:
+    return [{"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size, "sha256": digest}
+            for p, digest in zip(paths, _sha256s(paths))]
 
 
 def _write_json(path: Path, data: dict) -> None:
