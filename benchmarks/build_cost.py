@@ -83,7 +83,7 @@ def main() -> None:
         ratio = f"{s_s / o[0]:.2f}x" if o else "-"
         split = f"{stages.get('export', 0):.0f} s / {stages.get('verify', 0):.0f} s"
         lines.append(f"| {spec} | {weights / GIB:.2f} GiB | {s_s:.0f} s, {s_rss / GIB:.2f} GiB | {split} | "
-                     f"{s_rss / weights:.1f}x | {opt} | {ratio} |")
+                     f"{s_rss / weights:.2f}x | {opt} | {ratio} |")
     out = write_atomic(args.out, "\n".join(lines) + "\n")
     print(f"[build_cost] wrote {out}", file=sys.stderr)
 
