@@ -6,12 +6,14 @@ what is computed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
 _M_ARENA_MAX = -8  # glibc's malloc.h
 
 
+@functools.cache
 def _libc():
     if not sys.platform.startswith("linux"):
         return None

@@ -452,9 +452,7 @@ def _sha256s(paths: list[Path]) -> list[str]:
 
     from specc.export.onnx import file_sha256
 
-    if len(paths) < 2:
-        return [file_sha256(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), os.cpu_count() or 1))) as pool:
         return list(pool.map(file_sha256, paths))
 
 

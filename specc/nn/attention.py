@@ -100,6 +100,11 @@ class Attention(nn.Module):
             return near | glob | rand
         return None
 
+    def _with_pattern(self, allowed: torch.Tensor, q_idx: torch.Tensor, k_idx: torch.Tensor | None) -> torch.Tensor:
+        """The caller's mask [B,1,T,S] narrowed by the pattern's, where it has one."""
+        pat = self.pattern_mask(q_idx, k_idx)
+        return allowed if pat is None else allowed & pat
+
     def _scores(self, q: torch.Tensor, k: torch.Tensor, rel_k: torch.Tensor | None) -> torch.Tensor:
         s = self.spec
         if s.score == "additive":
@@ -211,11 +216,8 @@ class Attention(nn.Module):
         scale = 1 / math.sqrt(s.d_k) if s.score == "scaled_dot" else 1.0
         bias = None
         if allowed is not None:
-            pat = self.pattern_mask(q_idx, k_idx)
-            if pat is not None:
-                allowed = allowed & pat
-            bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
-            bias.masked_fill_(~allowed, torch.finfo(q.dtype).min)
+            allowed = self._with_pattern(allowed, q_idx, k_idx)
+            bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
         return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
     def _attention(self, q, k, v, allowed, q_idx, k_idx, rel_k, rel_v) -> torch.Tensor:
@@ -226,9 +228,7 @@ class Attention(nn.Module):
             dist = (q_idx[:, None] - k_idx[None, :]).abs().to(scores.dtype)  # [T, S]
             scores = scores - self.slopes.to(scores.dtype) * dist
         if allowed is not None:
-            pat = self.pattern_mask(q_idx, k_idx)
-            if pat is not None:
-                allowed = allowed & pat
+            allowed = self._with_pattern(allowed, q_idx, k_idx)
             scores = torch.where(allowed, scores, torch.finfo(scores.dtype).min)
         probs = self.drop(cast(torch.softmax(cast(scores, torch.float32), dim=-1), q.dtype))
         out = probs @ v
