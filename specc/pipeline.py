@@ -26,6 +26,8 @@ from specc import __version__
 from specc.errors import BuildError
 from specc.export.outdir import MANIFEST, Staging
 from specc.fileio import write_atomic
+from specc.interrupts import check as check_interrupt
+from specc.interrupts import watch as watch_interrupts
 from specc.spec.dump import spec_to_data
 from specc.spec.resolve import ResolvedSpec
 
@@ -85,6 +87,7 @@ class _Clock:
 
     @contextlib.contextmanager
     def stage(self, name: str, **facts: Any):
+        check_interrupt()
         if self.progress:
             self.progress(name, "start", facts)
         t0 = self.started[name] = time.perf_counter()
@@ -166,7 +169,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             return BuildResult(out.absolute(), hit, cached=True)
     check_memory(r, max_memory)
 
-    with Staging(out) as stage:
+    with Staging(out) as stage, watch_interrupts():
         model, n_params = _build_module(clock, r, weights_path, seed)
         files, optimizations = _export(clock, r, model, precision, opset, n_params, stage.tmp, ort_passes)
         with clock.stage("verify") as facts:
@@ -224,6 +227,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
                 "timings_s": {**clock.so_far(), "total": round(time.perf_counter() - t_start, 3)},
             }
             _write_json(stage.tmp / MANIFEST, manifest)
+            check_interrupt()  # the last moment a Ctrl-C still leaves DIR as it was
             stage.commit()
     return BuildResult(out.absolute(), manifest)
 

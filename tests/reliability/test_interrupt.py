@@ -161,3 +161,45 @@ def test_two_builds_into_one_dir(spec, tmp_path):
     seed = json.loads((out / MANIFEST).read_text())["options"]["weights"]["seed"]
     winners = [s for s, (rc, _) in zip((5, 6), results) if rc == 0]
     assert seed in winners
+
+
+# --- a Ctrl-C that lands in a finalizer ----------------------------------------------------------
+
+
+class _Finalizer:
+    """Stands for a weakref callback or __del__ that is running when SIGINT arrives: Python
+    raises the KeyboardInterrupt inside it and reports it as unraisable."""
+
+    def __del__(self):
+        raise KeyboardInterrupt
+
+
+def test_a_swallowed_interrupt_is_raised_again_at_the_next_check(capfd, monkeypatch):
+    from specc import interrupts
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)  # Python's own, not pytest's
+    _Finalizer()  # outside watch(): Python prints it and carries on
+    interrupts.check()
+    assert "Exception ignored" in capfd.readouterr().err
+    with interrupts.watch():
+        _Finalizer()
+        assert capfd.readouterr().err == ""  # recorded, not printed
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+        interrupts.check()  # raised once
+
+
+def test_a_build_interrupted_inside_a_finalizer_stops_before_its_commit(spec, tmp_path, capfd):
+    out = tmp_path / "out"
+
+    def progress(stage, event, facts):
+        if (stage, event) == ("export", "start"):
+            _Finalizer()
+
+    with pytest.raises(KeyboardInterrupt):
+        specc.build(spec, out, progress=progress)
+    assert not out.exists()
+    assert leftovers(tmp_path, out) == []
+    assert "Exception ignored" not in capfd.readouterr().err
+    specc.build(spec, out)  # the hook was put back: the next build runs through
+    assert is_complete_build(out)
