@@ -304,18 +304,20 @@ def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, n
     from specc.export import onnx as onnx_export
 
     export_model = _for_precision(model, precision)
-    programs, optimizations = {}, []
+    programs, prefolded, optimizations = {}, {}, []
     with clock.stage("export", graphs=[g.name for g in r.graphs]):
         for sig in r.graphs:
             example = onnx_export.example_inputs(r, sig)
             with _quiet():
                 programs[sig.name], stitched = onnx_export.export_stitched(export_model, r, sig, example, opset)
             if stitched is not None:
+                prefolded[sig.name] = stitched.get("prefolded", False)
                 optimizations.append(stitched)
     with clock.stage("optimize") as facts:
         for sig in r.graphs:
             with _quiet():
-                optimizations.append({"graph": sig.name, **onnx_export.optimize(programs[sig.name])})
+                optimizations.append({"graph": sig.name, **onnx_export.optimize(programs[sig.name],
+                                                                                prefolded.get(sig.name, False))})
             if ort_passes:
                 from specc.export import passes
 

@@ -22,6 +22,7 @@ checks the graph as it checks any other.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 from torch import nn
@@ -77,6 +78,37 @@ def truncated_sig(sig, plan: dict[str, int]):
 
     return sig.model_copy(update={"inputs": tuple(t for t in sig.inputs if kept(t)),
                                   "outputs": tuple(t for t in sig.outputs if kept(t))})
+
+
+@contextlib.contextmanager
+def layer_weights_hidden(graph, plan: dict[str, int], root: str = "model."):
+    """Inside, the weights and buffers of the planned stacks' layers are graph inputs with no
+    value: what optimizes the traced layers before they are copied (onnx.prefold) can then make
+    no choice that depends on layer 1's values, which the copies do not share. The graph's
+    initializers are back, in their order, afterwards."""
+    prefixes = tuple(f"{root}{role}.layers." for role in plan)
+    order = list(graph.initializers)
+    hidden = {name: graph.initializers[name] for name in order if name.startswith(prefixes)}
+    saved = {}
+    for name, value in hidden.items():
+        saved[name] = value.const_value
+        graph.initializers.pop(name)
+        value.const_value = None
+        graph.inputs.append(value)
+    try:
+        yield
+    finally:
+        for value in hidden.values():
+            graph.inputs.remove(value)
+        rest = dict(graph.initializers)
+        graph.initializers.clear()
+        for name, value in hidden.items():
+            value.const_value = saved[name]
+        for name in order:  # the traced order first, then what was added inside
+            value = hidden.get(name) or rest.pop(name, None)
+            if value is not None:
+                graph.initializers[name] = value
+        graph.initializers.update(rest)
 
 
 def _in_layer(node, prefix: str) -> bool:

@@ -54,6 +54,42 @@ def test_the_streamed_file_is_the_canonical_model(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_every_weight_layout_is_written_as_the_canonical_serializer_writes_it(tmp_path):
+    # raw data is written from the tensor's own memory where it is laid out as written, else
+    # from its tobytes: a transposed view, a torch tensor, half types, 4-bit packing
+    import torch
+    from torch.onnx._internal.exporter._core import TorchTensor
+
+    rng = np.random.default_rng(0)
+    tensors = {
+        "numpy": ir.tensor(rng.standard_normal((3, 5), dtype=np.float32)),
+        "numpy_transposed": ir.tensor(rng.standard_normal((5, 3), dtype=np.float32).T),
+        "torch": TorchTensor(torch.randn(3, 5)),
+        "torch_transposed": TorchTensor(torch.randn(5, 3).t()),
+        "torch_fp16": TorchTensor(torch.randn(3, 5).half()),
+        "torch_bf16": TorchTensor(torch.randn(3, 5).bfloat16()),
+        "int64": ir.tensor(np.array([1, -2, 3], dtype=np.int64)),
+        "int4": ir.tensor(np.array([1, -2, 3, 4, 5], dtype=np.int8), dtype=ir.DataType.INT4),
+    }
+    graph = ir.Graph([], [], nodes=[], name="g", opset_imports={"": 21})
+    for name, tensor in tensors.items():
+        graph.register_initializer(ir.Value(name=name, shape=ir.Shape(tensor.shape.numpy()), type=ir.TensorType(tensor.dtype),
+                                            const_value=tensor))
+    out = ir.node("Identity", [graph.initializers["numpy"]])
+    graph.append(out)
+    graph.outputs.append(out.outputs[0])
+    out.outputs[0].name = "y"
+    model = ir.Model(graph, ir_version=10)
+    path = tmp_path / "m.onnx"
+    write_streaming(model, path)
+    loaded = {t.name: t for t in onnx.load(str(path)).graph.initializer}
+    canonical = {t.name: t for t in ir.serde.serialize_model(model).graph.initializer}
+    assert loaded.keys() == canonical.keys() == tensors.keys()
+    for name in tensors:
+        assert loaded[name].SerializeToString() == canonical[name].SerializeToString(), name
+        assert loaded[name].raw_data == tensors[name].tobytes(), name
+
+
 _MEASURE = textwrap.dedent("""
     import resource, sys
     sys.path.insert(0, {tests!r})
