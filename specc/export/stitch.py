@@ -105,9 +105,10 @@ def layer_weights_hidden(graph, plan: dict[str, int], root: str = "model."):
         for name, value in hidden.items():
             value.const_value = saved[name]
         for name in order:  # the traced order first, then what was added inside
-            value = hidden.get(name) or rest.pop(name, None)
-            if value is not None:
-                graph.initializers[name] = value
+            if name in hidden:
+                graph.initializers[name] = hidden[name]
+            elif name in rest:
+                graph.initializers[name] = rest.pop(name)
         graph.initializers.update(rest)
 
 

@@ -192,3 +192,25 @@ def test_an_fp16_build_of_a_deep_stack_is_stitched_and_verified(tmp_path):
     assert entry["layers_traced"] == stitch.KEEP and entry["layers"] == {"decoder": 3}
     assert result.manifest["verification"]["precision"] == "fp16"
     assert len(result.manifest["verification"]["cases"]) >= 3
+
+
+def test_the_traced_layers_weights_are_hidden_while_they_are_prefolded():
+    # nothing prefold decides may depend on layer 1's values: the copies have their own
+    r = _deep("decoder-default")
+    model = to_torch(r, seed=0).eval()
+    sig = r.graphs[0]
+    short_sig = stitch.truncated_sig(sig, {"decoder": 3})
+    example = onnx_export.example_inputs(r, sig)
+    program = onnx_export.export_graph(stitch.truncated(model, {"decoder": 3}), short_sig,
+                                       {t.name: example[t.name] for t in short_sig.inputs})
+    graph = program.model.graph
+    before = [(k, v, v.const_value) for k, v in graph.initializers.items()]
+    inputs = list(graph.inputs)
+    layer = [k for k, _, _ in before if k.startswith("model.decoder.layers.")]
+    assert layer and len(layer) < len(before)
+    with stitch.layer_weights_hidden(graph, {"decoder": 3}):
+        assert not any(k in graph.initializers for k in layer)
+        assert all(v.const_value is None and v in graph.inputs for k, v, _ in before if k in layer)
+        assert all(graph.initializers[k].const_value is c for k, _, c in before if k not in layer)
+    assert [(k, v, v.const_value) for k, v in graph.initializers.items()] == before
+    assert list(graph.inputs) == inputs
