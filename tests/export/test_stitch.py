@@ -162,7 +162,8 @@ def test_a_graph_that_cannot_be_stitched_is_traced_whole(monkeypatch):
     assert [v.name for v in program.model.graph.outputs] == [t.name for t in sig.outputs]  # all 3 layers' caches
 
 
-def test_layer_nodes_are_found_by_module_path_and_a_mismatch_is_refused():
+def _traced_two_of_three():
+    """A 3-layer decoder and the graph of its first two layers, traced and not yet stitched."""
     r = _deep("decoder-default")
     model = to_torch(r, seed=0).eval()
     sig = r.graphs[0]
@@ -170,7 +171,11 @@ def test_layer_nodes_are_found_by_module_path_and_a_mismatch_is_refused():
     example = onnx_export.example_inputs(r, sig)
     program = onnx_export.export_graph(stitch.truncated(model, {"decoder": 3}), short_sig,
                                        {t.name: example[t.name] for t in short_sig.inputs})
-    graph = program.model.graph
+    return model, program.model.graph
+
+
+def test_layer_nodes_are_found_by_module_path_and_a_mismatch_is_refused():
+    model, graph = _traced_two_of_three()
     first = stitch._Layer(graph, "decoder", 0, "model.").nodes
     second = stitch._Layer(graph, "decoder", 1, "model.").nodes
     assert first and [n.op_type for n in first] == [n.op_type for n in second]
@@ -196,14 +201,7 @@ def test_an_fp16_build_of_a_deep_stack_is_stitched_and_verified(tmp_path):
 
 def test_the_traced_layers_weights_are_hidden_while_they_are_prefolded():
     # nothing prefold decides may depend on layer 1's values: the copies have their own
-    r = _deep("decoder-default")
-    model = to_torch(r, seed=0).eval()
-    sig = r.graphs[0]
-    short_sig = stitch.truncated_sig(sig, {"decoder": 3})
-    example = onnx_export.example_inputs(r, sig)
-    program = onnx_export.export_graph(stitch.truncated(model, {"decoder": 3}), short_sig,
-                                       {t.name: example[t.name] for t in short_sig.inputs})
-    graph = program.model.graph
+    model, graph = _traced_two_of_three()
     before = [(k, v, v.const_value) for k, v in graph.initializers.items()]
     inputs = list(graph.inputs)
     layer = [k for k, _, _ in before if k.startswith("model.decoder.layers.")]
