@@ -59,15 +59,17 @@ def main() -> None:
     lines = [
         "# Build cost",
         "",
-        "Written by `benchmarks/build_cost.py`; do not edit by hand. Wall time and peak RSS of one process "
+        "Written by `benchmarks/build_cost.py`; do not edit by hand. Wall time and peak memory of one command "
         "each: `specc build SPEC --force` (load, export, optimize and passes, save, verify, write; random weights of "
         "the real shapes) and, where Optimum is installed, `optimum.exporters.onnx.main_export` with its "
-        "validation (O2 for bert-base). Peak RSS counts everything the process holds, the Python "
-        "interpreter and the torch and onnxruntime libraries included (about 0.2 GiB before any model). "
+        "validation (O2 for bert-base). Peak memory counts everything the process holds, the Python "
+        "interpreter and the torch and onnxruntime libraries included (about 0.2 GiB before any model), and the "
+        "private memory of any process it forks (specc's reference run beside the export), sampled every 50 ms. "
         f"{args.repeats} rounds per model, specc then Optimum in turn: the best time and the highest peak. "
         "specc's stages are those of its best run, from the manifest's timings_s (export: torch.export, "
-        "its decompositions and the ONNX translation, of two layers per stack with the rest copied in (specc.stitch); verify: the reference outputs, onnxruntime's "
-        "session and every case, the longest at the spec's serving.length.max).",
+        "its decompositions and the ONNX translation, of two layers per stack with the rest copied in (specc.stitch); verify: onnxruntime's session and every case, the "
+        "longest at the spec's serving.length.max; the torch reference outputs are taken in a forked process beside the export, "
+        "the verify stage waits for them if they are not done).",
         "",
         f"Command: `{' '.join([Path(sys.executable).parent.parent.name + '/bin/python', 'benchmarks/build_cost.py'] + sys.argv[1:])}`",
         "",

@@ -248,6 +248,8 @@ class _StageDisplay:
             detail = f"  {facts['parameters']:,} parameters"
         if "max_abs_diff" in facts:
             detail = f"  max |onnxruntime - torch| {facts['max_abs_diff']:.2e}"
+            if "reference_s" in facts:
+                detail += f" (the torch reference ran beside the export: {facts['reference_s']:.1f} s)"
         if "optimizations" in facts:
             from specc.report import optimization_text
 

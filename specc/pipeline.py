@@ -171,26 +171,32 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
 
     with Staging(out) as stage, watch_interrupts():
         model, n_params = _build_module(clock, r, weights_path, seed)
-        files, optimizations = _export(clock, r, model, precision, opset, n_params, stage.tmp, ort_passes)
-        with clock.stage("verify") as facts:
-            from specc.export.verify import reference_outputs, verify
-            from specc.malloc import trim
-            from specc.weights import save_module
+        from specc.export.reference import ReferenceJob
 
-            # the module's outputs and weights first, then the module is released: the graph is
-            # loaded and run without a second copy of the weights beside it; large outputs (a
-            # long case's logits) wait on disk, in the staging directory, until compared
-            spill = stage.tmp / ".references"
-            spill.mkdir()
-            refs = reference_outputs(r, model, seed, spill=spill)
-            save_module(model, stage.tmp / "model.safetensors")
-            _release(model)
-            del model
-            trim()  # the module's freed memory back to the system before onnxruntime loads its own copy
-            sessions = {name: _session(paths[0], name) for name, paths in files.items()}
-            report = verify(r, refs, sessions, "onnx", precision, seed=seed)  # the ONNX graph, by onnxruntime
-            del sessions
-            facts["max_abs_diff"] = report.max_abs
+        # the module's outputs for every verification case, and its weights file: taken in a
+        # forked process beside the export where that pays (specc/export/reference.py), else
+        # here once the graph is saved; large outputs (a long case's logits) wait on disk, in the
+        # staging directory, until compared
+        spill = stage.tmp / ".references"
+        spill.mkdir()
+        with ReferenceJob(r, model, seed, spill, stage.tmp / "model.safetensors") as references:
+            files, optimizations = _export(clock, r, model, precision, opset, n_params, stage.tmp, ort_passes)
+            with clock.stage("verify") as facts:
+                from specc.export.verify import verify
+                from specc.malloc import trim
+
+                refs = references.result()
+                if references.seconds is not None:
+                    facts["reference_s"] = references.seconds
+                # then the module is released: the graph is loaded and run without a second copy
+                # of the weights beside it
+                _release(model)
+                del model
+                trim()  # the module's freed memory back to the system before onnxruntime loads its own copy
+                sessions = {name: _session(paths[0], name) for name, paths in files.items()}
+                report = verify(r, refs, sessions, "onnx", precision, seed=seed)  # the ONNX graph, by onnxruntime
+                del sessions
+                facts["max_abs_diff"] = report.max_abs
         with clock.stage("write"):
             graph_files = {sig.name: f"{sig.name}.onnx" for sig in r.graphs}
             engine_report, plans = None, {}

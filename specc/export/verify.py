@@ -161,6 +161,19 @@ class Spilled:
         with open(self.path, "wb") as f:
             np.ascontiguousarray(array).tofile(f)
 
+    @classmethod
+    def existing(cls, path: Path, shape: tuple[int, ...], dtype: np.dtype) -> Spilled:
+        """One written before (by another process: specc/export/reference.py), checked for size."""
+        self = cls.__new__(cls)
+        self.path, self.shape, self.dtype = Path(path), tuple(shape), np.dtype(dtype)
+        want = self.size * self.dtype.itemsize
+        if not self.path.is_file():
+            raise VerificationError(f"{self.path}: the spilled reference output is missing")
+        if self.path.stat().st_size != want:
+            raise VerificationError(f"{self.path}: the spilled reference output is {self.path.stat().st_size} bytes, "
+                                    f"not the {want} of {list(self.shape)} {self.dtype}")
+        return self
+
     @property
     def size(self) -> int:
         return math.prod(self.shape)
@@ -258,14 +271,15 @@ def _continued(steps: list[_Step]) -> set[tuple[str, str]]:
     return {s.prev for s in steps if s.prev} | {s.src for s in steps if s.src}
 
 
-def reference_outputs(r: ResolvedSpec, reference, seed: int = 0,
-                      spill: Path | None = None) -> dict[tuple[str, str], dict[str, np.ndarray | Spilled]]:
+def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | None = None,
+                      spill_all: bool = False) -> dict[tuple[str, str], dict[str, np.ndarray | Spilled]]:
     """The reference's outputs for every case, (graph, case) -> {output: array}: `reference` is
     the fp32 SpeccModel in eval mode, its caches fed from its own earlier outputs. A build takes
     these first, so that the module can be released before the graph is loaded for comparison.
     With `spill` (a directory), the outputs of a case that no later case reads, when they are
     SPILL_BYTES or more together (a long case's logits, or its many present.*), are written there
-    and come back as Spilled, read in chunks when compared."""
+    and come back as Spilled, read in chunks when compared; with `spill_all`, every output is
+    (the outputs of a forked reference run, specc/export/reference.py)."""
     import torch
 
     steps = _steps(r, seed)
@@ -284,10 +298,19 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0,
                 result = reference(**tensors)
             out[step.key] = {k: v.float().numpy() for k, v in result.items()}
             del result, tensors
-        if spill is not None and step.key not in continued and sum(v.nbytes for v in out[step.key].values()) >= SPILL_BYTES:
-            for k, v in out[step.key].items():
-                out[step.key][k] = Spilled(Path(spill) / f"{len(out)}.{k}.bin", v)
+        large = step.key not in continued and sum(v.nbytes for v in out[step.key].values()) >= SPILL_BYTES
+        if spill is not None and large:
+            _spill(out, step.key, spill)
+    if spill is not None and spill_all:  # the rest, once no later case reads them
+        for key in out:
+            _spill(out, key, spill)
     return out
+
+
+def _spill(out: dict, key: tuple[str, str], spill: Path) -> None:
+    for k, v in out[key].items():
+        if not isinstance(v, Spilled):
+            out[key][k] = Spilled(Path(spill) / f"{list(out).index(key) + 1}.{k}.bin", v)
 
 
 def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", precision: str = "fp32",

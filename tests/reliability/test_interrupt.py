@@ -203,3 +203,60 @@ def test_a_build_interrupted_inside_a_finalizer_stops_before_its_commit(spec, tm
     assert "Exception ignored" not in capfd.readouterr().err
     specc.build(spec, out)  # the hook was put back: the next build runs through
     assert is_complete_build(out)
+
+
+# --- Ctrl-C at a terminal, with the torch reference running in a forked child ------------------------
+
+# wide enough that the forked reference run (one thread, 2048 tokens) takes a second or two
+WIDE = DEC.replace("d_model: 64", "d_model: 1024").replace("heads: 4", "heads: 16") + \
+    "serving:\n  length: {min: 1, opt: 64, max: 2048}\n"
+
+
+def processes_with(token: str) -> list[int]:
+    """The processes whose environment holds `token` (a build and whatever it forked)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token.encode() in environ and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reference run is forked on Linux only")
+def test_ctrl_c_at_a_terminal_ends_the_build_and_its_reference_run(tmp_path):
+    spec = tmp_path / "wide.yaml"
+    spec.write_text(WIDE)
+    out = tmp_path / "out"
+    token = f"SPECC_TEST_TOKEN=ctrl-c-{os.getpid()}-{time.monotonic_ns()}"
+    env = {k: v for k, v in os.environ.items() if k != "SPECC_DEBUG"}
+    env.update({"SPECC_REFERENCE_PROCESS": "fork", "SPECC_TEST_TOKEN": token.split("=", 1)[1]})
+    # its own process group, as a shell gives a foreground job: a terminal's Ctrl-C reaches all of it
+    proc = subprocess.Popen([str(SPECC), "build", str(spec), "-o", str(out)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = []
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            if line.startswith("specc: build module "):
+                break
+        time.sleep(0.3)  # into the export; the child has a second or more of its run left
+        children = [p for p in processes_with(token) if p != proc.pid]
+        assert len(children) == 1, (children, err)  # the forked reference run, running
+        os.killpg(proc.pid, signal.SIGINT)
+        err.append(proc.stderr.read())
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(err)
+    assert rc == 130, text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert processes_with(token) == []
+    assert not out.exists()
+    assert leftovers(tmp_path, out) == []
