@@ -249,7 +249,8 @@ class _StageDisplay:
         if "max_abs_diff" in facts:
             detail = f"  max |onnxruntime - torch| {facts['max_abs_diff']:.2e}"
             if "reference_s" in facts:
-                detail += f" (the torch reference ran beside the export: {facts['reference_s']:.1f} s)"
+                detail += (f" (the torch reference ran beside the export: {facts['reference_s']:.1f} s, "
+                           f"{facts['reference_wait_s']:.1f} s of it waited for)")
         if "optimizations" in facts:
             from specc.report import optimization_text
 

@@ -170,7 +170,9 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
     check_memory(r, max_memory)
 
     with Staging(out) as stage, watch_interrupts():
-        model, n_params = _build_module(clock, r, weights_path, seed)
+        from specc.export.onnx import preload
+
+        model, n_params = _build_module(clock, r, weights_path, seed, preload())
         from specc.export.reference import ReferenceJob
 
         # the module's outputs for every verification case, and its weights file: taken in a
@@ -185,9 +187,11 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
                 from specc.export.verify import verify
                 from specc.malloc import trim
 
+                waited = time.perf_counter()
                 refs = references.result()
-                if references.seconds is not None:
+                if references.seconds is not None:  # forked: its time, and how long verify waited for it
                     facts["reference_s"] = references.seconds
+                    facts["reference_wait_s"] = round(time.perf_counter() - waited, 3)
                 # then the module is released: the graph is loaded and run without a second copy
                 # of the weights beside it
                 _release(model)
@@ -266,13 +270,17 @@ def _resolve(spec, precision: str | None) -> ResolvedSpec:
     return resolve(spec)
 
 
-def _build_module(clock: _Clock, r: ResolvedSpec, weights_path: Path | None, seed: int):
+def _build_module(clock: _Clock, r: ResolvedSpec, weights_path: Path | None, seed: int, preloading=None):
+    """The module, while `preloading` (specc.export.onnx.preload) imports the exporter beside it:
+    the stage ends when both are done, before the reference run is forked."""
     with clock.stage("build module") as facts:
         from specc.nn import to_torch
 
         model = to_torch(r, weights=weights_path, seed=seed)
         n_params = sum(p.numel() for p in model.parameters())
         facts["parameters"] = n_params
+        if preloading is not None:
+            preloading.join()
     return model, n_params
 
 

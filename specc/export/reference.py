@@ -185,8 +185,11 @@ class ReferenceJob:
                    else f"exited with status {os.waitstatus_to_exitcode(status)}")
             if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT:
                 return KeyboardInterrupt()
-            return BuildError(f"the reference run of the PyTorch module (a child process) {how}; "
-                              f"its log: {self.spill / LOG}")
+            if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+                how += " (by the system when it runs out of memory, or from outside)"
+            last = _last_line(self.spill / LOG)
+            return BuildError(f"the reference run of the PyTorch module (a child process) {how}"
+                              + (f"; its last words: {last}" if last else ""))
         if failure["type"] == "KeyboardInterrupt":
             return KeyboardInterrupt()
         cls = getattr(errors, failure["type"], None) if failure["specc"] else None
@@ -198,6 +201,17 @@ class ReferenceJob:
 
 def _entry(value, spill: Path) -> dict:
     return {"file": value.path.relative_to(spill).as_posix(), "shape": list(value.shape), "dtype": value.dtype.str}
+
+
+def _last_line(path: Path) -> str:
+    """The last line the child wrote (its log is removed with the staging directory)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
 
 
 def _write(path: Path, data: dict) -> None:

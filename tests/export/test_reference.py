@@ -109,11 +109,22 @@ def test_any_other_failure_in_the_child_is_a_build_error(tmp_path, monkeypatch):
 
 
 def test_a_child_killed_from_outside_fails_the_build(tmp_path, monkeypatch):
-    monkeypatch.setattr("specc.export.verify.reference_outputs", lambda *a, **k: time.sleep(60))
+    def talking(*a, **k):
+        print("case longest: 1024 tokens", flush=True)
+        time.sleep(60)
+
+    monkeypatch.setattr("specc.export.verify.reference_outputs", talking)
     with job(tmp_path) as j:
+        deadline = time.monotonic() + 30
+        log = j.spill / ref.LOG
+        while not (log.exists() and "longest" in log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
         os.kill(j.pid, signal.SIGKILL)
-        with pytest.raises(BuildError, match=r"\(a child process\) was killed by signal 9; its log: .*reference\.log"):
+        with pytest.raises(BuildError) as info:
             j.result()
+    assert str(info.value) == ("the reference run of the PyTorch module (a child process) was killed by signal 9 "
+                               "(by the system when it runs out of memory, or from outside); "
+                               "its last words: case longest: 1024 tokens")
 
 
 def test_leaving_early_kills_and_reaps_the_child(tmp_path, monkeypatch):
@@ -228,3 +239,30 @@ def test_spilled_outputs_read_back_are_checked_for_size(tmp_path):
         Spilled.existing(path, (2, 4), np.dtype("<f4"))
     with pytest.raises(VerificationError, match=r"gone\.bin: the spilled reference output is missing"):
         Spilled.existing(tmp_path / "gone.bin", (1,), np.dtype("<f4"))
+
+
+def test_the_exporter_is_imported_beside_the_module_and_before_the_fork(tmp_path, monkeypatch):
+    """A child forked while another thread holds an import lock could wait on it for ever: the
+    preloading thread (specc.export.onnx.preload) is done before the fork."""
+    import threading
+
+    monkeypatch.setenv(ref.ENV, "fork")
+    at_fork = []
+    real = ReferenceJob._fork
+
+    def recording(self):
+        at_fork.append([t.name for t in threading.enumerate()])
+        real(self)
+
+    monkeypatch.setattr(ReferenceJob, "_fork", recording)
+    specc.build("tiny-gpt2", tmp_path / "out")
+    assert len(at_fork) == 1 and "specc-preload" not in at_fork[0]
+
+
+def test_preload_imports_the_exporter_and_listing_the_passes_does_not():
+    code = ("import sys; from specc import pipeline; from specc.export import onnx as ox; "
+            "before = pipeline._ort_passes(False), 'onnx_ir' in sys.modules, 'torch._dynamo' in sys.modules; "
+            "ox.preload().join(); print(before, [m for m in ox.EXPORTER_MODULES if m not in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(['fuse_gelu'], False, False) []"

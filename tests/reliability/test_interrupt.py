@@ -245,9 +245,14 @@ def test_ctrl_c_at_a_terminal_ends_the_build_and_its_reference_run(tmp_path):
             err.append(line)
             if line.startswith("specc: build module "):
                 break
-        time.sleep(0.3)  # into the export; the child has a second or more of its run left
-        children = [p for p in processes_with(token) if p != proc.pid]
+        # the child is forked once the module is built and the exporter imported; it then has a
+        # second or more of its run left
+        deadline, children = time.monotonic() + 60, []
+        while not children and time.monotonic() < deadline and proc.poll() is None:
+            children = [p for p in processes_with(token) if p != proc.pid]
+            time.sleep(0.02)
         assert len(children) == 1, (children, err)  # the forked reference run, running
+        time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)
         err.append(proc.stderr.read())
         rc = proc.wait(timeout=60)

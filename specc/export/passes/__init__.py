@@ -9,13 +9,25 @@ The passes emit onnxruntime's com.microsoft operators, so they run for onnxrunti
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 
-from specc.export.passes import fuse_gelu
+
+def _lazy(name: str) -> Callable:
+    """The run(graph) of specc/export/passes/<name>.py, imported on its first call: the passes use
+    onnx_ir, whose import (0.5 s, sympy with it) a build makes beside the module's construction
+    (specc.export.onnx.preload), not when it lists the passes for its cache key."""
+
+    def run(graph) -> int:
+        return importlib.import_module(f"specc.export.passes.{name}").run(graph)
+
+    run.__name__ = run.__qualname__ = name
+    return run
+
 
 # name -> pass, in the order they run
 PASSES: dict[str, Callable] = {
-    "fuse_gelu": fuse_gelu.run,
+    "fuse_gelu": _lazy("fuse_gelu"),
 }
 
 
