@@ -9,8 +9,8 @@ the build (copy-on-write; nothing writes to them) and holds only its own activat
 torch on one thread beside the export and writes every output into the staging directory, where
 verification reads it back a chunk at a time (verify.Spilled).
 
-The fork is taken only on Linux, and only where the reference run is long enough to repay it
-(FORK_MIN_WORK); elsewhere the job runs in the build's own process when its result is asked for,
+The fork is taken only on Linux, only where the reference run is long enough to repay it
+(FORK_MIN_WORK), and only from a process with no other Python thread (forks()); elsewhere the job runs in the build's own process when its result is asked for,
 as builds did before. SPECC_REFERENCE_PROCESS=fork|inline overrides the choice (tests, debugging).
 
 The child never outlives the build: it is killed if the build stops before asking for the result
@@ -45,14 +45,20 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def forks(n_params: int, longest: int) -> bool:
-    """Whether a build of this size takes its reference run in a forked process."""
+    """Whether a build of this size takes its reference run in a forked process: on Linux, where
+    the run is long, and only from a process whose one Python thread is the build's (the CLI). A
+    program that calls specc.build() with threads of its own gets the run in its own process: a
+    child forked while one of those threads held a lock (an import, a log handler, an object of
+    theirs) could wait on it for ever. SPECC_REFERENCE_PROCESS=fork or inline decides instead."""
+    import threading
+
     choice = os.environ.get(ENV, "").strip().lower()
     if choice not in ("", "fork", "inline"):
         raise BuildError(f"{ENV}={os.environ[ENV]!r}: choose fork or inline (or leave it unset)")
     possible = sys.platform.startswith("linux") and hasattr(os, "fork")
     if choice:
         return choice == "fork" and possible
-    return possible and n_params * longest >= FORK_MIN_WORK
+    return possible and n_params * longest >= FORK_MIN_WORK and threading.active_count() == 1
 
 
 class ReferenceJob:
