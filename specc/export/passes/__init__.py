@@ -28,6 +28,7 @@ def _lazy(name: str) -> Callable:
 # name -> pass, in the order they run
 PASSES: dict[str, Callable] = {
     "fuse_gelu": _lazy("fuse_gelu"),
+    "fuse_attention": _lazy("fuse_attention"),
 }
 
 

@@ -11,57 +11,40 @@ import math
 
 import onnx_ir as ir
 
+from specc.export.passes.match import other_input, remove_unread, scalar, sole_reader
+
 DOMAIN = "com.microsoft"
-
-
-def _const(value: ir.Value | None) -> float | None:
-    if value is None or value.const_value is None:
-        return None
-    array = value.const_value.numpy()
-    return float(array.reshape(())) if array.size == 1 and array.dtype.kind == "f" else None
 
 
 def _is(value: float | None, want: float) -> bool:
     return value is not None and math.isclose(value, want, rel_tol=1e-4)
 
 
-def _single_use(value: ir.Value) -> ir.Node | None:
-    uses = list(value.uses())
-    return uses[0].node if len(uses) == 1 and not value.is_graph_output() else None
-
-
-def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
-    ins = list(node.inputs)
-    if len(ins) != 2 or value not in ins:
-        return None
-    return ins[1] if ins[0] is value else ins[0]
-
-
 def _match(erf: ir.Node):
     """(x, the nodes to remove, the node whose output is the GELU) or None."""
     scale = erf.inputs[0].producer() if erf.inputs[0] is not None else None
-    if scale is None or scale.domain != "" or _single_use(erf.inputs[0]) is not erf:
+    if scale is None or scale.domain != "" or sole_reader(erf.inputs[0]) is not erf:
         return None
-    if scale.op_type == "Div" and _is(_const(scale.inputs[1]), math.sqrt(2.0)):
+    if scale.op_type == "Div" and _is(scalar(scale.inputs[1]), math.sqrt(2.0)):
         x = scale.inputs[0]
     elif scale.op_type == "Mul":
-        x = next((i for i in scale.inputs if i is not None and not _is(_const(i), 1 / math.sqrt(2.0))), None)
-        if x is None or not _is(_const(_other(scale, x)), 1 / math.sqrt(2.0)):
+        x = next((i for i in scale.inputs if i is not None and not _is(scalar(i), 1 / math.sqrt(2.0))), None)
+        if x is None or not _is(scalar(other_input(scale, x)), 1 / math.sqrt(2.0)):
             return None
     else:
         return None
-    one = _single_use(erf.outputs[0])
-    if one is None or one.op_type != "Add" or not _is(_const(_other(one, erf.outputs[0])), 1.0):
+    one = sole_reader(erf.outputs[0])
+    if one is None or one.op_type != "Add" or not _is(scalar(other_input(one, erf.outputs[0])), 1.0):
         return None
-    first = _single_use(one.outputs[0])
+    first = sole_reader(one.outputs[0])
     if first is None or first.op_type != "Mul":
         return None
-    second = _single_use(first.outputs[0])
+    second = sole_reader(first.outputs[0])
     if second is None or second.op_type != "Mul":
         return None
-    a, b = _other(first, one.outputs[0]), _other(second, first.outputs[0])
+    a, b = other_input(first, one.outputs[0]), other_input(second, first.outputs[0])
     # (0.5 * (1 + erf)) * x  or  (x * (1 + erf)) * 0.5
-    if not ((_is(_const(a), 0.5) and b is x) or (a is x and _is(_const(b), 0.5))):
+    if not ((_is(scalar(a), 0.5) and b is x) or (a is x and _is(scalar(b), 0.5))):
         return None
     return x, [scale, erf, one, first, second], second
 
@@ -83,7 +66,7 @@ def run(graph: ir.Graph) -> int:
                 and len(list(x.uses())) == 2 and not x.is_graph_output()):
             consts = [i for i in producer.inputs if i is not None and i.const_value is not None and i.is_initializer()]
             if len(consts) == 1 and consts[0].const_value.numpy().ndim == 1:
-                other = _other(producer, consts[0])
+                other = other_input(producer, consts[0])
                 if other is not None:
                     inputs, name = [other, consts[0]], "BiasGelu"
                     removed.insert(0, producer)
@@ -91,8 +74,7 @@ def run(graph: ir.Graph) -> int:
         graph.insert_before(removed[0], fused)
         last.outputs[0].replace_all_uses_with(fused.outputs[0], replace_graph_outputs=True)
         fused.outputs[0].name, last.outputs[0].name = last.outputs[0].name, f"{last.outputs[0].name}.unfused"
-        for n in reversed(removed):
-            graph.remove(n, safe=True)
+        remove_unread(graph, removed)
         graph.opset_imports.setdefault(DOMAIN, 1)
         fired += 1
     return fired
