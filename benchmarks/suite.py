@@ -84,6 +84,33 @@ def matmul_peak(seconds: float = 2.0) -> float:
     return best
 
 
+def int8_matmul_peak(seconds: float = 2.0) -> float:
+    """int8 GOP/s of what specc's int8 graphs run: onnxruntime's DynamicQuantizeMatMul (the
+    activations quantized to uint8 at run time, int8 weights in the 7-bit range), best single call
+    at n x n x n for n = 1024 and 2048, counted as 2 n^3 like the fp32 probe."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng, best = np.random.default_rng(0), 0.0
+    for n in (1024, 2048):
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        weights = [numpy_helper.from_array(rng.integers(-63, 64, (n, n)).astype(np.int8), "b"),
+                   numpy_helper.from_array(np.full(n, 0.01, np.float32), "scale"),
+                   numpy_helper.from_array(np.zeros(n, np.int8), "zero")]
+        g = helper.make_graph([helper.make_node("DynamicQuantizeMatMul", ["a", "b", "scale", "zero"], ["c"],
+                                                domain="com.microsoft")], "qmm",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n])],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])], weights)
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+                                  ir_version=10)
+        sess = ort_session(model.SerializeToString(), threads=available_cpus())
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            sess.run(None, {"a": a})
+            best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
 def read_bandwidth(mb: int = 1024) -> float:
     """GB/s of reading a buffer much larger than the caches (torch sum on all CPUs), best of 5."""
     x = torch.ones(mb * 1024 * 1024 // 4, dtype=torch.float32)
@@ -479,6 +506,10 @@ def report(facts: dict, bert: dict, gen: dict, step: dict, builds: dict, plot: s
         "best of 5). \"Share of the floor\" = floor / median: an int8 / int4 variant can pass 100% (the "
         "floors are fp32's); an fp32 variant past 100% means the probe reads low.",
         "",
+        f"int8 matmul, probed the same way with onnxruntime's DynamicQuantizeMatMul (what specc's int8 graphs "
+        f"run): {facts['int8_gops']:.0f} GOP/s, {facts['int8_gops'] / peak:.2f}x the fp32 probe: about the most an "
+        "int8 build can gain over fp32 where all of its time is matmul at large sizes.",
+        "",
         "Every onnxruntime variant runs with onnxruntime's default threads (two here); the rows marked "
         "\"threads = CPUs\" set them explicitly, as a check that the setting is not what differs.",
         "",
@@ -643,6 +674,7 @@ def main() -> None:
     facts["bert_flops_per_token"] = {128: inspect_spec(specc.resolve(specc.load_spec("bert-base")), length=128)["flops_per_token"]}
     log("probes")
     facts["matmul_gflops"], facts["read_gbps"] = matmul_peak(), read_bandwidth()
+    facts["int8_gops"] = int8_matmul_peak()
     log("bert-base latency")
     bert = bert_latency(args.repeats, lengths)
     log("gpt2-small generation")
