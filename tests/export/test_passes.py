@@ -285,3 +285,14 @@ def test_fuse_attention_on_exported_graphs():
 
     model, _ = _exported("tiny-gpt2")
     assert passes.apply(model, ["fuse_attention"]) == {"fuse_attention": 0}
+
+
+def test_fuse_attention_needs_the_head_split_proven_by_the_shapes():
+    """A Reshape whose leading dims are unknown could fold the batch into the sequence: not fused."""
+    proto = _attention_graph()
+    for vi in proto.graph.value_info:
+        if vi.name in ("q3", "k3", "v3", "q4", "k4", "v4"):
+            for dim in vi.type.tensor_type.shape.dim[:2]:
+                dim.Clear()
+    model = ir.from_proto(proto)
+    assert passes.apply(model, ["fuse_attention"]) == {"fuse_attention": 0}

@@ -53,7 +53,10 @@ def _heads(split: ir.Value, perm: list[int]):
     if whole is None or parts is None or len(whole) != 3 or len(parts) != 4:
         return None
     h, d = parts[2], parts[3]
-    if not (isinstance(h, int) and isinstance(d, int) and whole[2] == h * d and whole[:2] == parts[:2]):
+    # the leading dims carried through: the same ints or the same named dims (unknown dims compare
+    # equal in onnx_ir, so they prove nothing)
+    if not (isinstance(h, int) and isinstance(d, int) and whole[2] == h * d and whole[:2] == parts[:2]
+            and all(isinstance(x, int) or x.value is not None for x in whole[:2])):
         return None
     return x3, h, d, [rs, tr]
 
