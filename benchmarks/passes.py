@@ -1,7 +1,7 @@
 """What each of specc's graph passes (specc/export/passes) buys: bert-base exported by specc, then
-run by onnxruntime with no pass, each pass alone and all of them, next to the plain route (the
-Hugging Face model through torch.onnx.export), interleaved in one process. Writes
-docs/benchmarks_passes.md.
+run by onnxruntime with no pass, each pass alone and all of them, and the int8 build of no pass and
+of all passes, next to the plain route (the Hugging Face model through torch.onnx.export),
+interleaved in one process. Writes docs/benchmarks_passes.md.
 
     .venv/bin/python benchmarks/passes.py [--repeats 20] [--batches 1 8]
 
@@ -57,7 +57,21 @@ def specc_variants(spec: str) -> dict[str, tuple[Path, dict]]:
         del proto.graph.value_info[:]
         onnx.save(proto, str(path))
         out[name] = (path, fired)
+    # the int8 build quantizes the graph the passes made: no pass against all of them
+    from specc.export.quantize import quantize
+
+    for name in ("specc, no pass", "specc, all passes" if len(passes.PASSES) > 1 else f"specc, {next(iter(passes.PASSES))} only"):
+        path, fired = out[name]
+        q = path.with_name(path.stem + "-int8.onnx")
+        q.write_bytes(path.read_bytes())
+        quantize(q, "int8", sig)
+        out[name.replace("specc,", "specc int8,")] = (q, fired)
     return out
+
+
+def _base(name: str) -> str:
+    """The variant a row is compared with: the same precision's graph with no pass."""
+    return "specc int8, no pass" if name.startswith("specc int8") else "specc, no pass"
 
 
 def main() -> None:
@@ -84,8 +98,8 @@ def main() -> None:
     for batch in args.batches:
         ids = rng.integers(1000, 20000, (batch, 128)).astype(np.int64)
         feeds = {name: feeds_for(s, ids) for name, s in sessions.items()}
-        ref = sessions["specc, no pass"].run(None, feeds["specc, no pass"])[0]
-        diffs = {name: float(np.abs(s.run(None, feeds[name])[0] - ref).max())
+        refs = {b: sessions[b].run(None, feeds[b])[0] for b in {_base(n) for n in sessions if n.startswith("specc")}}
+        diffs = {name: float(np.abs(s.run(None, feeds[name])[0] - refs[_base(name)]).max())
                  for name, s in sessions.items() if name.startswith("specc")}
         log(f"batch {batch}: timing")
         times = interleaved({name: (lambda s=s, f=feeds[name]: s.run(None, f)) for name, s in sessions.items()},
@@ -99,7 +113,8 @@ def main() -> None:
         "Written by `benchmarks/passes.py`; do not edit by hand. bert-base (random weights of the real "
         "shapes), sequence 128, onnxruntime CPU with all graph optimizations; every variant measured "
         "interleaved in one process (one call of each per round); medians, ranges and ratios to specc's "
-        "graph with no pass. specc builds run every pass listed under \"specc, all passes\" (or the one pass).",
+        "graph with no pass (its int8 build for the int8 rows: `--precision int8` quantizes the graph the "
+        "passes made). specc builds run every pass listed under \"specc, all passes\" (or the one pass).",
         "",
         f"Command: `{' '.join([Path(sys.executable).parent.parent.name + '/bin/python', 'benchmarks/passes.py'] + sys.argv[1:])}`",
         "",
@@ -111,13 +126,12 @@ def main() -> None:
                               for name, (_, fired) in variants.items()) + ".",
     ]
     for batch, times, diffs in rows:
-        base = med(times["specc, no pass"])
         lines += ["", f"Batch {batch}, sequence 128: medians of {args.repeats}.", "",
-                  "| variant | median | range | vs specc, no pass | max abs diff vs no pass |", "|---|---|---|---|---|"]
+                  "| variant | median | range | vs no pass (same precision) | max abs diff vs no pass |", "|---|---|---|---|---|"]
         for name, ts in times.items():
             diff = f"{diffs[name]:.1e}" if name in diffs else "-"
             lines.append(f"| {name} | {med(ts) * 1e3:.1f} ms | {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f} | "
-                         f"{med(ts) / base:.3f}x | {diff} |")
+                         f"{med(ts) / med(times[_base(name)]):.3f}x | {diff} |")
     out = write_atomic(args.out, "\n".join(lines) + "\n")
     log(f"wrote {out}")
 
