@@ -296,3 +296,13 @@ def test_fuse_attention_needs_the_head_split_proven_by_the_shapes():
                 dim.Clear()
     model = ir.from_proto(proto)
     assert passes.apply(model, ["fuse_attention"]) == {"fuse_attention": 0}
+
+
+def test_fuse_attention_leaves_a_mask_broadcast_over_the_batch():
+    proto = _attention_graph()
+    (mask,) = [i for i in proto.graph.input if i.name == "attention_mask"]
+    mask.type.tensor_type.shape.dim[0].Clear()
+    mask.type.tensor_type.shape.dim[0].dim_value = 1
+    proto = onnx.shape_inference.infer_shapes(proto)
+    model = ir.from_proto(proto)
+    assert passes.apply(model, ["fuse_attention"]) == {"fuse_attention": 0}

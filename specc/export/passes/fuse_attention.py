@@ -106,6 +106,8 @@ def _match(softmax: ir.Node) -> dict | None:
                _heads(pv.inputs[1], [0, 2, 1, 3]))
     if q is None or k is None or v is None or not q[1] == k[1] == v[1] or q[2] != k[2]:
         return None
+    if keep is not None and _dims(keep) != [_dims(q[0])[0], _dims(k[0])[1]]:
+        return None  # the kernel takes a [B,S] mask, not one broadcast over the batch
     back = sole_reader(pv.outputs[0])
     if back is None or back.op_type != "Transpose" or back.domain != "" or _perm(back) != [0, 2, 1, 3]:
         return None
