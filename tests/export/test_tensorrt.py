@@ -17,6 +17,8 @@ from specc.cli import main
 from specc.errors import BuildError
 from specc.export import tensorrt as trtx
 from specc.export import tensorrt_ops
+from specc import pipeline
+from specc.pipeline import _ort_passes as real_ort_passes
 from specc.pipeline import build
 from specc.spec.load import load_spec
 from specc.spec.resolve import resolve
@@ -26,12 +28,16 @@ HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory):
-    """Our real exported graphs: a decoder with KV cache and an encoder-decoder."""
+    """Our real exported graphs as the tensorrt target exports them (without the onnxruntime
+    passes, pipeline._ort_passes(engines=True)): a decoder with KV cache and an encoder-decoder.
+    (`build` itself refuses the tensorrt target where TensorRT is missing.)"""
     out = {}
-    for name in ("tiny-llama", "tiny-transformer"):
-        d = tmp_path_factory.mktemp("b") / name
-        build(name, d)
-        out[name] = {sig.name: onnx.load(str(d / f"{sig.name}.onnx")) for sig in resolve(load_spec(name)).graphs}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "_ort_passes", lambda engines: real_ort_passes(True))
+        for name in ("tiny-llama", "tiny-transformer"):
+            d = tmp_path_factory.mktemp("b") / name
+            build(name, d)
+            out[name] = {sig.name: onnx.load(str(d / f"{sig.name}.onnx")) for sig in resolve(load_spec(name)).graphs}
     return out
 
 
