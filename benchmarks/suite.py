@@ -76,11 +76,17 @@ def matmul_peak(seconds: float = 2.0) -> float:
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
         sess = ort_session(model.SerializeToString(), threads=available_cpus())
         for fn in (lambda: torch.mm(ta, tb), lambda: sess.run(None, {"a": a, "b": b})):
-            end = time.perf_counter() + seconds
-            while time.perf_counter() < end:
-                t0 = time.perf_counter()
-                fn()
-                best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
+            best = max(best, _best_rate(fn, 2 * n**3, seconds))
+    return best
+
+
+def _best_rate(fn, ops: int, seconds: float) -> float:
+    """G-ops per second of the fastest of the calls of `fn` made within `seconds`."""
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        fn()
+        best = max(best, ops / (time.perf_counter() - t0) / 1e9)
     return best
 
 
@@ -103,11 +109,7 @@ def int8_matmul_peak(seconds: float = 2.0) -> float:
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
                                   ir_version=10)
         sess = ort_session(model.SerializeToString(), threads=available_cpus())
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            t0 = time.perf_counter()
-            sess.run(None, {"a": a})
-            best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
+        best = max(best, _best_rate(lambda: sess.run(None, {"a": a}), 2 * n**3, seconds))
     return best
 
 
