@@ -16,6 +16,7 @@ import click
 
 from specc import __version__
 from specc.errors import Issue, SpeccError, SpecError
+from specc.interrupts import Terminated, terminate_as_interrupt
 
 
 def _emit_json(data: Any) -> None:
@@ -25,13 +26,17 @@ def _emit_json(data: Any) -> None:
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with terminate_as_interrupt():  # SIGTERM cleans up as Ctrl-C does
+                return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except SpeccError as exc:
             # spec errors are already FILE:LINE:COL: key: message lines
             click.echo(str(exc) if isinstance(exc, SpecError) else f"specc: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except Terminated:
+            click.echo("specc: terminated", err=True)
+            ctx.exit(143)
         except KeyboardInterrupt:
             click.echo("specc: interrupted", err=True)
             ctx.exit(130)

@@ -24,11 +24,12 @@ from typing import Any, Callable
 
 from specc import __version__
 from specc.errors import BuildError
-from specc.export.outdir import MANIFEST, Staging
+from specc.export.outdir import Staging
 from specc.fileio import write_atomic
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
 from specc.spec.dump import spec_to_data
+from specc.spec.manifest import MANIFEST, MANIFEST_VERSION
 from specc.spec.resolve import ResolvedSpec
 
 STAGES = ("load", "resolve", "build module", "export", "optimize", "save", "verify", "write")
@@ -38,7 +39,6 @@ _ONNX_PRECISIONS = ("fp32", "fp16", "int8", "int4")
 BUILT_PRECISIONS = {"onnx": _ONNX_PRECISIONS,  # what each target builds today
                     "triton": _ONNX_PRECISIONS,  # a repository of the onnx target's graphs
                     "tensorrt": ("fp32", "fp16")}  # bf16: onnxruntime (CPU) cannot verify the graph first
-MANIFEST_VERSION = 1
 DEFAULT_OPSET = 18  # see specc/export/onnx.py for why
 
 Progress = Callable[[str, str, dict], None]  # (stage, "start" | "done", facts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -223,6 +224,41 @@ def test_out_dir_that_is_not_a_build(tmp_path):
     assert "not a specc build" in result.stderr and str(out) in result.stderr
     assert listing(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_a_folder_with_another_manifest_is_refused_before_work(tmp_path):
+    """The data-loss report: a web app's folder, which has a manifest.json, was replaced whole."""
+    out = tmp_path / "webapp"
+    (out / "src").mkdir(parents=True)
+    (out / MANIFEST).write_text('{"manifest_version": 3}\n')
+    (out / "src" / "app.js").write_text("x")
+    before = listing(out)
+    result = run("build", SPEC, "-o", str(out), "-q")
+    assert result.exit_code == 1
+    assert f"{out / MANIFEST}: not a specc manifest" in result.stderr
+    assert "build module" not in result.stderr  # refused before any work
+    assert listing(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["webapp"]
+
+
+def test_a_rebuild_keeps_the_users_files_and_builds_through_a_link(first, tmp_path):
+    _, built = first
+    real = tmp_path / "real"
+    shutil.copytree(built, real)
+    (real / "NOTES.md").write_text("my notes")
+    (real / "results").mkdir()
+    (real / "results" / "eval.csv").write_text("1,2\n")
+    link = tmp_path / "link"
+    link.symlink_to("real")
+    old = json.loads((real / MANIFEST).read_text())
+    result = run("build", SPEC, "-o", str(link), "--seed", "1", "-q")  # another seed: a real rebuild
+    assert result.exit_code == 0, result.output
+    new = json.loads((real / MANIFEST).read_text())
+    assert new["options"]["weights"]["seed"] == 1 and new["artifacts"] != old["artifacts"]
+    assert (real / "NOTES.md").read_text() == "my notes"
+    assert (real / "results" / "eval.csv").read_text() == "1,2\n"
+    assert link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # no staging entry, no lock
 
 
 def test_unknown_target_is_bad_usage(tmp_path):

@@ -133,20 +133,22 @@ def export_graph(model: nn.Module, sig: GraphSig, example: dict[str, torch.Tenso
                 dynamic_shapes=(dynamic,), verbose=False,
             )
     except Exception as exc:  # the exporter raises many types; report it as a build failure
-        if _interrupted(exc):  # Ctrl-C inside torch.export comes back wrapped in its own error
-            raise KeyboardInterrupt from None
+        interrupt = _interrupt(exc)  # Ctrl-C or SIGTERM inside torch.export comes back wrapped in its own error
+        if interrupt is not None:
+            raise interrupt from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BuildError(f"export of the {sig.name} graph failed: {type(exc).__name__}: {first}") from exc
 
 
-def _interrupted(exc: BaseException) -> bool:
+def _interrupt(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (or Terminated) in exc's chain of causes, if any."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, KeyboardInterrupt):
-            return True
+            return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def optimize(program, prefolded: bool = False) -> dict:

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from specc.errors import BuildError, SpeccError
+from specc.interrupts import Terminated
 
 ENV = "SPECC_REFERENCE_PROCESS"
 # parameters x longest sequence (about half the reference run's FLOPs) from which the run is forked:
@@ -191,13 +192,15 @@ class ReferenceJob:
                    else f"exited with status {os.waitstatus_to_exitcode(status)}")
             if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT:
                 return KeyboardInterrupt()
+            if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM:
+                return Terminated()
             if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
                 how += " (by the system when it runs out of memory, or from outside)"
             last = _last_line(self.spill / LOG)
             return BuildError(f"the reference run of the PyTorch module (a child process) {how}"
                               + (f"; its last words: {last}" if last else ""))
-        if failure["type"] == "KeyboardInterrupt":
-            return KeyboardInterrupt()
+        if failure["type"] in ("KeyboardInterrupt", "Terminated"):
+            return Terminated() if failure["type"] == "Terminated" else KeyboardInterrupt()
         cls = getattr(errors, failure["type"], None) if failure["specc"] else None
         if isinstance(cls, type) and issubclass(cls, SpeccError) and cls is not errors.SpecError:
             return cls(failure["message"])

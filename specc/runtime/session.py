@@ -13,7 +13,6 @@ onnxruntime writes each step's present.* straight into them.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,6 +21,8 @@ import numpy as np
 from specc.deps import require_onnxruntime
 from specc.errors import SpeccError
 from specc.fileio import write_atomic
+from specc.spec import manifest as spec_manifest
+from specc.spec.manifest import MANIFEST
 
 # most capable first; onnxruntime would otherwise fall back silently
 PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
@@ -61,15 +62,17 @@ def session_options(ort, threads: int | None = None):
 
 
 def read_manifest(build_dir: str | Path) -> dict:
-    path = Path(build_dir) / "manifest.json"
+    path = Path(build_dir) / MANIFEST
     if not path.is_file():
-        raise RunError(f"{build_dir}: not a specc build (no manifest.json); run `specc build SPEC -o {build_dir}` first")
+        raise RunError(f"{build_dir}: not a specc build (no {MANIFEST}); run `specc build SPEC -o {build_dir}` first")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise RunError(f"{path}: cannot read the manifest ({exc})") from None
-    if not isinstance(manifest, dict) or "graphs" not in manifest or "spec" not in manifest:
-        raise RunError(f"{path}: not a specc manifest")
+        manifest = spec_manifest.read_manifest(path)
+    except OSError as exc:
+        raise RunError(f"{path}: cannot read the manifest ({exc.strerror})") from None
+    except spec_manifest.NotAManifest as exc:
+        raise RunError(f"{path}: {exc}") from None
+    if "graphs" not in manifest or "spec" not in manifest:
+        raise RunError(f"{path}: not a specc manifest (no 'graphs' or 'spec')")
     return manifest
 
 

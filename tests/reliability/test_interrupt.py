@@ -1,6 +1,6 @@
 """Interrupted and concurrent builds, in real processes.
 
-`specc build` is killed (SIGKILL, SIGINT) at seeded moments after a stage line appears on stderr;
+`specc build` is killed (SIGKILL, SIGINT, SIGTERM) at seeded moments after a stage line appears on stderr;
 DIR must then hold either the previous good build byte for byte, or a complete new build whose
 manifest hashes match its files, or nothing where there was nothing; the next build succeeds and
 leaves no staging directories. Two builds started together into one DIR: one wins, the other
@@ -58,6 +58,14 @@ def wait_for_stage(lines: queue.Queue, stage: str, timeout: float = 120) -> list
     raise AssertionError(f"no {stage!r} line within {timeout} s: {seen}")
 
 
+def drain(lines: queue.Queue, timeout: float = 30) -> str:
+    """The rest of a process's stderr, once it has ended."""
+    rest = []
+    while (line := lines.get(timeout=timeout)) is not None:
+        rest.append(line)
+    return "".join(rest)
+
+
 def listing(root: Path) -> dict[str, bytes] | None:
     if not root.exists():
         return None
@@ -85,11 +93,13 @@ def spec(tmp_path_factory) -> Path:
 
 # (signal, stage line to wait for, most seconds to wait after it): seeded delays inside the
 # following stage; "build module" reaches into export, "export" into optimize/verify, "verify"
-# into the write and the commit (rename) itself
+# into the write and the commit (rename) itself; "resolve" lands in the module's construction
 KILLS = [
     (signal.SIGINT, "build module", 2.0),
+    (signal.SIGTERM, "resolve", 1.0),
     (signal.SIGKILL, "verify", 0.05),
 ]
+EXIT = {signal.SIGINT: (130, "specc: interrupted"), signal.SIGTERM: (143, "specc: terminated")}
 
 
 def test_killed_builds_leave_the_previous_build_or_nothing(spec, tmp_path):
@@ -123,9 +133,12 @@ def test_killed_builds_leave_the_previous_build_or_nothing(spec, tmp_path):
             assert rc == 0 or is_complete_build(out), f"DIR is neither the old build nor a complete new one after {sig.name}"
             assert is_complete_build(out)
             good = now
-        if sig == signal.SIGINT and rc != 0:
-            assert rc == 130, (rc, seen)
-            assert leftovers(tmp_path, out) == []  # an interrupt cleans its own staging dir
+        if sig in EXIT and rc != 0:
+            code, line = EXIT[sig]
+            err = drain(lines)
+            assert rc == code, (rc, seen, err)
+            assert line in "".join(seen) + err and "Traceback" not in err
+            assert leftovers(tmp_path, out) == []  # Ctrl-C and SIGTERM clean their own staging dir
         outcomes.append((sig.name, stage, rc, now == good))
 
     # the next build succeeds and removes whatever killed builds left
@@ -137,7 +150,7 @@ def test_killed_builds_leave_the_previous_build_or_nothing(spec, tmp_path):
     assert leftovers(tmp_path, out) == []
     # the fresh build and the one interrupted mid-export were really stopped (the kill after
     # verify may land after the process finished: then DIR is its complete build, checked above)
-    assert outcomes[0][1] != 0 and outcomes[1][2] == 130, outcomes
+    assert outcomes[0][1] != 0 and outcomes[1][2] == 130 and outcomes[2][2] == 143, outcomes
 
 
 def test_two_builds_into_one_dir(spec, tmp_path):
@@ -265,3 +278,52 @@ def test_ctrl_c_at_a_terminal_ends_the_build_and_its_reference_run(tmp_path):
     assert processes_with(token) == []
     assert not out.exists()
     assert leftovers(tmp_path, out) == []
+
+
+# --- SIGTERM and the shield, in this process --------------------------------------------------------
+
+
+def test_sigterm_raises_terminated_only_inside_and_where_it_has_its_default_action():
+    from specc import interrupts
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with interrupts.terminate_as_interrupt():
+        with pytest.raises(interrupts.Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs at the next bytecode; never reached
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    mine = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: mine.append(1))
+    try:
+        with interrupts.terminate_as_interrupt():  # a program's own handler is left alone
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        assert mine == [1]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_shield_holds_signals_until_its_block_is_done():
+    from specc import interrupts
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.shielded():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("block")  # the interrupt did not cut it short
+    assert done == ["block"]
+    with interrupts.terminate_as_interrupt():
+        with pytest.raises(interrupts.Terminated):
+            with interrupts.shielded():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                done.append("again")
+    assert done == ["block", "again"]
+    # an error already leaving the block wins over a held signal
+    with pytest.raises(ValueError):
+        with interrupts.shielded():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            raise ValueError
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
