@@ -811,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     log("probe: " + ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in probe.items()) + f"; copy {bw:.0f} GB/s")
 
     import specc
-    from specc.inspect import inspect_spec
+    from specc.spec.costs import inspect_spec
 
     flops = {}
     with contextlib.suppress(Exception):

@@ -671,7 +671,7 @@ def main() -> None:
             specc_build(kind, force=True, precision=p)
         builds[kind] = {"specc_s": s_s, "specc_rss": s_rss, "optimum_s": o_s, "optimum_rss": o_rss,
                         "weights": (109_482_240 if kind == "bert-base" else 124_439_808) * 4}
-    from specc.inspect import inspect_spec
+    from specc.spec.costs import inspect_spec
 
     facts["bert_flops_per_token"] = {128: inspect_spec(specc.resolve(specc.load_spec("bert-base")), length=128)["flops_per_token"]}
     log("probes")

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import specc
-from specc.inspect import inspect_spec
+from specc.spec.costs import inspect_spec
 
 ROWS = Path(__file__).resolve().parent / "table3"
 ORDER = ["base", "a1", "a2", "a3", "a4", "b1", "b2", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "d1", "e", "big"]

@@ -141,7 +141,7 @@ def schema() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def inspect(spec: str, length: int | None, as_json: bool) -> None:
     """Parameters, FLOPs per token, KV-cache and weight bytes, and a per-layer table."""
-    from specc.inspect import inspect_spec
+    from specc.spec.costs import inspect_spec
     from specc.spec import load_spec, resolve
 
     facts = inspect_spec(resolve(load_spec(spec)), length)

@@ -493,7 +493,7 @@ def estimate_memory(r: ResolvedSpec) -> dict:
     """Bytes a build needs at its peak, from the spec alone: the fp32 weights held about four
     times (module, exported graph, onnxruntime session, weights file buffer) plus the
     verification activations at the longest case, plus a fixed 1 GiB for the libraries."""
-    from specc.inspect import inspect_spec
+    from specc.spec.costs import inspect_spec
 
     facts = inspect_spec(r)
     weights = facts["weight_bytes"]["fp32"]

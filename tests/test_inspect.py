@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from specc.cli import main
-from specc.inspect import inspect_spec
+from specc.spec.costs import inspect_spec
 from specc.spec import load_spec, resolve
 
 transformers = pytest.importorskip("transformers")

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 import specc
 from specc.errors import BuildError, WeightsError
 from specc.export.outdir import MANIFEST
-from specc.inspect import inspect_spec
+from specc.spec.costs import inspect_spec
 from specc.pipeline import STAGES, BuildResult, estimate_memory
 from specc.spec import load_spec, resolve
 from specc.weights import save_module

@@ -78,7 +78,7 @@ def test_inspect_piped_is_aligned_plain_text_with_the_json_numbers(runner, spec)
 def test_inspect_on_a_terminal_is_a_rich_table():
     from rich.console import Console
 
-    from specc.inspect import inspect_spec
+    from specc.spec.costs import inspect_spec
     from specc.spec import load_spec, resolve
 
     facts = inspect_spec(resolve(load_spec("tiny-gpt2")), None)

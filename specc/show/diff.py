@@ -41,7 +41,7 @@ def differences(a: ResolvedSpec, b: ResolvedSpec) -> list[dict[str, Any]]:
 
 def diff_specs(a: ResolvedSpec, b: ResolvedSpec) -> dict[str, Any]:
     """The facts `specc diff` prints (JSON keys per ../shared/design/cli.md)."""
-    from specc.inspect import inspect_spec
+    from specc.spec.costs import inspect_spec
 
     ia, ib = inspect_spec(a), inspect_spec(b)
     return {

@@ -600,7 +600,7 @@ def expand(fam: Family, resolved, heads: list[str]) -> dict[str, tuple[tuple[str
 
 def convert_tensors(fam: Family, config: dict, tensors: dict, resolved, where: str) -> dict:
     """specc's parameters from the checkpoint's tensors; every parameter filled, every tensor used."""
-    from specc.inspect import parameter_shapes
+    from specc.spec.costs import parameter_shapes
 
     shapes = parameter_shapes(resolved)
     table = expand(fam, resolved, [o.name for o in resolved.outputs])

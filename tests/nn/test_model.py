@@ -7,7 +7,7 @@ import torch
 
 import specc
 from specc.errors import WeightsError
-from specc.inspect import inspect_spec, parameter_shapes
+from specc.spec.costs import inspect_spec, parameter_shapes
 from specc.spec import resolve
 from specc.weights import save_module
 
