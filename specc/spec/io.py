@@ -1,0 +1,147 @@
+"""The IO contract of specc's graphs: the names, symbolic dims and dtypes of a graph's inputs and
+outputs, and the rules that connect one call to the next.
+
+    input_ids, attention_mask, [position_ids], [token_type_ids], past_key_values.N[.part].key/.value
+        -> graph ->  outputs (lm, hidden, ...), present.N[.part].key/.value
+    present.N[.part].*  becomes the next call's  past_key_values.N[.part].*
+
+`part` is "" in a decoder-only model, "decoder" for an encoder-decoder's own (growing) cache and
+"encoder" for its cross-attention K/V, which the encoder graph computes once. spec/resolve.py
+builds every GraphSig from these names; nn/, export/, runtime/, serving and the benchmarks read
+them here and spell none of it themselves.
+
+Torch-free. The array helpers take numpy arrays or torch tensors alike (they use only methods
+both have); numpy is imported for the dtype table alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+# symbolic dims; total_sequence = past_sequence + sequence
+BATCH, SEQ, PAST, TOTAL, ENC_SEQ = "batch", "sequence", "past_sequence", "total_sequence", "encoder_sequence"
+
+# input names
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+POSITION_IDS = "position_ids"
+TOKEN_TYPE_IDS = "token_type_ids"
+ENCODER_ATTENTION_MASK = "encoder_attention_mask"
+# the encoder graph's hidden output, read by nothing but the encoder-decoder's own plumbing
+LAST_HIDDEN_STATE = "last_hidden_state"
+
+PAST_PREFIX, PRESENT_PREFIX = "past_key_values", "present"
+SELF, OWN, CROSS = "", "decoder", "encoder"  # the cache parts
+KEY, VALUE = "key", "value"
+
+# the dtype names a signature uses, as numpy types
+NUMPY_DTYPES = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16}
+
+
+def float_dtype(precision: str) -> str:
+    """The dtype of a graph's float inputs and outputs at a build precision (integer builds keep
+    float32 at their edges)."""
+    return "float16" if precision == "fp16" else "float32"
+
+
+def numpy_dtype(name: str):
+    """The numpy type of a signature dtype name (bfloat16 and unknown names: float32)."""
+    return NUMPY_DTYPES.get(name, np.float32)
+
+
+@dataclass(frozen=True)
+class CacheSlot:
+    """One cache tensor: layer N, part ("" | "decoder" | "encoder"), key or value."""
+
+    layer: int
+    part: str
+    which: str
+
+    @property
+    def cross(self) -> bool:
+        """An encoder-decoder's cross-attention K/V: computed once, never grown."""
+        return self.part == CROSS
+
+    def name(self, prefix: str) -> str:
+        return f"{prefix}.{self.layer}{'.' + self.part if self.part else ''}.{self.which}"
+
+    @property
+    def past(self) -> str:
+        return self.name(PAST_PREFIX)
+
+    @property
+    def present(self) -> str:
+        return self.name(PRESENT_PREFIX)
+
+
+def cache_slots(layers: int, part: str = SELF) -> list[CacheSlot]:
+    """The cache tensors of `layers` layers, in signature order (layer by layer, key then value)."""
+    return [CacheSlot(i, part, which) for i in range(layers) for which in (KEY, VALUE)]
+
+
+def parse_cache(name: str) -> tuple[str, CacheSlot] | None:
+    """(prefix, slot) of a past_key_values.* or present.* name; None for any other name."""
+    prefix, _, rest = name.partition(".")
+    if prefix not in (PAST_PREFIX, PRESENT_PREFIX):
+        return None
+    fields = rest.split(".")
+    if len(fields) not in (2, 3) or not fields[0].isdigit() or fields[-1] not in (KEY, VALUE):
+        return None
+    part = fields[1] if len(fields) == 3 else SELF
+    if part not in (SELF, OWN, CROSS) or (len(fields) == 3 and part == SELF):
+        return None
+    return prefix, CacheSlot(int(fields[0]), part, fields[-1])
+
+
+def is_past(name: str) -> bool:
+    parsed = parse_cache(name)
+    return parsed is not None and parsed[0] == PAST_PREFIX
+
+
+def is_present(name: str) -> bool:
+    parsed = parse_cache(name)
+    return parsed is not None and parsed[0] == PRESENT_PREFIX
+
+
+def is_growing(name: str) -> bool:
+    """A past or present of a cache that grows by one position a step (not cross-attention K/V)."""
+    parsed = parse_cache(name)
+    return parsed is not None and not parsed[1].cross
+
+
+def present_to_past(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """A graph's present.* outputs as the next call's past_key_values.* inputs (a decoder's own
+    cache, or the encoder's cross-attention K/V for the decoder); other outputs are left out."""
+    out = {}
+    for name, value in outputs.items():
+        parsed = parse_cache(name)
+        if parsed is not None and parsed[0] == PRESENT_PREFIX:
+            out[parsed[1].past] = value
+    return out
+
+
+def layer_pasts(inputs: Mapping[str, Any], layers: int, part: str = SELF) -> list[tuple[Any, Any]] | None:
+    """Per layer (key, value) from past_key_values.N[.part].*, or None where none is given."""
+    slots = cache_slots(layers, part)
+    if slots[0].past not in inputs:
+        return None
+    return [(inputs[k.past], inputs[v.past]) for k, v in zip(slots[::2], slots[1::2])]
+
+
+def concrete_dims(dims: Iterable[int | str], sizes: Mapping[str, int]) -> list[int]:
+    """A signature's dims with the symbolic ones replaced from `sizes` (KeyError if one is missing)."""
+    return [d if isinstance(d, int) else sizes[d] for d in dims]
+
+
+def empty_cache_dims(dims: Iterable[int | str], batch: int) -> list[int]:
+    """The shape of a zero-length growing cache ([batch, heads, 0, head_dim]) for a prompt."""
+    return concrete_dims(dims, {BATCH: batch, PAST: 0})
+
+
+def positions_from_mask(mask, length: int):
+    """Position ids of the last `length` tokens from a [batch, total] 0/1 attention mask: each
+    token's count of attended tokens before it, so left padding does not shift positions (padding
+    itself gets 0)."""
+    return (mask.cumsum(-1) - 1).clip(min=0)[:, -length:]
