@@ -13,7 +13,7 @@ SERVE_VENV ?= .venv-serve
 BENCH_VENV ?= .venv-bench
 BENCH_ARGS ?=
 
-.PHONY: install install-serve test test-slow fuzz bench clean
+.PHONY: install install-serve lint test test-slow fuzz bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ install-serve:
 	$(SERVE_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(SERVE_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),serve]'
 	$(SERVE_VENV)/bin/specc --version
+
+# ruff, configured in pyproject.toml; .ci/run runs it before the tests
+lint:
+	$(VENV)/bin/ruff check .
 
 test:
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(PYTEST_ARGS)

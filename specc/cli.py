@@ -1,6 +1,6 @@
 """The `specc` command. The only module that prints to a user.
 
-Exit codes (../shared/design/cli.md): 0 success, 1 a user error (bad spec, bad input,
+Exit codes (docs/errors.md): 0 success, 1 a user error (bad spec, bad input,
 verification failure), 2 bad usage. No Python traceback ever reaches the user: specc's own
 errors print their located message; anything unexpected prints one line naming the error
 (SPECC_DEBUG=1 shows the traceback for a bug report).

@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from specc.show.diff import pct
+
 
 @dataclass
 class Table:
@@ -27,8 +32,6 @@ class Table:
         return lines
 
     def rich(self):
-        from rich.table import Table as RichTable
-
         table = RichTable(title=self.title)
         for i, col in enumerate(self.columns):
             table.add_column(col, justify="left" if i == 0 else "right")
@@ -134,8 +137,6 @@ def build_report(manifest: dict[str, Any], out_dir: str, cached: bool = False) -
 
 def diff_report(facts: dict[str, Any], label_a: str, label_b: str) -> list[Block]:
     """The blocks of `specc diff` from `diff_specs`' facts."""
-    from specc.show.diff import pct
-
     diffs = facts["differences"]
     blocks: list[Block] = [Table(f"{len(diffs)} differing fields", ["key", f"A: {label_a}", f"B: {label_b}"],
                                  [[d["key"], str(d["a"]), str(d["b"])] for d in diffs])
@@ -150,8 +151,6 @@ def diff_report(facts: dict[str, Any], label_a: str, label_b: str) -> list[Block
 def render(blocks: list[Block], console=None) -> None:
     """Write blocks to console (default: stdout): rich tables on a terminal, plain aligned text
     otherwise."""
-    from rich.console import Console
-
     console = console or Console()
     for block in blocks:
         if isinstance(block, Table):

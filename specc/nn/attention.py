@@ -222,7 +222,6 @@ class Attention(nn.Module):
 
     def _attention(self, q, k, v, allowed, q_idx, k_idx, rel_k, rel_v) -> torch.Tensor:
         """The attention written out op by op: the form torch.export records."""
-        s = self.spec
         scores = self._scores(q, k, rel_k)
         if self.alibi:
             dist = (q_idx[:, None] - k_idx[None, :]).abs().to(scores.dtype)  # [T, S]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from specc.spec.costs import inspect_spec
+from specc.spec.dump import spec_to_data
 from specc.spec.resolve import ResolvedSpec
 
 IDENTITY = ("name", "description", "extends")
@@ -31,8 +33,6 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 def differences(a: ResolvedSpec, b: ResolvedSpec) -> list[dict[str, Any]]:
     """[{"key", "a", "b"}] for every leaf that differs (None where one side lacks it), in the
     order the keys appear in A then B."""
-    from specc.spec.dump import spec_to_data
-
     fa, fb = flatten(spec_to_data(a.spec)), flatten(spec_to_data(b.spec))
     keys = list(fa) + [k for k in fb if k not in fa]
     return [{"key": k, "a": fa.get(k), "b": fb.get(k)} for k in keys
@@ -40,9 +40,7 @@ def differences(a: ResolvedSpec, b: ResolvedSpec) -> list[dict[str, Any]]:
 
 
 def diff_specs(a: ResolvedSpec, b: ResolvedSpec) -> dict[str, Any]:
-    """The facts `specc diff` prints (JSON keys per ../shared/design/cli.md)."""
-    from specc.spec.costs import inspect_spec
-
+    """The facts `specc diff` prints (JSON keys in docs/cli.md)."""
     ia, ib = inspect_spec(a), inspect_spec(b)
     return {
         "names": {"a": a.name, "b": b.name},

@@ -10,6 +10,7 @@ highlight them and tests can read the structure.
 """
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import graphviz
 
 from specc.errors import SpeccError
 from specc.fileio import write_atomic
+from specc.show.diff import differences, highlighted_nodes
 from specc.spec.resolve import ResolvedAttention, ResolvedSpec
 
 FORMATS = ("svg", "png", "dot")
@@ -193,8 +195,6 @@ def build_graph(r: ResolvedSpec, highlight: set[str] | None = None, title: str |
 def build_diff_graph(a: ResolvedSpec, b: ResolvedSpec) -> graphviz.Digraph:
     """B's diagram with the parts whose fields differ from A highlighted, and the differing
     fields listed under the title."""
-    from specc.show.diff import differences, highlighted_nodes
-
     diffs = differences(a, b)
     lines = [f"{b.name} against {a.name}"]
     lines += [f"{d['key']}: {d['a']} → {d['b']}" for d in diffs] or ["no differences"]
@@ -202,8 +202,6 @@ def build_diff_graph(a: ResolvedSpec, b: ResolvedSpec) -> graphviz.Digraph:
 
 
 def node_names(g: graphviz.Digraph) -> set[str]:
-    import re
-
     return set(re.findall(r"^\s*(\w+) \[", g.source, flags=re.M))
 
 

@@ -162,7 +162,7 @@ def _attention_flops(a: ResolvedAttention, r: ResolvedSpec, n: int) -> int:
 
 
 def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
-    """The facts `specc inspect` prints (JSON keys per ../shared/design/cli.md)."""
+    """The facts `specc inspect` prints (JSON keys in docs/cli.md)."""
     n = length or r.serving.length.opt
     shapes = parameter_shapes(r)
     by_component: dict[str, int] = {}

@@ -1,7 +1,7 @@
 """Derived quantities, computed in one place (used by the rules and by resolution)."""
 from __future__ import annotations
 
-from specc.spec.schema import AttentionSpec, ModelSpec
+from specc.spec.schema import AttentionSpec, HiddenOutput, LMOutput, ModelSpec
 
 
 def head_dims(att: AttentionSpec, d_model: int) -> tuple[int, int, int]:
@@ -33,8 +33,6 @@ def tied_kinds() -> tuple[str, ...]:
 def effective_outputs(spec: ModelSpec) -> list:
     """The outputs list, with the language's default where none is given: an lm head for
     anything with a decoder, the last hidden state for encoders."""
-    from specc.spec.schema import HiddenOutput, LMOutput
-
     if spec.outputs is not None:
         return list(spec.outputs)
     return [HiddenOutput()] if spec.architecture == "encoder" else [LMOutput()]

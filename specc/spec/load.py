@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from specc.errors import Issue, SpecError
 from specc.spec.schema import ModelSpec
-from specc.spec.yamlio import Located, parse_yaml
+from specc.spec.yamlio import MAX_SPEC_BYTES, Located, parse_yaml
 
 MAX_EXTENDS_DEPTH = 16
 
@@ -60,8 +60,6 @@ def find_spec(ref: str | os.PathLike) -> Path:
 
 
 def _read(path: Path, shown: str) -> str:
-    from specc.spec.yamlio import MAX_SPEC_BYTES
-
     try:
         size = path.stat().st_size
         if size > MAX_SPEC_BYTES:

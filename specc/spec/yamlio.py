@@ -11,6 +11,7 @@ dicts, lists and scalars, so that:
 """
 from __future__ import annotations
 
+import io
 import math
 import re
 from dataclasses import dataclass, field
@@ -156,8 +157,6 @@ def parse_yaml(text: str, file: str) -> Located:
 
 def dump_yaml(data: Any) -> str:
     """Plain data to block-style YAML, keys in the order given."""
-    import io
-
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
     yaml.sort_base_mapping_type_on_output = False

@@ -4,7 +4,6 @@ no child process outliving the build (an error, Ctrl-C, the build's process kill
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import subprocess

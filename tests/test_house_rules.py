@@ -1,0 +1,217 @@
+"""The rules of the house that no linter checks (docs/architecture.md draws the layers):
+
+- the runtime (specc/runtime/) imports neither nn/ nor export/ nor anything that does, not even
+  lazily, and opening it loads no torch;
+- a module imports at its top; an import inside a function is of a heavy or optional dependency
+  (HEAVY, or a specc module that imports one at its top), or in the CLI's start-up path
+  (specc/cli.py, where each command imports what it alone needs, and the package's own
+  specc/__init__.py, which `import specc` runs), or one of LAZY_FOR_A_REASON;
+- nothing in the repository links to a path outside it;
+- no top-level module of specc is named after a standard-library module.
+
+Static checks read the source with ast, so a lazy import counts as much as a top-level one.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "specc"
+# third-party modules that are slow to import, or that only some environments have
+HEAVY = {"torch", "onnx", "onnxscript", "onnx_ir", "onnxruntime", "transformers", "tensorrt", "tritonclient",
+         "pytriton", "safetensors", "matplotlib", "graphviz"}
+LAZY_ANYWHERE = {"specc/cli.py", "specc/__init__.py"}
+# (file, module): why it is imported inside a function
+LAZY_FOR_A_REASON = {
+    ("specc/spec/schema.py", "specc.spec.rules"): "the rule table is written against the schema; "
+                                                   "ModelSpec's validator runs it once both exist",
+}
+RUNTIME_MAY_NOT_REACH = ("specc.nn", "specc.export", "specc.pipeline", "specc.hf")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(path: Path, top_only: bool = False) -> list[tuple[str, int, bool]]:
+    """(module, line, at top level) for every import in a file; `from X import y` counts as X.y
+    where X.y is a specc module, else as X."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+
+    def visit(node, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, top) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                if base == "__future__":
+                    continue
+                for a in child.names:
+                    full = f"{base}.{a.name}"
+                    found.append((full if full in modules() else base, child.lineno, top))
+            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                continue  # annotations only
+            else:
+                visit(child, inner)
+
+    visit(tree, True)
+    return [f for f in found if not top_only or f[2]]
+
+
+def _is_type_checking(test) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def specc_targets(name: str) -> list[str]:
+    """The specc modules an import of `name` runs: the module and its parent packages."""
+    parts = name.split(".")
+    return [m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules()]
+
+
+@cache
+def heavy(name: str) -> bool:
+    """Whether importing module `name` imports a HEAVY module at some top level on the way."""
+    if name.split(".")[0] in HEAVY:
+        return True
+    if name not in modules():
+        return False
+    heavy.seen = getattr(heavy, "seen", set())
+    if name in heavy.seen:
+        return False  # a cycle: decided by its other members
+    heavy.seen.add(name)
+    try:
+        return any(heavy(t) for imp, _, _ in imports(modules()[name], top_only=True)
+                   for t in ([imp] if imp.split(".")[0] != "specc" else specc_targets(imp)))
+    finally:
+        heavy.seen.discard(name)
+
+
+def reach(start: str) -> set[str]:
+    """Every specc module importing `start` may run, lazy imports included."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in modules():
+            continue
+        seen.add(name)
+        for imp, _, _ in imports(modules()[name]):
+            if imp.split(".")[0] == "specc":
+                todo.extend(specc_targets(imp))
+    return seen
+
+
+# --- the runtime -------------------------------------------------------------------------------
+
+
+def test_the_runtime_reaches_neither_nn_nor_export():
+    runtime = [m for m in modules() if m == "specc.runtime" or m.startswith("specc.runtime.")]
+    assert len(runtime) > 2
+    for start in runtime:
+        bad = sorted(m for m in reach(start) if m.startswith(RUNTIME_MAY_NOT_REACH))
+        assert bad == [], f"{start} reaches {bad}"
+
+
+def test_opening_the_runtime_loads_no_torch():
+    script = ("import sys, json, pkgutil, importlib, specc.runtime\n"
+              "for m in pkgutil.iter_modules(specc.runtime.__path__):\n"
+              "    if m.name != 'serve': importlib.import_module('specc.runtime.' + m.name)\n"
+              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnx', 'onnxscript')"
+              " or m.startswith(('specc.nn', 'specc.export')))))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+def test_the_reach_check_can_fail():
+    """pipeline.py does import export/: the same walk finds it."""
+    assert any(m.startswith("specc.export") for m in reach("specc.pipeline"))
+
+
+# --- where imports go --------------------------------------------------------------------------
+
+
+def test_imports_are_at_the_top_unless_heavy_or_in_the_cli():
+    lazy = []
+    for name, path in sorted(modules().items()):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in LAZY_ANYWHERE:
+            continue
+        for imp, line, top in imports(path):
+            if top:
+                continue
+            targets = specc_targets(imp) if imp.split(".")[0] == "specc" else [imp]
+            if not any(heavy(t) for t in targets) and (rel, imp) not in LAZY_FOR_A_REASON:
+                lazy.append(f"{rel}:{line}: {imp}")
+    assert lazy == [], "imports inside functions of light modules (move them to the top):\n" + "\n".join(lazy)
+
+
+def test_the_heavy_check_sees_torch_through_specc():
+    assert heavy("specc.nn") and heavy("torch.nn")
+    assert not heavy("specc.spec.resolve") and not heavy("json")
+
+
+# --- the repository speaks of itself -----------------------------------------------------------
+
+OUTSIDE = "../" + "shared"  # the steering folder beside a checkout (spelled so this file does not match)
+TEXT = ("*.py", "*.md", "*.toml", "*.yaml", "*.txt", "Makefile", "*.cfg")
+LINK = re.compile(r"\]\(([^)#\s]+)")
+
+
+def repository_files() -> list[Path]:
+    skip = {".git", ".venv", ".venv-serve", ".venv-bench", "build", ".pytest_cache"}
+    out = []
+    for pattern in TEXT:
+        for p in ROOT.rglob(pattern):
+            rel = p.relative_to(ROOT)
+            if not (set(rel.parts) & skip) and not any(part.endswith(".egg-info") for part in rel.parts):
+                out.append(p)
+    return out
+
+
+def test_nothing_links_outside_the_repository():
+    outside = []
+    for path in repository_files():
+        text = path.read_text(errors="replace")
+        for i, line in enumerate(text.splitlines(), 1):
+            if OUTSIDE in line:
+                outside.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+        if path.suffix == ".md":
+            for target in LINK.findall(text):
+                if "://" in target or target.startswith("mailto:"):
+                    continue
+                resolved = (path.parent / target).resolve()
+                if ROOT not in resolved.parents and resolved != ROOT:
+                    outside.append(f"{path.relative_to(ROOT)}: link to {target}")
+    assert outside == []
+
+
+def test_no_top_level_module_is_named_after_the_standard_library():
+    names = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(names & set(sys.stdlib_module_names)) == []
+
+
+@pytest.mark.parametrize("name", ["inspect", "io"])
+def test_the_stdlib_check_knows_the_names(name):
+    assert name in sys.stdlib_module_names
