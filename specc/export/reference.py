@@ -3,8 +3,8 @@ taken in a forked process while the build exports the graph.
 
 Why: the export is single-threaded Python (torch.export's tracing and decompositions, the ONNX
 translation, the optimizer) and leaves a core idle for seconds, while the reference run is torch's
-own kernels at the spec's longest sequence: 3 s of gpt2-small's 22 s build on two cores, run after
-the export until now. Forked once the module is built, the child shares the module's weights with
+own kernels at the spec's longest sequence, which would otherwise run after the export (its share
+of a build: docs/build.md). Forked once the module is built, the child shares the module's weights with
 the build (copy-on-write; nothing writes to them) and holds only its own activations; it runs
 torch on one thread beside the export and writes every output into the staging directory, where
 verification reads it back a chunk at a time (verify.Spilled).
@@ -36,8 +36,8 @@ from specc.interrupts import Terminated
 
 ENV = "SPECC_REFERENCE_PROCESS"
 # parameters x longest sequence (about half the reference run's FLOPs) from which the run is forked:
-# below it the run takes well under a second and a fork (~50 ms with the parent's page tables)
-# buys little; gpt2-small is 1.3e11, bert-base 5.6e10, the tiny test specs below 1e9
+# below it the run is short and a fork (which copies the parent's page tables) buys little; the
+# test suite's tiny specs stay below it, the catalog's base-size models above
 FORK_MIN_WORK = 1e10
 INDEX = "index.json"
 FAILURE = "failure.json"

@@ -1,8 +1,8 @@
 """Export a deep stack by tracing two of its layers and repeating the second in the ONNX graph.
 
-torch.export and the ONNX exporter's decomposition retrace cost about a second per layer of a
-768-wide model on the 2-core reference machine (gpt2-small: 7.1 s traced with 2 layers, 18.7 s
-with 12), almost all of it symbolic shape reasoning that is the same in every layer. When every
+torch.export and the ONNX exporter's decomposition retrace cost grows with every layer traced
+(docs/export.md has the figures), almost all of it symbolic shape reasoning that is the same in
+every layer. When every
 layer of a stack after the first is configured alike, specc traces the model with the first two
 layers of that stack (the same parameter objects, no copy) and writes layers 2..N-1 into the
 graph as copies of layer 1's nodes, each reading its own layer's weights, its own cache inputs

@@ -205,9 +205,9 @@ def _randn_into(p: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 @contextlib.contextmanager
 def default_init_skipped():
     """Construct modules without torch's default initialisation of nn.Linear and nn.Embedding
-    (kaiming-uniform / normal draws that init_weights overwrites at once: 0.55 s of gpt2-small's
-    2.3 s construction). Their parameters hold whatever memory they were given until init_weights
-    fills every one."""
+    (kaiming-uniform / normal draws that init_weights overwrites at once, a quarter of a module's
+    construction). Their parameters hold whatever memory they were given until init_weights fills
+    every one."""
     saved = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding)}
     try:
         for cls in saved:

@@ -8,7 +8,7 @@ import pytest
 
 from specc.spec import schema
 from specc.spec.load import loads_spec
-from specc.spec.reference import EXAMPLES, REGENERATE, example_text, render
+from specc.spec.language_doc import EXAMPLES, REGENERATE, example_text, render
 from specc.spec.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[2]

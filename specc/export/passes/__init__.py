@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 def _lazy(name: str) -> Callable:
     """The run(graph) of specc/export/passes/<name>.py, imported on its first call: the passes use
-    onnx_ir, whose import (0.5 s, sympy with it) a build makes beside the module's construction
+    onnx_ir, whose slow import (sympy with it) a build makes beside the module's construction
     (specc.export.onnx.preload), not when it lists the passes for its cache key."""
 
     def run(graph) -> int:

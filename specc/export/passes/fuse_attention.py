@@ -11,8 +11,7 @@ scale, and mask_filter_value = fill. onnxruntime's CPU kernel adds the mask to t
 (0 where a key is kept, `fill` where not) before the softmax. specc's modules mask with the
 dtype's minimum, so a masked score rounds to that minimum as the Where gives it, and a row with
 nothing to attend to averages the values in both. The [B,H,T,S] scores never leave the kernel:
-one node instead of thirteen, sixteen with the bias Adds (bert-base, batch 8: about 85 ms of kernels
-become 60 in one profile).
+one node instead of thirteen, sixteen with the bias Adds (what it gains: docs/build.md).
 
 Where q3, k3 and v3 are each `Add(x, b)` with a constant 1-D bias that nothing else reads, the
 three biases become the node's `bias` input, added inside the kernel as it lays out the heads.

@@ -1,7 +1,7 @@
 """The language reference (docs/language.md), rendered from the pydantic models in schema.py so
 that it cannot drift from them. Regenerate with::
 
-    .venv/bin/python -m specc.spec.reference > docs/language.md
+    .venv/bin/python -m specc.spec.language_doc > docs/language.md
 
 Every example below is checked by tests/spec/test_reference_doc.py: it is appended to a small
 spec extending ``base`` and must load and resolve.
@@ -20,7 +20,7 @@ from pydantic_core import PydanticUndefined
 
 from specc.spec import schema
 
-REGENERATE = ".venv/bin/python -m specc.spec.reference > docs/language.md"
+REGENERATE = ".venv/bin/python -m specc.spec.language_doc > docs/language.md"
 
 
 # (title, base spec, YAML appended to `specc: 1 / name: example / extends: <base>`)
@@ -212,7 +212,7 @@ def render() -> str:
     lines = [
         "# The spec language (v1): reference",
         "",
-        "<!-- Generated from specc/spec/schema.py by specc/spec/reference.py; do not edit by hand.",
+        "<!-- Generated from specc/spec/schema.py by specc/spec/language_doc.py; do not edit by hand.",
         f"     Regenerate: {REGENERATE} -->",
         "",
         "A spec is a YAML mapping. Every mapping forbids unknown keys (a misspelt key is an error",
