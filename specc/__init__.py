@@ -26,8 +26,8 @@ def build(spec, out_dir, **options):
 
 def import_hf(src_dir, out_spec, *, name=None, force=False):
     """A Hugging Face checkpoint folder as OUT.yaml + OUT.safetensors; returns both paths
-    (see specc.weights.hf; `specc import hf`)."""
-    from specc.weights.hf import import_hf as _import
+    (see specc.importers.hf; `specc import hf`)."""
+    from specc.importers.hf import import_hf as _import
 
     return _import(src_dir, out_spec, name=name, force=force)
 

@@ -66,8 +66,8 @@ _exit_registered = False
 def _quick_exit() -> None:
     """At exit, have the interpreter's last garbage collections skip the objects still alive.
     Finalization otherwise walks every object that torch, its exporter, onnxscript and onnxruntime
-    created, several times: 1.7-1.9 s after a gpt2-small build, 0.3 s with them frozen. Objects
-    are still released by reference count, and atexit handlers run as before. Once per process."""
+    created, several times (what that costs: docs/build.md). Objects are still released by
+    reference count, and atexit handlers run as before. Once per process."""
     global _exit_registered
     if not _exit_registered:
         import atexit
@@ -334,7 +334,7 @@ def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as
 
     Anything in the config or the weights that specc cannot compute exactly is refused, naming
     the field."""
-    from specc.weights.hf import import_hf
+    from specc.importers.hf import import_hf
 
     spec_path, weights_path = import_hf(src_dir, out_spec, name=name, force=force)
     if as_json:

@@ -34,7 +34,7 @@ LAZY_FOR_A_REASON = {
     ("specc/spec/schema.py", "specc.spec.rules"): "the rule table is written against the schema; "
                                                    "ModelSpec's validator runs it once both exist",
 }
-RUNTIME_MAY_NOT_REACH = ("specc.nn", "specc.export", "specc.pipeline", "specc.hf")
+RUNTIME_MAY_NOT_REACH = ("specc.nn", "specc.export", "specc.pipeline", "specc.importers.hf")
 
 
 def module_name(path: Path) -> str:
@@ -109,17 +109,20 @@ def heavy(name: str) -> bool:
 
 
 def reach(start: str) -> set[str]:
-    """Every specc module importing `start` may run, lazy imports included."""
-    seen, todo = set(), [start]
+    """Every specc module importing `start` may run, lazy imports included. A package that is
+    imported only as the parent of a module runs its top level alone (specc/__init__.py's lazy
+    imports belong to its own functions, which the child never calls)."""
+    seen, todo = {}, [(start, True)]
     while todo:
-        name = todo.pop()
-        if name in seen or name not in modules():
+        name, whole = todo.pop()
+        if name not in modules() or seen.get(name, False) or (name in seen and not whole):
             continue
-        seen.add(name)
-        for imp, _, _ in imports(modules()[name]):
-            if imp.split(".")[0] == "specc":
-                todo.extend(specc_targets(imp))
-    return seen
+        seen[name] = whole
+        for imp, _, top in imports(modules()[name]):
+            if imp.split(".")[0] == "specc" and (whole or top):
+                *parents, target = specc_targets(imp)
+                todo.extend([(p, False) for p in parents] + [(target, True)])
+    return set(seen)
 
 
 # --- the runtime -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """safetensors I/O with a strict name, shape and dtype check.
 
 Only safetensors is read here (a format that cannot execute code); other checkpoint layouts go
-through the importers, which read `pytorch_model.bin` with torch.load(weights_only=True).
+through the importer (specc.importers.hf), which reads `pytorch_model.bin` with torch.load(weights_only=True).
 """
 from __future__ import annotations
 

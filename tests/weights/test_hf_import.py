@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 import specc  # noqa: E402
 from specc.runtime import Session  # noqa: E402
-from specc.weights.hf import CheckpointError, describe, import_hf  # noqa: E402
+from specc.importers.hf import CheckpointError, describe, import_hf  # noqa: E402
 
 SMALL = dict(vocab_size=99, max_position_embeddings=64)
 BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, initializer_range=0.2, **SMALL)
@@ -305,4 +305,4 @@ def test_existing_outputs_need_force(saved, tmp_path):
 
 def test_the_docs_print_the_mapping_tables():
     doc = (Path(__file__).parents[2] / "docs" / "import.md").read_text()
-    assert describe() in doc, "docs/import.md is out of date: paste specc.weights.hf.describe() into it"
+    assert describe() in doc, "docs/import.md is out of date: paste specc.importers.hf.describe() into it"

@@ -1,0 +1,23 @@
+"""`specc import hf`: a local Hugging Face checkpoint folder as a spec plus safetensors weights in
+specc's parameter names (docs/import.md, docs/weights.md), or a refusal naming what specc cannot
+compute exactly.
+
+Every parameter of the spec must come from the checkpoint and every tensor of the checkpoint must
+find its place (or be a buffer the family ignores), so an imported model never runs computing
+something else. The modules, lowest first:
+
+- table: the row types a family table is written in;
+- families: the tables of BERT, GPT-2, LLaMA-style and BART / mBART / Marian / Pegasus (data);
+- checkpoint: reading a folder (config.json, safetensors, pytorch_model.bin, index files);
+- convert: config -> spec, checkpoint tensors -> specc's parameters;
+- importer: the whole import, writing both files or neither;
+- docgen: the mapping tables of docs/import.md.
+
+This package sits above specc.nn, specc.spec and specc.weights; none of them imports it.
+"""
+from specc.importers.hf.checkpoint import CheckpointError, read_checkpoint
+from specc.importers.hf.convert import config_to_spec
+from specc.importers.hf.docgen import describe
+from specc.importers.hf.importer import import_hf
+
+__all__ = ["CheckpointError", "config_to_spec", "describe", "import_hf", "read_checkpoint"]

@@ -1,0 +1,333 @@
+"""The families specc imports, as tables (docs/import.md prints them: specc.importers.hf.describe()).
+
+Each family is one `Family` record (the row types are in specc.importers.hf.table):
+
+- fields: spec key <- config field (with a default where Hugging Face has one, and a converter);
+- fixed: what the family always is (GPT-2 is pre-norm with learned positions, ...);
+- refuse: config values specc cannot express, each with the values it can;
+- heads: the `architectures` entry -> the spec's outputs;
+- names: specc parameter name <- checkpoint tensor name(s) (+ a transform);
+- ignore: checkpoint buffers that carry no weights (causal-mask buffers, rotary inv_freq);
+- extra: the family's rules that are not one field to one key, stated in the hook's docstring.
+
+Contract: this module is data. It reads no files, imports no torch, and raises nothing at import;
+a hook refuses a config by raising ValueError (or KeyError for a missing field), which
+specc.importers.hf.convert reports against config.json.
+"""
+from __future__ import annotations
+
+from specc.importers.hf.table import Family, Field_, Name, Refuse, has_tensor, linear, lookup, norm, set_key
+
+# Hugging Face activation names (transformers' ACT2FN) that specc computes exactly.
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
+# LLaMA's MLP is act(gate(x)) * up(x): the gated forms
+GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_python": "geglu"}
+
+
+# --- BERT ---------------------------------------------------------------------------------------
+
+
+def _bert_heads_model(cfg: dict, tensors: dict) -> list:
+    outs = [{"kind": "hidden", "name": "last_hidden_state"}]
+    if has_tensor(tensors, "pooler.dense.weight", ("bert.", "")):
+        outs.append({"kind": "pooled", "name": "pooler_output", "pool": "first", "pooler": "tanh"})
+    return outs
+
+
+def _classes(cfg: dict) -> int:
+    if "id2label" in cfg:
+        return len(cfg["id2label"])
+    return int(cfg.get("num_labels", 2))
+
+
+BERT = Family(
+    model_types=("bert",),
+    architecture="encoder",
+    fields=(
+        Field_("d_model", "hidden_size"),
+        Field_("vocab.size", "vocab_size"),
+        Field_("vocab.type_size", "type_vocab_size", 2),
+        Field_("vocab.tie_output", "tie_word_embeddings", True),
+        Field_("position.max_length", "max_position_embeddings"),
+        Field_("norm.eps", "layer_norm_eps", 1e-12),
+        Field_("dropout.hidden", "hidden_dropout_prob", 0.1),
+        Field_("dropout.attention", "attention_probs_dropout_prob", 0.1),
+        Field_("encoder.layers", "num_hidden_layers"),
+        Field_("encoder.attention.heads", "num_attention_heads"),
+        Field_("encoder.ffn.d_ff", "intermediate_size"),
+        Field_("encoder.ffn.activation", "hidden_act", "gelu", lookup(ACTIVATIONS, "hidden_act")),
+        Field_("tokens.pad", "pad_token_id", None),
+    ),
+    fixed={"architecture": "encoder", "vocab": {"norm": True},
+           "position": {"kind": "learned"}, "norm": {"kind": "layernorm", "placement": "post"},
+           "encoder": {"attention": {"bias": True}, "ffn": {"bias": True}}},
+    refuse=(
+        Refuse("position_embedding_type", ("absolute",), "absolute",
+               "relative_key / relative_key_query are not Shaw et al.'s clipped relative positions"),
+        Refuse("is_decoder", (False,), False, "a BERT used as a causal decoder"),
+        Refuse("add_cross_attention", (False,), False, "BERT layers with cross-attention"),
+    ),
+    heads={
+        "BertModel": _bert_heads_model,
+        "BertForMaskedLM": lambda cfg, t: [{"kind": "hidden", "name": "last_hidden_state"},
+                                           {"kind": "mlm", "name": "logits"}],
+        "BertForSequenceClassification": lambda cfg, t: [
+            {"kind": "hidden", "name": "last_hidden_state"},
+            {"kind": "classifier", "name": "logits", "classes": _classes(cfg), "pool": "first", "pooler": "tanh"}],
+    },
+    names=(
+        Name("embeddings.tokens.weight", ("embeddings.word_embeddings.weight",)),
+        Name("embeddings.types.weight", ("embeddings.token_type_embeddings.weight",)),
+        Name("encoder.positions.weight", ("embeddings.position_embeddings.weight",)),
+        *norm("encoder.embed_norm", "embeddings.LayerNorm"),
+        *linear("encoder.layers.{i}.attention.q", "encoder.layer.{i}.attention.self.query", "encoder"),
+        *linear("encoder.layers.{i}.attention.k", "encoder.layer.{i}.attention.self.key", "encoder"),
+        *linear("encoder.layers.{i}.attention.v", "encoder.layer.{i}.attention.self.value", "encoder"),
+        *linear("encoder.layers.{i}.attention.o", "encoder.layer.{i}.attention.output.dense", "encoder"),
+        *norm("encoder.layers.{i}.attention_norm", "encoder.layer.{i}.attention.output.LayerNorm", "encoder"),
+        *linear("encoder.layers.{i}.ffn.up", "encoder.layer.{i}.intermediate.dense", "encoder"),
+        *linear("encoder.layers.{i}.ffn.down", "encoder.layer.{i}.output.dense", "encoder"),
+        *norm("encoder.layers.{i}.ffn_norm", "encoder.layer.{i}.output.LayerNorm", "encoder"),
+        *linear("heads.{head}.pooler", "pooler.dense"),
+        *linear("heads.{head}.transform", "cls.predictions.transform.dense"),
+        *norm("heads.{head}.norm", "cls.predictions.transform.LayerNorm"),
+        Name("heads.{head}.bias", ("cls.predictions.bias", "cls.predictions.decoder.bias")),
+        Name("heads.{head}.proj.weight", ("cls.predictions.decoder.weight", "classifier.weight")),
+        Name("heads.{head}.proj.bias", ("classifier.bias",)),
+    ),
+    prefixes=("bert.", ""),
+    ignore=(r"embeddings\.position_ids$", r"embeddings\.token_type_ids$"),
+)
+
+
+# --- GPT-2 --------------------------------------------------------------------------------------
+
+
+def _gpt2_extra(spec: dict, cfg: dict) -> None:
+    """`decoder.ffn.d_ff` = `n_inner`, else 4 x `n_embd`; `decoder.attention.score` = scaled_dot,
+    or dot when `scale_attn_weights` is false."""
+    d_ff = cfg.get("n_inner")
+    set_key(spec, "decoder.ffn.d_ff", d_ff if d_ff is not None else 4 * cfg["n_embd"])
+    set_key(spec, "decoder.attention.score", "scaled_dot" if cfg.get("scale_attn_weights", True) else "dot")
+
+
+GPT2 = Family(
+    model_types=("gpt2",),
+    architecture="decoder",
+    fields=(
+        Field_("d_model", "n_embd"),
+        Field_("vocab.size", "vocab_size"),
+        Field_("vocab.tie_output", "tie_word_embeddings", True),
+        Field_("position.max_length", "n_positions"),
+        Field_("norm.eps", "layer_norm_epsilon", 1e-5),
+        Field_("dropout.hidden", "resid_pdrop", 0.1),
+        Field_("dropout.attention", "attn_pdrop", 0.1),
+        Field_("decoder.layers", "n_layer"),
+        Field_("decoder.attention.heads", "n_head"),
+        Field_("decoder.ffn.activation", "activation_function", "gelu_new", lookup(ACTIVATIONS, "activation_function")),
+        Field_("tokens.bos", "bos_token_id", None),
+        Field_("tokens.eos", "eos_token_id", None),
+        Field_("tokens.pad", "pad_token_id", None),
+    ),
+    fixed={"architecture": "decoder", "position": {"kind": "learned"},
+           "norm": {"kind": "layernorm", "placement": "pre", "final": True},
+           "decoder": {"attention": {"bias": True}, "ffn": {"bias": True}}},
+    refuse=(
+        Refuse("scale_attn_by_inverse_layer_idx", (False,), False, "scores divided by the layer index"),
+        Refuse("add_cross_attention", (False,), False, "GPT-2 layers with cross-attention"),
+    ),
+    heads={"GPT2LMHeadModel": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    names=(
+        Name("embeddings.tokens.weight", ("wte.weight",)),
+        Name("decoder.positions.weight", ("wpe.weight",)),
+        *norm("decoder.layers.{i}.attention_norm", "h.{i}.ln_1", "decoder"),
+        Name("decoder.layers.{i}.attention.q.weight", ("h.{i}.attn.c_attn.weight",), "qkv0", "decoder"),
+        Name("decoder.layers.{i}.attention.k.weight", ("h.{i}.attn.c_attn.weight",), "qkv1", "decoder"),
+        Name("decoder.layers.{i}.attention.v.weight", ("h.{i}.attn.c_attn.weight",), "qkv2", "decoder"),
+        Name("decoder.layers.{i}.attention.q.bias", ("h.{i}.attn.c_attn.bias",), "qkv0", "decoder"),
+        Name("decoder.layers.{i}.attention.k.bias", ("h.{i}.attn.c_attn.bias",), "qkv1", "decoder"),
+        Name("decoder.layers.{i}.attention.v.bias", ("h.{i}.attn.c_attn.bias",), "qkv2", "decoder"),
+        *linear("decoder.layers.{i}.attention.o", "h.{i}.attn.c_proj", "decoder", "transpose"),
+        *norm("decoder.layers.{i}.ffn_norm", "h.{i}.ln_2", "decoder"),
+        *linear("decoder.layers.{i}.ffn.up", "h.{i}.mlp.c_fc", "decoder", "transpose"),
+        *linear("decoder.layers.{i}.ffn.down", "h.{i}.mlp.c_proj", "decoder", "transpose"),
+        *norm("decoder.final_norm", "ln_f"),
+        Name("heads.{head}.proj.weight", ("lm_head.weight",)),
+    ),
+    prefixes=("transformer.", ""),
+    ignore=(r"h\.\d+\.attn\.(masked_)?bias$",),
+    extra=_gpt2_extra,
+)
+
+
+# --- LLaMA --------------------------------------------------------------------------------------
+
+
+def _llama_extra(spec: dict, cfg: dict) -> None:
+    """`decoder.attention.d_k` = `head_dim` where it is not hidden_size / heads; `position.base` =
+    `rope_theta` (or `rope_parameters.rope_theta`); `position.fraction` = `partial_rotary_factor`;
+    a `rope_scaling` / `rope_parameters` rope_type other than default is refused."""
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None and head_dim * heads != cfg["hidden_size"]:
+        set_key(spec, "decoder.attention.d_k", head_dim)
+    scaling = cfg.get("rope_scaling") or {}
+    params = cfg.get("rope_parameters") or {}
+    kind = scaling.get("rope_type", scaling.get("type")) or params.get("rope_type") or "default"
+    if kind != "default":
+        field_name = "rope_scaling" if scaling else "rope_parameters"
+        raise ValueError(f"{field_name}.rope_type {kind!r}: specc implements plain rotary positions "
+                         "(rope_type 'default') only")
+    theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
+    set_key(spec, "position.base", float(theta))
+    fraction = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    set_key(spec, "position.fraction", float(fraction))
+
+
+LLAMA = Family(
+    model_types=("llama",),
+    architecture="decoder",
+    fields=(
+        Field_("d_model", "hidden_size"),
+        Field_("vocab.size", "vocab_size"),
+        Field_("vocab.tie_output", "tie_word_embeddings", False),
+        Field_("position.max_length", "max_position_embeddings", 2048),
+        Field_("norm.eps", "rms_norm_eps", 1e-6),
+        Field_("dropout.attention", "attention_dropout", 0.0),
+        Field_("decoder.layers", "num_hidden_layers"),
+        Field_("decoder.attention.heads", "num_attention_heads"),
+        Field_("decoder.attention.kv_heads", "num_key_value_heads", None),
+        Field_("decoder.attention.bias", "attention_bias", False),
+        Field_("decoder.ffn.d_ff", "intermediate_size"),
+        Field_("decoder.ffn.activation", "hidden_act", "silu", lookup(GATED, "hidden_act")),
+        Field_("decoder.ffn.bias", "mlp_bias", False),
+        Field_("tokens.bos", "bos_token_id", None),
+        Field_("tokens.eos", "eos_token_id", None),
+        Field_("tokens.pad", "pad_token_id", None),
+    ),
+    fixed={"architecture": "decoder", "position": {"kind": "rotary"}, "dropout": {"hidden": 0.0},
+           "norm": {"kind": "rmsnorm", "placement": "pre", "final": True}},
+    refuse=(),
+    heads={"LlamaForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    names=(
+        Name("embeddings.tokens.weight", ("embed_tokens.weight",)),
+        *linear("decoder.layers.{i}.attention.q", "layers.{i}.self_attn.q_proj", "decoder"),
+        *linear("decoder.layers.{i}.attention.k", "layers.{i}.self_attn.k_proj", "decoder"),
+        *linear("decoder.layers.{i}.attention.v", "layers.{i}.self_attn.v_proj", "decoder"),
+        *linear("decoder.layers.{i}.attention.o", "layers.{i}.self_attn.o_proj", "decoder"),
+        *norm("decoder.layers.{i}.attention_norm", "layers.{i}.input_layernorm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.ffn_norm", "layers.{i}.post_attention_layernorm", "decoder", bias=False),
+        *linear("decoder.layers.{i}.ffn.gate", "layers.{i}.mlp.gate_proj", "decoder"),
+        *linear("decoder.layers.{i}.ffn.up", "layers.{i}.mlp.up_proj", "decoder"),
+        *linear("decoder.layers.{i}.ffn.down", "layers.{i}.mlp.down_proj", "decoder"),
+        *norm("decoder.final_norm", "norm", bias=False),
+        Name("heads.{head}.proj.weight", ("lm_head.weight",)),
+    ),
+    prefixes=("model.", ""),
+    ignore=(r"rotary_emb\.inv_freq$",),
+    extra=_llama_extra,
+)
+
+
+# --- Marian / BART / mBART / Pegasus: encoder-decoders ------------------------------------------
+
+
+def _seq2seq_extra(spec: dict, cfg: dict) -> None:
+    """By `model_type`: bart / mbart have learned positions (the checkpoint's first 2 rows are
+    an offset and are dropped) and an embedding LayerNorm; marian / pegasus fixed sinusoids in
+    the halves layout (a stored table must equal the formula). mbart / pegasus are pre-norm with
+    a final norm per stack, bart / marian post-norm; LayerNorm eps 1e-5. `decoder_vocab_size`
+    other than `vocab_size`, or `share_encoder_decoder_embeddings: false`, gives
+    `vocab.share: false` and `vocab.target_size`. `final_logits_bias` must be zero."""
+    mt = cfg["model_type"]
+    if mt in ("bart", "mbart"):
+        # BART's learned table has 2 extra rows in front: position p reads row p + 2
+        spec["position"] = {"kind": "learned", "max_length": cfg["max_position_embeddings"]}
+    else:  # marian, pegasus: fixed sinusoids, every sine before the cosines
+        spec["position"] = {"kind": "sinusoidal", "layout": "halves", "base": 10000.0,
+                            "max_length": cfg["max_position_embeddings"]}
+    pre = mt in ("mbart", "pegasus")
+    spec["norm"] = {"kind": "layernorm", "placement": "pre" if pre else "post", "eps": 1e-5, "final": pre}
+    set_key(spec, "vocab.norm", mt in ("bart", "mbart"))
+    target = cfg.get("decoder_vocab_size") or cfg["vocab_size"]
+    share = cfg.get("share_encoder_decoder_embeddings", True)
+    if target != cfg["vocab_size"] or not share:
+        set_key(spec, "vocab.share", False)
+        set_key(spec, "vocab.target_size", target)
+
+
+_ENC = "encoder.layers.{i}."
+_DEC = "decoder.layers.{i}."
+
+
+def _attn(specc: str, hf: str, stack: str) -> tuple[Name, ...]:
+    return (*linear(specc + ".q", hf + ".q_proj", stack), *linear(specc + ".k", hf + ".k_proj", stack),
+            *linear(specc + ".v", hf + ".v_proj", stack), *linear(specc + ".o", hf + ".out_proj", stack))
+
+
+SEQ2SEQ = Family(
+    model_types=("bart", "mbart", "marian", "pegasus"),
+    architecture="encoder-decoder",
+    fields=(
+        Field_("d_model", "d_model"),
+        Field_("vocab.size", "vocab_size"),
+        Field_("vocab.tie_output", "tie_word_embeddings", True),
+        Field_("vocab.scale", "scale_embedding", False, lambda v: "sqrt_d_model" if v else "none"),
+        Field_("dropout.hidden", "dropout", 0.1),
+        Field_("dropout.attention", "attention_dropout", 0.0),
+        Field_("encoder.layers", "encoder_layers"),
+        Field_("encoder.attention.heads", "encoder_attention_heads"),
+        Field_("encoder.ffn.d_ff", "encoder_ffn_dim"),
+        Field_("encoder.ffn.activation", "activation_function", "gelu", lookup(ACTIVATIONS, "activation_function")),
+        Field_("decoder.layers", "decoder_layers"),
+        Field_("decoder.attention.heads", "decoder_attention_heads"),
+        Field_("decoder.ffn.d_ff", "decoder_ffn_dim"),
+        Field_("decoder.ffn.activation", "activation_function", "gelu", lookup(ACTIVATIONS, "activation_function")),
+        Field_("tokens.bos", "bos_token_id", None),
+        Field_("tokens.eos", "eos_token_id", None),
+        Field_("tokens.pad", "pad_token_id", None),
+        Field_("tokens.decoder_start", "decoder_start_token_id", None),
+    ),
+    fixed={"architecture": "encoder-decoder",
+           "encoder": {"attention": {"bias": True}, "ffn": {"bias": True}},
+           "decoder": {"attention": {"bias": True}, "ffn": {"bias": True}}},
+    refuse=(
+        Refuse("add_final_layer_norm", (False, None), None, "an old BART option"),
+        Refuse("normalize_before", (None,), None, "an old BART/Marian option; current configs fix the placement by model_type"),
+        Refuse("static_position_embeddings", (None,), None, "an old BART/Marian option"),
+        Refuse("add_bias_logits", (False, None), None, "a bias on the output logits"),
+    ),
+    heads={name: (lambda cfg, t: [{"kind": "lm", "name": "logits"}])
+           for name in ("BartForConditionalGeneration", "MBartForConditionalGeneration", "MarianMTModel",
+                        "PegasusForConditionalGeneration")},
+    names=(
+        Name("embeddings.tokens.weight", ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")),
+        Name("embeddings.target_tokens.weight", ("decoder.embed_tokens.weight",)),
+        Name("encoder.positions.weight", ("encoder.embed_positions.weight",), "offset2"),
+        Name("decoder.positions.weight", ("decoder.embed_positions.weight",), "offset2"),
+        *norm("encoder.embed_norm", "encoder.layernorm_embedding"),
+        *norm("decoder.embed_norm", "decoder.layernorm_embedding"),
+        *_attn(_ENC + "attention", "encoder.layers.{i}.self_attn", "encoder"),
+        *norm(_ENC + "attention_norm", "encoder.layers.{i}.self_attn_layer_norm", "encoder"),
+        *linear(_ENC + "ffn.up", "encoder.layers.{i}.fc1", "encoder"),
+        *linear(_ENC + "ffn.down", "encoder.layers.{i}.fc2", "encoder"),
+        *norm(_ENC + "ffn_norm", "encoder.layers.{i}.final_layer_norm", "encoder"),
+        *_attn(_DEC + "attention", "decoder.layers.{i}.self_attn", "decoder"),
+        *norm(_DEC + "attention_norm", "decoder.layers.{i}.self_attn_layer_norm", "decoder"),
+        *_attn(_DEC + "cross_attention", "decoder.layers.{i}.encoder_attn", "decoder"),
+        *norm(_DEC + "cross_attention_norm", "decoder.layers.{i}.encoder_attn_layer_norm", "decoder"),
+        *linear(_DEC + "ffn.up", "decoder.layers.{i}.fc1", "decoder"),
+        *linear(_DEC + "ffn.down", "decoder.layers.{i}.fc2", "decoder"),
+        *norm(_DEC + "ffn_norm", "decoder.layers.{i}.final_layer_norm", "decoder"),
+        *norm("encoder.final_norm", "encoder.layer_norm"),
+        *norm("decoder.final_norm", "decoder.layer_norm"),
+        Name("heads.{head}.proj.weight", ("lm_head.weight",)),
+    ),
+    prefixes=("model.", ""),
+    zero=("final_logits_bias",),
+    extra=_seq2seq_extra,
+)
+
+FAMILIES = (BERT, GPT2, LLAMA, SEQ2SEQ)
+BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}

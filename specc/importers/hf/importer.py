@@ -1,0 +1,83 @@
+"""The whole import: a checkpoint folder -> OUT.yaml + OUT.safetensors, both or neither.
+
+Contract: `import_hf(src, out_spec)` reads the folder (specc.importers.hf.checkpoint), converts its config
+and tensors (specc.importers.hf.convert), validates and resolves the spec it writes, and only then writes
+the weights and, atomically, the spec, whose `weights:` key names the safetensors file beside it.
+Any failure raises CheckpointError (or the spec's own error) and leaves no file behind; existing
+files are replaced only with force=True.
+
+The spec is written sparse (only what the import set) in the order people read a spec in, not
+with specc.spec.dump: that dumps a whole ModelSpec with every default filled and orders only
+`kind:` first, which would make a different, much longer file.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from specc.fileio import write_atomic
+from specc.importers.hf.checkpoint import CheckpointError, read_checkpoint
+from specc.importers.hf.convert import config_to_spec, convert_tensors, family_of
+from specc.spec import loads_spec, resolve
+from specc.spec.yamlio import dump_yaml
+
+
+def _name_from(src: Path) -> str:
+    name = re.sub(r"[^a-z0-9._-]+", "-", src.resolve().name.lower()).strip("-._")
+    return name or "imported"
+
+
+def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str | None = None,
+              force: bool = False) -> tuple[Path, Path]:
+    """Write OUT.yaml and OUT.safetensors (beside it) for the checkpoint folder SRC; returns both
+    paths. Nothing is written unless the import succeeds and the spec validates."""
+    from specc.weights.io import save_tensors  # imports torch
+
+    src, out_spec = Path(src), Path(out_spec)
+    if out_spec.suffix not in (".yaml", ".yml"):
+        raise CheckpointError(f"{out_spec}: the spec file must end in .yaml or .yml")
+    weights = out_spec.with_suffix(".safetensors")
+    if not force:
+        for p in (out_spec, weights):
+            if p.exists():
+                raise CheckpointError(f"{p} exists; pass --force (force=True) to replace it")
+    if not out_spec.parent.is_dir():
+        raise CheckpointError(f"{out_spec.parent}: no such directory")
+    config, tensors = read_checkpoint(src)
+    where = str(src / "config.json")
+    data = config_to_spec(config, tensors, name or _name_from(src), where)
+    arch = (config.get("architectures") or ["?"])[0]
+    data = {"specc": 1, "name": data.pop("name"),
+            "description": f"Imported from a Hugging Face {arch} checkpoint (model_type {config.get('model_type')}) by specc import hf",
+            **{k: v for k, v in data.items() if k != "specc"}, "weights": weights.name}
+    text = dump_yaml(_reading_order(data))
+    spec = loads_spec(text, file=str(out_spec), base_dir=out_spec.parent)
+    resolved = resolve(spec)
+    fam, _ = family_of(config, where)
+    params = convert_tensors(fam, config, tensors, resolved, where)
+    save_tensors(params, weights)
+    try:
+        write_atomic(out_spec, text)
+    except BaseException:
+        weights.unlink(missing_ok=True)
+        raise
+    return out_spec, weights
+
+
+# the order people read a spec in (the language doc's); other keys keep theirs, after these
+_TOP = ("specc", "name", "description", "architecture", "d_model", "vocab", "position", "norm", "dropout",
+        "encoder", "decoder", "outputs", "tokens", "weights", "serving")
+_NESTED = ("kind", "name", "size", "target_size", "type_size", "share", "tie_output", "scale", "norm",
+           "max_length", "base", "layout", "fraction", "placement", "eps", "final", "hidden", "layers",
+           "attention", "heads", "kv_heads", "d_k", "score", "bias", "ffn", "d_ff", "activation")
+
+
+def _reading_order(data: Any, order: tuple[str, ...] = _TOP) -> Any:
+    if isinstance(data, dict):
+        keys = sorted(data, key=lambda k: order.index(k) if k in order else len(order))
+        return {k: _reading_order(data[k], _NESTED) for k in keys}
+    if isinstance(data, list):
+        return [_reading_order(v, _NESTED) for v in data]
+    return data
