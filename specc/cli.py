@@ -465,7 +465,8 @@ def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, a
     import numpy as np
 
     from specc.runtime import Session
-    from specc.runtime.generate import pad_rows
+    from specc.runtime.arrays import pad_rows
+    from specc.spec.io import is_present
 
     tok = _tokenizer(tokenizer)
     given = _rows(ids, input_file, texts, tok)
@@ -473,15 +474,14 @@ def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, a
     if isinstance(given, dict):
         inputs = given
     else:
-        pad = next((t for t in (session.tokens.get("pad"), session.tokens.get("eos"), 0) if t is not None))
-        padded, mask = pad_rows(given, pad, left=session.architecture == "decoder")
+        padded, mask = pad_rows(given, session.info.pad_id, left=session.architecture == "decoder")
         inputs = {"input_ids": padded, "attention_mask": mask}
     outputs = session.run(**inputs)
-    shown = {k: v for k, v in outputs.items() if not k.startswith("present.")}
-    kinds = {o["name"]: o["kind"] for o in session.spec.get("outputs", [])}
+    shown = {k: v for k, v in outputs.items() if not is_present(k)}
+    kinds = session.info.output_kinds
     probs = {f"{k}_probabilities": _softmax(v) for k, v in shown.items() if kinds.get(k) == "classifier"}
     if out_file:
-        from specc.runtime.session import save_npz
+        from specc.runtime.arrays import save_npz
 
         save_npz(out_file, outputs)
     if as_json:

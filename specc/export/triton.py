@@ -8,7 +8,8 @@ Layout, written inside the build's staging directory (so a failed build leaves n
     REPO/NAME/1/model.plan                          when a TensorRT engine was built
 
 A single-graph spec (encoder, decoder) gives one model named after the spec; an
-encoder-decoder gives two, `NAME_encoder` and `NAME_decoder`. Decoders are served stateless:
+encoder-decoder gives two, `NAME_encoder` and `NAME_decoder`. Names, dims and dynamic batching
+follow specc/spec/triton.py, the rule `specc serve` follows too. Decoders are served stateless:
 the KV cache is an explicit input (`past_key_values.*`) and output (`present.*`) that the
 client passes back each step, which works with the ONNX Runtime backend as it is.
 
@@ -22,38 +23,37 @@ import os
 from pathlib import Path
 
 from specc.errors import BuildError
-from specc.spec.resolve import BATCH, GraphSig, ResolvedSpec, TensorSig
+from specc.spec import triton as rule
+from specc.spec.resolve import GraphSig, ResolvedSpec, TensorSig
 
 # IO signature dtype -> Triton's DataType enum name
 TRITON_DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32",
                  "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
-MAX_QUEUE_DELAY_US = 100  # how long the dynamic batcher waits to fill a preferred batch
 
 
 def model_names(r: ResolvedSpec) -> dict[str, str]:
-    """graph name -> Triton model name."""
-    if len(r.graphs) == 1:
-        return {r.graphs[0].name: r.name}
-    return {sig.name: f"{r.name}_{sig.name}" for sig in r.graphs}
+    """graph name -> Triton model name (specc/spec/triton.py's rule, which `specc serve` follows)."""
+    return rule.model_names(r.name, [sig.name for sig in r.graphs])
 
 
 def _tensor(sig: TensorSig) -> list[str]:
-    if not sig.dims or sig.dims[0] != BATCH:
+    model_dims = rule.model_dims(sig.dims)
+    if model_dims is None:
         raise BuildError(f"tensor {sig.name} has no leading batch dimension; Triton's batching needs one")
     try:
         dtype = TRITON_DTYPES[sig.dtype]
     except KeyError:
         raise BuildError(f"tensor {sig.name}: dtype {sig.dtype} has no Triton data type") from None
-    dims = ", ".join(str(d) if isinstance(d, int) else "-1" for d in sig.dims[1:])
+    dims = ", ".join(map(str, model_dims))
     return ["  {", f"    name: {json.dumps(sig.name)}", f"    data_type: {dtype}", f"    dims: [ {dims} ]", "  }"]
 
 
 def config_text(r: ResolvedSpec, sig: GraphSig, name: str, *, plan: bool = False) -> str:
     """config.pbtxt (protobuf text format of inference.ModelConfig) for one graph."""
-    batch = r.serving.batch
+    batching = rule.dynamic_batching(r.serving.batch.opt, r.serving.batch.max)
     lines = [f"name: {json.dumps(name)}",
              f"platform: {json.dumps('tensorrt_plan' if plan else 'onnxruntime_onnx')}",
-             f"max_batch_size: {batch.max}"]
+             f"max_batch_size: {batching.max_batch_size}"]
     for field, tensors in (("input", sig.inputs), ("output", sig.outputs)):
         blocks = [_tensor(t) for t in tensors]
         lines.append(f"{field} [")
@@ -62,10 +62,9 @@ def config_text(r: ResolvedSpec, sig: GraphSig, name: str, *, plan: bool = False
                 block = block[:-1] + ["  },"]
             lines += block
         lines.append("]")
-    preferred = sorted({min(batch.opt, batch.max), batch.max})
     lines += ["dynamic_batching {",
-              f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]",
-              f"  max_queue_delay_microseconds: {MAX_QUEUE_DELAY_US}",
+              f"  preferred_batch_size: [ {', '.join(map(str, batching.preferred_batch_sizes))} ]",
+              f"  max_queue_delay_microseconds: {batching.max_queue_delay_us}",
               "}",
               "instance_group [",
               "  {",

@@ -1,7 +1,19 @@
 """Run built models with onnxruntime: Session(dir).run(**inputs) and .generate(input_ids, ...).
 
-Never imports specc.nn or specc.export: a build directory stands alone."""
+Never imports specc.nn or specc.export: a build directory stands alone. The modules, each
+importing only those before it:
+
+    errors    RunError
+    graph     one onnxruntime session with IO binding; execution providers, session options
+    cache     the KV cache: empty caches, CPU cache buffers, present.* -> past_key_values.*
+    arrays    token ids checked once, prompt padding, NPZ output
+    generate  the decode loops (greedy, sampling, beam search) over a model's graphs
+    session   Session: a build directory opened, run(), generate()
+    serve     `specc serve` on Triton (PyTriton, in its own environment)
+"""
+from specc.runtime.errors import RunError
 from specc.runtime.generate import Generated
-from specc.runtime.session import RunError, Session, choose_providers
+from specc.runtime.graph import choose_providers
+from specc.runtime.session import Session
 
 __all__ = ["Generated", "RunError", "Session", "choose_providers"]

@@ -1,12 +1,16 @@
-"""Generation loops over a Session: greedy, sampling (temperature, top-k, top-p) and beam search.
+"""Generation loops over a built decoder or encoder-decoder: greedy, sampling (temperature,
+top-k, top-p) and beam search.
 
     prompts --pad--> prefill (whole prompt, empty cache) --> logits[:, -1]
                         ^                                        | choose (argmax | sample | beams)
                         '--- step (1 token, cache = present) <---'
 
-A Runner owns the graph calls and the cache (OrtValues kept on the graph's device); the loops
-only see [rows, vocab] logits and hand back the chosen token per row. Beam search reorders the
-cache rows after each step.
+A runner owns the graph calls and the cache (specc/runtime/cache.py: OrtValues kept on the
+graph's device); the loops only see [rows, vocab] logits and hand back the chosen token per row.
+Beam search reorders the cache rows after each step.
+
+The loops read a model through two attributes, `graphs` and `info` (a Session has both), and
+never import the Session: session.py imports this module, not the other way.
 
 Beam scores use the length penalty of Wu et al. 2016, which the Transformer paper used for
 translation (beam 4, alpha 0.6): score = sum(log p) / lp(n), lp(n) = ((5 + n) / 6) ** alpha.
@@ -14,13 +18,33 @@ translation (beam 4, alpha 0.6): score = sum(log p) / lp(n), lp(n) = ((5 + n) / 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
-from specc.runtime.session import CacheBuffers, RunError, as_past, empty_cache
+from specc.runtime.arrays import pad_rows, prompt_rows
+from specc.runtime.cache import CacheBuffers, empty_cache, reorder_cache, run_cached
+from specc.runtime.errors import RunError
+from specc.runtime.graph import Graph
+from specc.spec.io import (
+    ATTENTION_MASK,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    POSITION_IDS,
+    TOKEN_TYPE_IDS,
+    positions_from_mask,
+    present_to_past,
+)
+from specc.spec.manifest import BuildInfo
 
 OnToken = Callable[[int, list], None]  # (step, [new id or None per row])
+
+
+class Model(Protocol):
+    """What generation reads of a built model (a Session): its graphs by name and its build's facts."""
+
+    graphs: Mapping[str, Graph]
+    info: BuildInfo
 
 
 @dataclass
@@ -32,41 +56,6 @@ class Generated:
     new_ids: list[list[int]]
 
 
-# --- prompts ------------------------------------------------------------------------------------
-
-
-def as_rows(input_ids) -> list[list[int]]:
-    """A list of ids, a list of lists (any lengths) or an int array [batch, seq] -> rows."""
-    if isinstance(input_ids, np.ndarray):
-        if input_ids.ndim == 1:
-            input_ids = input_ids[None, :]
-        if input_ids.ndim != 2 or not np.issubdtype(input_ids.dtype, np.integer):
-            raise RunError(f"input_ids must be an integer array [batch, seq], got {input_ids.dtype} {list(input_ids.shape)}")
-        rows = input_ids.tolist()
-    elif isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(x, (int, np.integer)) for x in input_ids):
-        rows = [list(input_ids)]
-    elif isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(r, (list, tuple, np.ndarray)) for r in input_ids):
-        rows = [list(r) for r in input_ids]
-    else:
-        raise RunError("input_ids must be a list of ids, a list of lists of ids, or an int array [batch, seq]")
-    if any(len(r) == 0 for r in rows):
-        raise RunError("every prompt needs at least one token")
-    if any(not isinstance(x, (int, np.integer)) or isinstance(x, bool) for r in rows for x in r):
-        raise RunError("token ids must be integers")
-    return [[int(x) for x in r] for r in rows]
-
-
-def pad_rows(rows: list[list[int]], pad: int, left: bool) -> tuple[np.ndarray, np.ndarray]:
-    """[B, T] ids and mask, padded on the left (decoder prompts) or right (encoder sources)."""
-    t = max(len(r) for r in rows)
-    ids = np.full((len(rows), t), pad, dtype=np.int64)
-    mask = np.zeros((len(rows), t), dtype=np.int64)
-    for i, r in enumerate(rows):
-        sl = slice(t - len(r), t) if left else slice(0, len(r))
-        ids[i, sl], mask[i, sl] = r, 1
-    return ids, mask
-
-
 # --- runners: the graph calls and the cache -------------------------------------------------------
 
 
@@ -74,45 +63,45 @@ class DecoderRunner:
     """A decoder-only build: prompts left-padded; positions counted from the mask. `new`: the most
     tokens the generation adds, which sizes the CPU cache buffers."""
 
-    def __init__(self, session, rows: list[list[int]], pad: int, new: int):
-        self.graph = session.graphs["model"]
-        self.logits_name = _logits_name(session)
+    def __init__(self, model: Model, rows: list[list[int]], pad: int, new: int):
+        self.graph = model.graphs["model"]
+        self.logits_name = lm_output(model.info)
         self.ids, self.mask = pad_rows(rows, pad, left=True)
         # positions count real tokens, so a left-padded row starts at 0
-        self.positions = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)
+        self.positions = positions_from_mask(self.mask, self.mask.shape[1])
         self.kv = CacheBuffers(self.graph, len(rows), self.ids.shape[1] + new) if self.graph.device == "cpu" else None
         self.cache: dict = {}
 
     def prefill(self) -> np.ndarray:
-        feeds = {"input_ids": self.ids, "attention_mask": self.mask}
+        feeds = {INPUT_IDS: self.ids, ATTENTION_MASK: self.mask}
         feeds.update(empty_cache(self.graph, len(self.ids)))
         return self._run(feeds, self.ids.shape[1])
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         self.mask = np.concatenate([self.mask, np.ones((len(tokens), 1), dtype=np.int64)], axis=1)
         self.positions = self.positions[:, -1:] + 1  # one new token per row
-        return self._run({"input_ids": tokens[:, None].astype(np.int64), "attention_mask": self.mask, **self.cache}, 1)
+        return self._run({INPUT_IDS: tokens[:, None].astype(np.int64), ATTENTION_MASK: self.mask, **self.cache}, 1)
 
     def _run(self, feeds: dict, t: int) -> np.ndarray:
-        if "position_ids" in self.graph.inputs:
-            feeds["position_ids"] = self.positions
-        if "token_type_ids" in self.graph.inputs:
-            feeds["token_type_ids"] = np.zeros((len(self.mask), t), dtype=np.int64)
-        self.cache, logits = _run_cached(self.graph, self.kv, feeds, self.mask.shape[1], self.logits_name)
-        return logits
+        if POSITION_IDS in self.graph.inputs:
+            feeds[POSITION_IDS] = self.positions
+        if TOKEN_TYPE_IDS in self.graph.inputs:
+            feeds[TOKEN_TYPE_IDS] = np.zeros((len(self.mask), t), dtype=np.int64)
+        self.cache, out = run_cached(self.graph, self.kv, feeds, self.mask.shape[1])
+        return last_logits(out, self.logits_name)
 
     def reorder(self, rows: np.ndarray) -> None:
         self.mask, self.positions = self.mask[rows], self.positions[rows]
-        self.cache = _reorder(self.graph, self.kv, self.cache, rows)
+        self.cache = reorder_cache(self.graph, self.kv, self.cache, rows)
 
 
 class EncoderDecoderRunner:
     """An encoder-decoder build: the encoder runs once on the right-padded sources; its
     cross-attention K/V are the decoder's past_key_values.N.encoder.* at every step."""
 
-    def __init__(self, session, rows: list[list[int]], pad: int, start: int, new: int):
-        self.encoder, self.graph = session.graphs["encoder"], session.graphs["decoder"]
-        self.logits_name = _logits_name(session)
+    def __init__(self, model: Model, rows: list[list[int]], pad: int, start: int, new: int):
+        self.encoder, self.graph = model.graphs["encoder"], model.graphs["decoder"]
+        self.logits_name = lm_output(model.info)
         self.src, self.src_mask = pad_rows(rows, pad, left=False)
         self.start = start
         self.kv = CacheBuffers(self.graph, len(rows), 1 + new) if self.graph.device == "cpu" else None
@@ -121,50 +110,37 @@ class EncoderDecoderRunner:
         self.cross: dict = {}
 
     def prefill(self) -> np.ndarray:
-        feeds = {"input_ids": self.src, "attention_mask": self.src_mask}
-        if "token_type_ids" in self.encoder.inputs:
-            feeds["token_type_ids"] = np.zeros_like(self.src)
-        self.cross = as_past(self.encoder.run(feeds))
+        feeds = {INPUT_IDS: self.src, ATTENTION_MASK: self.src_mask}
+        if TOKEN_TYPE_IDS in self.encoder.inputs:
+            feeds[TOKEN_TYPE_IDS] = np.zeros_like(self.src)
+        self.cross = present_to_past(self.encoder.run(feeds))
         starts = np.full((len(self.src), 1), self.start, dtype=np.int64)
-        return self._run({"input_ids": starts, **empty_cache(self.graph, len(self.src))})
+        return self._run({INPUT_IDS: starts, **empty_cache(self.graph, len(self.src))})
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
-        return self._run({"input_ids": tokens[:, None].astype(np.int64), **self.cache})
+        return self._run({INPUT_IDS: tokens[:, None].astype(np.int64), **self.cache})
 
     def _run(self, feeds: dict) -> np.ndarray:
         self.length += 1
-        feeds = {**feeds, **self.cross, "encoder_attention_mask": self.src_mask}
-        self.cache, logits = _run_cached(self.graph, self.kv, feeds, self.length, self.logits_name)
-        return logits
+        feeds = {**feeds, **self.cross, ENCODER_ATTENTION_MASK: self.src_mask}
+        self.cache, out = run_cached(self.graph, self.kv, feeds, self.length)
+        return last_logits(out, self.logits_name)
 
     def reorder(self, rows: np.ndarray) -> None:
         # beams of one source share its cross-attention K/V, so only the self-attention cache moves
-        self.cache = _reorder(self.graph, self.kv, self.cache, rows)
+        self.cache = reorder_cache(self.graph, self.kv, self.cache, rows)
 
 
-def _run_cached(graph, kv: CacheBuffers | None, feeds: dict, total: int, logits_name: str) -> tuple[dict, np.ndarray]:
-    """Run one prefill or step; returns (the next step's past_key_values.*, last-position logits).
-    With CacheBuffers the present.* land in preallocated memory; otherwise (CUDA) they stay on the
-    device as onnxruntime's own OrtValues."""
-    into = kv.next(total) if kv else None
-    out = graph.run(feeds, into=into)
-    cache = kv.hold(into) if kv else as_past(out)
-    return cache, out[logits_name].numpy()[:, -1, :]
+def lm_output(info: BuildInfo) -> str:
+    """The output generation reads: the build's `lm` output."""
+    if info.lm_output is None:
+        raise RunError("generation needs an `lm` output; this build has " + ", ".join(o.name for o in info.outputs))
+    return info.lm_output
 
 
-def _reorder(graph, kv: CacheBuffers | None, cache: dict, rows: np.ndarray) -> dict:
-    if kv:
-        return kv.reorder(rows)
-    return {k: graph.value(k, v.numpy()[rows]) for k, v in cache.items()}
-
-
-def _logits_name(session) -> str:
-    graph = session.graphs.get("decoder") or session.graphs["model"]
-    kinds = {o["name"]: o["kind"] for o in session.spec.get("outputs", [])}
-    for name in graph.outputs:
-        if kinds.get(name) == "lm":
-            return name
-    raise RunError("generation needs an `lm` output; this build has " + ", ".join(kinds) )
+def last_logits(outputs: dict, name: str) -> np.ndarray:
+    """The last position's logits [rows, vocab] of a graph's outputs (OrtValues)."""
+    return outputs[name].numpy()[:, -1, :]
 
 
 # --- choosing tokens ------------------------------------------------------------------------------
@@ -205,10 +181,12 @@ def _lp(n: int, alpha: float) -> float:
 # --- the loops ----------------------------------------------------------------------------------
 
 
-def generate(session, input_ids, max_new_tokens: int = 20, *, temperature: float | None = None,
+def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None, do_sample: bool = False,
              beams: int = 1, length_penalty: float = 0.6, eos_id: int | None = None, pad_id: int | None = None,
              on_token: OnToken | None = None) -> Generated:
+    """Generate from one prompt, a batch of prompts (any lengths) or an int64 array [batch, seq]
+    (as Session.generate, which calls this)."""
     if max_new_tokens < 1:
         raise RunError("max_new_tokens must be at least 1")
     if beams < 1:
@@ -222,21 +200,17 @@ def generate(session, input_ids, max_new_tokens: int = 20, *, temperature: float
         raise RunError("top_p must be in (0, 1]")
     if top_k is not None and top_k < 1:
         raise RunError("top_k must be at least 1")
-    rows = as_rows(input_ids)
-    tokens = session.tokens
-    eos = eos_id if eos_id is not None else tokens.get("eos")
-    pad = pad_id if pad_id is not None else next((t for t in (tokens.get("pad"), eos, 0) if t is not None))
-    _check_length(session, rows, max_new_tokens)
-    vocab = session.spec["vocab"]["size"]  # of the prompt: the source vocabulary for an encoder-decoder
-    bad = sorted({x for r in rows for x in r if not 0 <= x < vocab})
-    if bad:
-        raise RunError(f"token id(s) {bad[:5]} outside the vocabulary (0..{vocab - 1})")
-    if session.architecture == "encoder-decoder":
-        start = next((t for t in (tokens.get("decoder_start"), tokens.get("bos"), pad) if t is not None))
-        make = lambda rs: EncoderDecoderRunner(session, rs, pad, start, max_new_tokens)  # noqa: E731
+    info = model.info
+    rows = prompt_rows(input_ids, info.vocab_size)  # of the prompt: the source vocabulary for an encoder-decoder
+    eos = eos_id if eos_id is not None else info.tokens.eos
+    pad = pad_id if pad_id is not None else info.pad_for(eos)
+    _check_length(info, rows, max_new_tokens)
+    if info.architecture == "encoder-decoder":
+        start = info.start_for(pad)
+        make = lambda rs: EncoderDecoderRunner(model, rs, pad, start, max_new_tokens)  # noqa: E731
         prefixes = [[start] for _ in rows]
-    elif session.architecture == "decoder":
-        make = lambda rs: DecoderRunner(session, rs, pad, max_new_tokens)  # noqa: E731
+    elif info.architecture == "decoder":
+        make = lambda rs: DecoderRunner(model, rs, pad, max_new_tokens)  # noqa: E731
         prefixes = rows
     else:
         raise RunError("generation needs a decoder or an encoder-decoder build; use `specc run` for encoders")
@@ -322,12 +296,11 @@ def _beam_search(make, rows: list[list[int]], max_new: int, k: int, alpha: float
     return out
 
 
-def _check_length(session, rows: list[list[int]], max_new: int) -> None:
-    pos = session.spec.get("position", {})
-    limit = pos.get("max_length") if pos.get("kind") == "learned" else None
+def _check_length(info: BuildInfo, rows: list[list[int]], max_new: int) -> None:
+    """Learned positions are a hard limit: the prompt plus the new tokens must fit them."""
+    limit = info.learned_positions
     longest = max(len(r) for r in rows)
-    total = (1 if session.architecture == "encoder-decoder" else longest) + max_new
+    total = (1 if info.architecture == "encoder-decoder" else longest) + max_new
     if limit is not None and (total > limit or longest > limit):
         raise RunError(f"prompt ({longest} tokens) + max_new_tokens ({max_new}) is past the model's "
                        f"{limit} learned positions")
-

@@ -2,13 +2,12 @@
 
 PyTriton bundles the `tritonserver` binary and runs our Python callables in Triton's Python
 backend; each graph of the build becomes one Triton model that runs the graph with onnxruntime
-(the same `Graph` that `specc run` uses). Model names follow `specc build --target triton`: the
-spec's name for a single graph, NAME_encoder / NAME_decoder for an encoder-decoder. Decoders are
-served stateless, as in the Triton repository (docs/serving.md): the client sends the previous
-step's present.* back as past_key_values.*.
-
-Dynamic batching comes from the spec's `serving:` block: max_batch_size = serving.batch.max,
-preferred batch serving.batch.opt. Requests are batched along the first (batch) dimension; the
+(the same `Graph` that `specc run` uses). Model names, dims and dynamic batching follow
+specc/spec/triton.py, the rule `specc build --target triton` writes into config.pbtxt: the spec's
+name for a single graph, NAME_encoder / NAME_decoder for an encoder-decoder; max_batch_size =
+serving.batch.max, preferred batch sizes serving.batch.opt and .max. Decoders are served
+stateless, as in the Triton repository (docs/serving.md): the client sends the previous step's
+present.* back as past_key_values.*. Requests are batched along the first (batch) dimension; the
 other dimensions of the requests batched together must agree (Triton's own rule).
 
 PyTriton needs numpy < 2, so it lives in its own environment (`make install-serve`, the `serve`
@@ -28,13 +27,16 @@ from typing import Any, Callable
 import numpy as np
 
 from specc.errors import SpeccError
-from specc.runtime.session import _NP, Session, empty_cache
+from specc.runtime.cache import empty_cache
+from specc.runtime.graph import Graph
+from specc.runtime.session import Session
+from specc.spec import triton as rule
+from specc.spec.io import is_growing, is_past, numpy_dtype
+from specc.spec.manifest import TensorInfo
 
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
-# how long the batcher waits for more requests to join a batch (Triton's own default is 0)
-QUEUE_DELAY_US = 500
 
 
 class ServeError(SpeccError):
@@ -52,11 +54,6 @@ def require_pytriton():
         ) from None
 
 
-def model_name(spec_name: str, graph: str) -> str:
-    """The Triton model name of a graph (as `specc build --target triton` names them)."""
-    return spec_name if graph == "model" else f"{spec_name}_{graph}"
-
-
 def _library_path() -> str:
     """LD_LIBRARY_PATH with this interpreter's lib folder first (for the backend stub's libpython)."""
     libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -67,24 +64,23 @@ def _library_path() -> str:
     return os.pathsep.join(parts)
 
 
-def _tensors(sigs: list[dict]) -> list:
+def _tensors(sigs: tuple[TensorInfo, ...]) -> list:
     """PyTriton tensors from the IO signature: the batch dim left to Triton, the rest dynamic.
-    The KV-cache inputs are optional: a prefill sends none (Triton cannot carry the zero-length
-    past a graph takes then), and the server supplies the empty cache."""
+    The growing KV-cache inputs are optional: a prefill sends none (Triton cannot carry the
+    zero-length past a graph takes then), and the server supplies the empty cache."""
     from pytriton.model_config import Tensor
 
     out = []
     for sig in sigs:
-        dims = sig["dims"]
-        if not dims or dims[0] != "batch":
-            raise ServeError(f"{sig['name']}: only tensors with a leading batch dimension can be served (dims {dims})")
-        shape = tuple(d if isinstance(d, int) else -1 for d in dims[1:])
-        out.append(Tensor(name=sig["name"], dtype=_NP.get(sig["dtype"], np.float32), shape=shape,
-                          optional=sig["name"].startswith("past_key_values.") and ".encoder." not in sig["name"]))
+        shape = rule.model_dims(sig.dims)
+        if shape is None:
+            raise ServeError(f"{sig.name}: only tensors with a leading batch dimension can be served (dims {list(sig.dims)})")
+        out.append(Tensor(name=sig.name, dtype=numpy_dtype(sig.dtype), shape=shape,
+                          optional=is_past(sig.name) and is_growing(sig.name)))
     return out
 
 
-def _infer_fn(graph) -> Callable:
+def _infer_fn(graph: Graph) -> Callable:
     from pytriton.decorators import batch
 
     lock = threading.Lock()  # one onnxruntime run at a time per graph: the session's threads do the rest
@@ -112,8 +108,9 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     from pytriton.triton import Triton, TritonConfig
 
     session = Session(build_dir, providers=providers)
-    name = session.spec["name"]
-    batch = session.spec["serving"]["batch"]
+    info = session.info
+    names = rule.model_names(info.name, info.graphs)
+    batching = rule.dynamic_batching(info.batch.opt, info.batch.max)
     os.environ["LD_LIBRARY_PATH"] = _library_path()
     config = TritonConfig(http_address=host, http_port=http_port, grpc_address=host, grpc_port=grpc_port,
                           metrics_port=metrics_port, allow_metrics=True, log_verbose=0)
@@ -124,17 +121,16 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     try:
         with Triton(config=config) as triton:
             for graph_name, graph in session.graphs.items():
-                info = session.manifest["graphs"][graph_name]
-                models.append(model_name(name, graph_name))
+                models.append(names[graph_name])
                 triton.bind(
                     model_name=models[-1],
                     infer_func=_infer_fn(graph),
-                    inputs=_tensors(info["inputs"]),
-                    outputs=_tensors(info["outputs"]),
+                    inputs=_tensors(graph.info.inputs),
+                    outputs=_tensors(graph.info.outputs),
                     config=ModelConfig(
-                        max_batch_size=int(batch["max"]),
-                        batcher=DynamicBatcher(max_queue_delay_microseconds=QUEUE_DELAY_US,
-                                               preferred_batch_size=[int(batch["opt"])]),
+                        max_batch_size=batching.max_batch_size,
+                        batcher=DynamicBatcher(max_queue_delay_microseconds=batching.max_queue_delay_us,
+                                               preferred_batch_size=list(batching.preferred_batch_sizes)),
                     ),
                     strict=True,
                 )

@@ -1,4 +1,5 @@
-"""A build's manifest.json: its name, its version, and what makes a file one.
+"""A build's manifest.json: its name, its version, what makes a file one, and BuildInfo, the typed
+view of a build the runtime reads.
 
 Torch-free and standard library only: the build directory's guard (specc/export/outdir.py) and the
 runtime both read it. A specc manifest is a JSON object with an integer `specc_manifest` and an
@@ -8,8 +9,10 @@ folder. Anything else named manifest.json (a web app's, another tool's) is not a
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -57,3 +60,153 @@ def _inside(path: str) -> bool:
     p = PurePosixPath(path)
     return bool(path) and "\\" not in path and "\0" not in path and not p.is_absolute() \
         and ".." not in p.parts and p.as_posix() not in (".", MANIFEST)
+
+
+# --- a typed view of a build, for the runtime -------------------------------------------------
+
+Dim = int | str  # a fixed size, or a symbolic dim named in specc/spec/io.py
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One input or output of a graph: its name, dtype name and dims, as the manifest records."""
+
+    name: str
+    dtype: str
+    dims: tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """One graph of a build: its ONNX file (relative to the build folder) and IO signature."""
+
+    name: str
+    file: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+
+
+@dataclass(frozen=True)
+class Range:
+    """A serving range (serving.batch, serving.length): min, opt, max."""
+
+    min: int
+    opt: int
+    max: int
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The spec's special token ids (tokens:), None where it names none."""
+
+    bos: int | None = None
+    eos: int | None = None
+    pad: int | None = None
+    decoder_start: int | None = None
+
+
+@dataclass(frozen=True)
+class Output:
+    """One of the spec's outputs: its name and kind (lm, classifier, hidden, ...)."""
+
+    name: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What the runtime needs to know about a build, read once from its manifest: the graphs with
+    their IO signatures, and the facts the resolver decided, taken from the manifest's recorded
+    (explicit, every default filled) spec rather than re-derived by each reader."""
+
+    name: str
+    architecture: str  # encoder | decoder | encoder-decoder
+    graphs: Mapping[str, GraphInfo]  # graph name (model | encoder | decoder) -> graph, in build order
+    vocab_size: int  # of input_ids: the source vocabulary for an encoder-decoder
+    outputs: tuple[Output, ...]  # the spec's outputs, in its order
+    lm_output: str | None  # the main graph's output of kind lm (what generation reads), if any
+    learned_positions: int | None  # max_length of learned positions (a hard limit), else None
+    tokens: Tokens
+    batch: Range  # serving.batch
+    length: Range  # serving.length
+
+    @property
+    def main_graph(self) -> GraphInfo:
+        """The graph whose outputs are the model's: the decoder of an encoder-decoder, else the model."""
+        return self.graphs["decoder"] if "decoder" in self.graphs else self.graphs["model"]
+
+    @property
+    def output_kinds(self) -> dict[str, str]:
+        return {o.name: o.kind for o in self.outputs}
+
+    def pad_for(self, eos: int | None) -> int:
+        """The padding id when `eos` ends a row: tokens.pad, else `eos`, else 0."""
+        return next(t for t in (self.tokens.pad, eos, 0) if t is not None)
+
+    @property
+    def pad_id(self) -> int:
+        """The padding id with the spec's own EOS: tokens.pad, else tokens.eos, else 0."""
+        return self.pad_for(self.tokens.eos)
+
+    def start_for(self, pad: int) -> int:
+        """An encoder-decoder's first decoder token: tokens.decoder_start, else tokens.bos, else `pad`."""
+        return next(t for t in (self.tokens.decoder_start, self.tokens.bos, pad) if t is not None)
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> BuildInfo:
+        """The typed view of a parsed manifest (read_manifest's result). Raises NotAManifest,
+        naming the field, where the manifest lacks what a build's manifest has."""
+        if "graphs" not in manifest or "spec" not in manifest:
+            raise NotAManifest("not a specc manifest (no 'graphs' or 'spec')")
+        field = "graphs"
+        try:
+            graphs = {name: GraphInfo(name=name, file=_str(g["file"]), inputs=_tensors(g["inputs"]),
+                                      outputs=_tensors(g["outputs"]))
+                      for name, g in manifest["graphs"].items()}
+            if not graphs or not ({"model"} <= set(graphs) or {"encoder", "decoder"} <= set(graphs)):
+                raise ValueError("no 'model' graph, nor 'encoder' and 'decoder'")
+            field = "spec"
+            spec = manifest["spec"]
+            outputs = tuple(Output(name=_str(o["name"]), kind=_str(o["kind"])) for o in spec.get("outputs") or ())
+            main = graphs["decoder"] if "decoder" in graphs else graphs["model"]
+            main_outputs = {t.name for t in main.outputs}
+            lm = next((o.name for o in outputs if o.kind == "lm" and o.name in main_outputs), None)
+            position = spec.get("position") or {}
+            learned = _int(position["max_length"]) if position.get("kind") == "learned" else None
+            given = spec.get("tokens") or {}
+            tokens = Tokens(**{k: _opt_int(given.get(k)) for k in ("bos", "eos", "pad", "decoder_start")})
+            serving = spec["serving"]
+            info = cls(name=_str(manifest.get("name", spec.get("name"))),
+                       architecture=_str(manifest.get("architecture", spec.get("architecture"))),
+                       graphs=MappingProxyType(graphs), vocab_size=_int(spec["vocab"]["size"]), outputs=outputs,
+                       lm_output=lm, learned_positions=learned, tokens=tokens,
+                       batch=_range(serving["batch"]), length=_range(serving["length"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise NotAManifest(f"malformed '{field}' ({type(exc).__name__}: {exc})") from None
+        return info
+
+
+def _tensors(entries: Any) -> tuple[TensorInfo, ...]:
+    return tuple(TensorInfo(name=_str(t["name"]), dtype=_str(t["dtype"]),
+                            dims=tuple(d if isinstance(d, str) else _int(d) for d in t["dims"]))
+                 for t in entries)
+
+
+def _range(entry: Any) -> Range:
+    return Range(min=_int(entry["min"]), opt=_int(entry["opt"]), max=_int(entry["max"]))
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else _int(value)

@@ -12,7 +12,10 @@ import torch
 
 import specc
 from specc.runtime import RunError, Session, choose_providers
-from specc.runtime.session import as_past, empty_cache, save_npz, shape_of
+from specc.runtime.arrays import save_npz
+from specc.runtime.cache import empty_cache
+from specc.runtime.graph import shape_of
+from specc.spec.io import present_to_past as as_past
 
 ort = pytest.importorskip("onnxruntime")
 
