@@ -19,6 +19,7 @@ import torch
 
 import specc
 from specc.runtime import Session
+from specc.spec.io import present_to_past
 
 
 def torch_greedy(model, prompt: list[int], new: int) -> tuple[list[int], float]:
@@ -35,7 +36,7 @@ def torch_greedy(model, prompt: list[int], new: int) -> tuple[list[int], float]:
                 ttft = time.perf_counter() - t0
             if step == new - 1:
                 break
-            past = {"past_key_values." + k[len("present."):]: v for k, v in out.items() if k.startswith("present.")}
+            past = present_to_past(out)
             mask = torch.ones(1, len(prompt) + step + 1, dtype=torch.int64)
             out = model(input_ids=torch.tensor([[token]]), attention_mask=mask, **past)
     return out_ids, ttft

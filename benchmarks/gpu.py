@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import copy
 import datetime
+import gc
 import os
 import platform
 import signal
@@ -40,6 +41,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+import specc
+from specc.deps import installed_runtimes
+from specc.spec.costs import inspect_spec
+from specc.spec.io import ATTENTION_MASK, INPUT_IDS, TOKEN_TYPE_IDS, present_to_past
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import _cpu  # noqa: E402  (the CPU suite's; it imports no baseline at module level)
@@ -166,8 +172,6 @@ def compile_variant(name: str, make, runner: Runner, clock: Clock, limit_s: floa
 def machine_facts(device: str) -> dict:
     import transformers
 
-    import specc
-
     facts = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": _cpu(), "cores": os.cpu_count(),
@@ -275,8 +279,6 @@ def hf_model(cls, config, device: str, dtype):
 
 
 def specc_model(spec: str, device: str, dtype):
-    import specc
-
     return specc.to_torch(spec, seed=0).to(device=device, dtype=dtype).eval()
 
 
@@ -298,7 +300,7 @@ def bert(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, compile_limit
     refs = {}
     for batch in sizes.batches:
         ids = torch.from_numpy(rng.integers(sizes.vocab_lo, sizes.vocab_hi, (batch, sizes.seq))).to(dev)
-        feeds = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+        feeds = {INPUT_IDS: ids, ATTENTION_MASK: torch.ones_like(ids), TOKEN_TYPE_IDS: torch.zeros_like(ids)}
 
         def hf(m, feeds=feeds):
             with torch.inference_mode():
@@ -335,8 +337,6 @@ def bert(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, compile_limit
 
 
 def _free(dev: str) -> None:
-    import gc
-
     gc.collect()
     if dev == "cuda":
         torch.cuda.empty_cache()
@@ -351,12 +351,10 @@ def specc_greedy(model, prompt: torch.Tensor, new: int) -> torch.Tensor:
     device (no host sync per token). Returns the new ids [B, new]."""
     with torch.inference_mode():
         out = model(input_ids=prompt, use_cache=True)
-        names = [k for k in out if k.startswith("present.")]
         token = out["logits"][:, -1].argmax(-1, keepdim=True)
         chosen = [token]
         for _ in range(new - 1):
-            past = {"past_key_values." + k[len("present."):]: out[k] for k in names}
-            out = model(input_ids=token, **past)
+            out = model(input_ids=token, **present_to_past(out))
             token = out["logits"][:, -1].argmax(-1, keepdim=True)
             chosen.append(token)
         return torch.cat(chosen, dim=1)
@@ -439,7 +437,7 @@ def gpt2_decode_step(models: dict, sizes: Sizes, runner: Runner, clock: Clock, r
         m = models[f"sp{label[2:]}"]
         with torch.inference_mode():
             out = m(input_ids=ctx, use_cache=True)
-        past = {"past_key_values." + k[len("present."):]: v for k, v in out.items() if k.startswith("present.")}
+        past = present_to_past(out)
         pasts[label] = past
 
         def sp_step(m=m, past=past):
@@ -490,8 +488,6 @@ def onnxruntime_gpu(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, fa
         for p in GPU_PROVIDERS:
             failures.append((f"onnxruntime {p}", f"onnxruntime is not installed ({first_line(exc)})"))
         return facts
-    from specc.deps import installed_runtimes
-
     available = ort.get_available_providers()
     dists = installed_runtimes()
     facts.update(version=ort.__version__, available=available, device=ort.get_device(), dists=dists)
@@ -511,7 +507,6 @@ def onnxruntime_gpu(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, fa
         return facts
     if runner.device != "cuda" and not test_providers:
         return facts
-    import specc
     from specc.runtime import Session
 
     rng = np.random.default_rng(0)
@@ -540,7 +535,7 @@ def onnxruntime_gpu(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, fa
                     raise RuntimeError(f"onnxruntime put the graph on {graph.provider}")
                 for batch in sizes.batches:
                     ids = rng.integers(sizes.vocab_lo, sizes.vocab_hi, (batch, sizes.seq)).astype(np.int64)
-                    arrays = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+                    arrays = {INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids), TOKEN_TYPE_IDS: np.zeros_like(ids)}
                     feeds = {n: graph.value(n, arrays[n]) for n in graph.inputs}
                     t = runner.interleaved({label: lambda: graph.run(feeds)}, repeats)
                     facts["rows"].setdefault(batch, {})[label] = t[label]
@@ -565,8 +560,6 @@ def tensorrt_engine(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, fa
     if clock.left() < 240:
         failures.append(("TensorRT engine", "skipped: too little of the run's time budget left for an engine build"))
         return rows
-    import specc
-
     rng = np.random.default_rng(0)
     for precision in ("fp16",):
         label = f"specc TensorRT engine {precision} (TensorRT {trt.__version__})"
@@ -581,7 +574,7 @@ def tensorrt_engine(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, fa
             inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
             for batch in sizes.batches:
                 ids = rng.integers(sizes.vocab_lo, sizes.vocab_hi, (batch, sizes.seq)).astype(np.int64)
-                arrays = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+                arrays = {INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids), TOKEN_TYPE_IDS: np.zeros_like(ids)}
                 keep = {}
                 for n in inputs:
                     dtype = torch.from_numpy(np.empty(0, dtype=trt.nptype(engine.get_tensor_dtype(n)))).dtype
@@ -809,9 +802,6 @@ def main(argv: list[str] | None = None) -> int:
     probe = matmul_probe(runner, args.matmul_n if args.device == "cuda" else 512)
     bw = copy_bandwidth(runner, 1024 if args.device == "cuda" else 64)
     log("probe: " + ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in probe.items()) + f"; copy {bw:.0f} GB/s")
-
-    import specc
-    from specc.spec.costs import inspect_spec
 
     flops = {}
     with contextlib.suppress(Exception):

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 
@@ -25,6 +26,18 @@ from specc.errors import SpeccError
 from specc.export import onnx as onnx_export
 from specc.export.verify import verify
 from specc.nn import as_resolved, to_torch
+from specc.spec.io import (
+    ATTENTION_MASK,
+    BATCH,
+    ENC_SEQ,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    PAST,
+    POSITION_IDS,
+    SEQ,
+    TOTAL,
+    concrete_dims,
+)
 
 SPECS = ["tiny-gpt2", "tiny-llama", "tiny-bert", "tiny-transformer", "tiny-shaw-relative"]
 VARIANTS = [("dynamo", o) for o in range(17, 24)] + [("torchscript", 18)]
@@ -38,22 +51,25 @@ def _torchscript(model, sig, example, opset, path):
                       output_names=wrapper.output_names, dynamic_axes=axes)
 
 
+# batch 2, sequence 32 with nothing cached (and a 32-token source)
+_SIZES = {BATCH: 2, SEQ: 32, ENC_SEQ: 32, TOTAL: 32, PAST: 0}
+
+
 def _latency(sess, sig, r) -> float:
     feed = {}
     rng = np.random.default_rng(0)
     for t in sig.inputs:
-        dims = [2 if d == "batch" else 32 if d in ("sequence", "encoder_sequence", "total_sequence") else 0
-                if d == "past_sequence" else d for d in t.dims]
-        if t.name.startswith("past_key_values") and ".encoder." in t.name:
-            dims = [2 if d == "batch" else 32 if d == "encoder_sequence" else d for d in t.dims]
+        dims = concrete_dims(t.dims, _SIZES)
         if t.dtype.startswith("float"):
             feed[t.name] = rng.standard_normal(dims).astype(np.float32)
-        elif t.name in ("input_ids",):
+        elif t.name == INPUT_IDS:
             feed[t.name] = rng.integers(0, 50, dims)
-        elif t.name == "position_ids":
+        elif t.name == POSITION_IDS:
             feed[t.name] = np.broadcast_to(np.arange(dims[1]), dims).copy()
+        elif t.name in (ATTENTION_MASK, ENCODER_ATTENTION_MASK):
+            feed[t.name] = np.ones(dims, dtype=np.int64)
         else:
-            feed[t.name] = np.ones(dims, dtype=np.int64) if "mask" in t.name else np.zeros(dims, dtype=np.int64)
+            feed[t.name] = np.zeros(dims, dtype=np.int64)
     times = []
     for _ in range(25):
         t0 = time.perf_counter()
@@ -81,8 +97,6 @@ def probe(name: str, tmp: Path) -> list[list[str]]:
                         onnx_export.save(prog, sig, path, 0)
                     else:
                         _torchscript(model, sig, example, opset, path)
-                import onnx
-
                 proto = onnx.load(str(path))
                 nodes += len(proto.graph.node)
                 written |= {o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")}

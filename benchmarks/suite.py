@@ -25,11 +25,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+import specc
+from specc.spec.costs import inspect_spec
+from specc.spec.io import ATTENTION_MASK, BATCH, INPUT_IDS, POSITION_IDS, SEQ, TOKEN_TYPE_IDS, is_past
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "bench"
@@ -157,15 +162,15 @@ def feeds_for(sess, ids: np.ndarray, past: int = 0, heads: int = 12, head_dim: i
     out = {}
     for i in sess.get_inputs():
         n = i.name
-        if n == "input_ids":
+        if n == INPUT_IDS:
             out[n] = ids
-        elif n == "attention_mask":
+        elif n == ATTENTION_MASK:
             out[n] = np.ones((b, past + t), dtype=np.int64)
-        elif n == "token_type_ids":
+        elif n == TOKEN_TYPE_IDS:
             out[n] = np.zeros_like(ids)
-        elif n == "position_ids":
+        elif n == POSITION_IDS:
             out[n] = np.arange(past, past + t, dtype=np.int64)[None].repeat(b, 0)
-        elif n.startswith("past_key_values"):
+        elif is_past(n):
             out[n] = rng.standard_normal((b, heads, past, head_dim)).astype(np.float32)
         elif n == "use_cache_branch":
             out[n] = np.array([past > 0])
@@ -203,8 +208,8 @@ def hf_export(kind: str, model) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     ids = torch.ones(2, 16, dtype=torch.long)
     args = (ids, torch.ones_like(ids)) + ((torch.zeros_like(ids),) if kind == "bert-base" else ())
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if kind == "bert-base" else [])
-    dyn = {n: {0: "batch", 1: "sequence"} for n in names}
+    names = [INPUT_IDS, ATTENTION_MASK] + ([TOKEN_TYPE_IDS] if kind == "bert-base" else [])
+    dyn = {n: {0: BATCH, 1: SEQ} for n in names}
 
     class Wrap(torch.nn.Module):
         def __init__(self, m):
@@ -244,8 +249,6 @@ def run_measured(cmd: list[str]) -> tuple[float, int]:
     larger of the process's own peak RSS (the kernel's count) and, sampled every 50 ms, its RSS
     plus the private memory of its children (a specc build forks its reference run, which shares
     the module's weights with the build: those pages are counted once)."""
-    import threading
-
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as log:  # a pipe would fill and block a chatty child
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
@@ -426,7 +429,6 @@ def quality(steps: int) -> dict:
     """Train the small decoder `steps` AdamW steps on a Markov language, build it fp32 / int8 /
     int4, and compare the integer builds with fp32 on held-out text: logits difference,
     next-token argmax agreement, greedy continuations token for token."""
-    import specc
     from specc.runtime import Session
 
     spec = WORK / "bench-quality.yaml"
@@ -652,8 +654,6 @@ def main() -> None:
     import optimum.version
     import transformers
 
-    import specc
-
     facts = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "cpu": _cpu(), "versions": {"specc": specc.__version__, "torch": torch.__version__,
                                          "onnxruntime": onnxruntime.__version__, "transformers": transformers.__version__,
@@ -671,8 +671,6 @@ def main() -> None:
             specc_build(kind, force=True, precision=p)
         builds[kind] = {"specc_s": s_s, "specc_rss": s_rss, "optimum_s": o_s, "optimum_rss": o_rss,
                         "weights": (109_482_240 if kind == "bert-base" else 124_439_808) * 4}
-    from specc.spec.costs import inspect_spec
-
     facts["bert_flops_per_token"] = {128: inspect_spec(specc.resolve(specc.load_spec("bert-base")), length=128)["flops_per_token"]}
     log("probes")
     facts["matmul_gflops"], facts["read_gbps"] = matmul_peak(), read_bandwidth()

@@ -17,6 +17,7 @@ import click
 from specc import __version__
 from specc.errors import Issue, SpeccError, SpecError
 from specc.interrupts import Terminated, terminate_as_interrupt
+from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, TARGETS
 
 
 def _emit_json(data: Any) -> None:
@@ -276,13 +277,13 @@ class _StageDisplay:
 @main.command()
 @click.argument("spec")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="The build directory to write.")
-@click.option("--target", type=click.Choice(["onnx", "tensorrt", "triton"]), default="onnx", show_default=True,
+@click.option("--target", type=click.Choice(list(TARGETS)), default="onnx", show_default=True,
               help="onnx: DIR/*.onnx; triton: a Triton model repository in DIR; tensorrt: engines (needs TensorRT and a GPU). See docs/serving.md.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "int4"]), default=None,
+@click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None,
               help="Default: the spec's serving.precision.")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="Trained weights (.safetensors); default: the spec's weights: key, else seeded random.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random initialisation (no weights given).")
-@click.option("--opset", type=int, default=None, help="ONNX opset (default 18; see docs/export.md).")
+@click.option("--opset", type=int, default=None, help=f"ONNX opset (default {DEFAULT_OPSET}; see docs/export.md).")
 @click.option("--max-memory", type=_Bytes(), default=None, help="Memory the build may use (e.g. 16GiB); default: what is available.")
 @click.option("--force", is_flag=True, help="Rebuild even when DIR is up to date.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary; errors only.")
@@ -295,7 +296,7 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     from specc.malloc import one_arena
 
     one_arena()
-    from specc.pipeline import DEFAULT_OPSET, build as run_build
+    from specc.pipeline import build as run_build
 
     display = _StageDisplay(enabled=not (quiet or as_json))
     try:

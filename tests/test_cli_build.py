@@ -19,7 +19,8 @@ from spectext import DEC
 
 from specc.cli import main
 from specc.export.outdir import MANIFEST
-from specc.pipeline import STAGES, estimate_memory
+from specc.memory import estimate_memory
+from specc.pipeline import STAGES
 from specc.report import human_bytes
 from specc.spec import load_spec, resolve
 

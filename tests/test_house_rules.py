@@ -152,6 +152,46 @@ def test_the_reach_check_can_fail():
     assert any(m.startswith("specc.export") for m in reach("specc.pipeline"))
 
 
+# --- the layers of docs/architecture.md ---------------------------------------------------------
+
+
+def layers() -> tuple[dict[str, str], dict[str, set[str]]]:
+    """(module prefix -> layer, layer -> the layers it may import) from docs/architecture.md."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("<!-- layers: name | modules | may import -->", 1)[1].split("<!-- /layers -->", 1)[0]
+    owner, allowed = {}, {}
+    for row in table.strip().splitlines()[2:]:
+        layer, mods, may = (c.strip() for c in row.strip().strip("|").split("|"))
+        for m in re.findall(r"`([\w.]+)`", mods):
+            owner[m] = layer
+        allowed[layer] = {w.strip() for w in may.split(",")} | {layer}
+    return owner, allowed
+
+
+def layer_of(name: str, owner: dict[str, str]) -> str:
+    best = max((p for p in owner if name == p or name.startswith(p + ".")), key=len, default=None)
+    assert best is not None, f"{name} is in no layer of docs/architecture.md"
+    return owner[best]
+
+
+def test_every_import_stays_within_the_layers_of_the_architecture_doc():
+    owner, allowed = layers()
+    assert {"base", "spec", "nn", "export", "runtime", "root"} <= set(allowed)
+    wrong = []
+    for name, path in sorted(modules().items()):
+        mine = layer_of(name, owner)
+        if "everything" in allowed[mine]:
+            continue
+        for imp, line, _ in imports(path):
+            if imp.split(".")[0] != "specc":
+                continue
+            targets = specc_targets(imp)
+            theirs = layer_of(targets[-1], owner) if targets else "root"
+            if theirs not in allowed[mine]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {mine} imports {imp} ({theirs})")
+    assert wrong == []
+
+
 # --- where imports go --------------------------------------------------------------------------
 
 

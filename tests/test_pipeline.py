@@ -22,8 +22,9 @@ from safetensors.torch import load_file, save_file
 import specc
 from specc.errors import BuildError, WeightsError
 from specc.export.outdir import MANIFEST
+from specc.memory import estimate_memory
 from specc.spec.costs import inspect_spec
-from specc.pipeline import STAGES, BuildResult, estimate_memory
+from specc.pipeline import STAGES, BuildResult
 from specc.spec import load_spec, resolve
 from specc.weights import save_module
 
@@ -277,14 +278,21 @@ def test_force_rebuilds(built, copy_of):
     assert same_safetensors(out / "model.safetensors", built[1] / "model.safetensors")
 
 
-@pytest.mark.parametrize("damage", ["truncate", "manifest"])
-def test_damaged_build_is_rebuilt(built, copy_of, damage):
+def test_a_build_with_an_unreadable_manifest_is_refused_untouched(built, copy_of):
+    """Without its manifest a folder's files cannot be told apart from a user's: no data is risked."""
     out = copy_of(built[1])
-    if damage == "truncate":
-        data = (out / "model.onnx").read_bytes()
-        (out / "model.onnx").write_bytes(data[: len(data) // 2])
-    else:
-        (out / MANIFEST).write_text('{"cache_key": ')
+    (out / MANIFEST).write_text('{"cache_key": ')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(BuildError, match="is not a specc build") as info:
+        specc.build(SPEC, out, force=True)
+    assert str(out / MANIFEST) in str(info.value)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_damaged_build_is_rebuilt(built, copy_of):
+    out = copy_of(built[1])
+    data = (out / "model.onnx").read_bytes()
+    (out / "model.onnx").write_bytes(data[: len(data) // 2])
     result = specc.build(SPEC, out)
     assert result.cached is False
     assert sha(out / "model.onnx") == built[0].artifacts[0]["sha256"]
@@ -417,9 +425,9 @@ def test_max_memory_refuses_before_any_directory(tmp_path):
 
 
 def test_default_limit_is_available_memory(tmp_path, monkeypatch):
-    import specc.pipeline
+    import specc.memory
 
-    monkeypatch.setattr(specc.pipeline, "available_memory", lambda: 64 * 1024**2)
+    monkeypatch.setattr(specc.memory, "available_memory", lambda: 64 * 1024**2)
     with pytest.raises(BuildError, match="but 64.0 MiB is available"):
         specc.build(SPEC, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []

@@ -3,7 +3,7 @@
 Why this exporter and opset (measured by benchmarks/opset_probe.py, recorded in docs/export.md):
 the TorchScript exporter is deprecated; the dynamo exporter targets opset 18 natively (older
 opsets go through the version converter), and opset 18 loads in every onnxruntime and TensorRT
-release we support. DEFAULT_OPSET is that choice; `--opset` picks another.
+release we support. DEFAULT_OPSET (specc/spec/targets.py) is that choice; `--opset` picks another.
 
 The exported file is made reproducible: the exporter's per-node metadata (stack traces with file
 paths, FX node text) and doc strings are dropped, the symbolic dims of inputs and outputs are
@@ -13,19 +13,21 @@ onnxruntime infers them again on load.
 """
 from __future__ import annotations
 
-import os
+import importlib
 import sys
 import threading
+import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
 from specc.errors import BuildError
+from specc.spec.io import BATCH, ENC_SEQ, INPUT_IDS, PAST, POSITION_IDS, SEQ, TOKEN_TYPE_IDS, TOTAL, concrete_dims
 from specc.spec.resolve import GraphSig
+from specc.spec.targets import DEFAULT_OPSET
 
-DEFAULT_OPSET = 18
-SUPPORTED_OPSETS = range(18, 24)
 # protobuf cannot serialize one message over 2 GiB: beyond this, weights go to external data
 EXTERNAL_DATA_BYTES = 2 * 1024**3 - 64 * 1024**2
 
@@ -53,8 +55,8 @@ class GraphModule(nn.Module):
         return tuple(out[name] for name in self.output_names)
 
 
-# What torch.onnx.export(dynamo=True), its optimizer and the passes import on first use: 2-3 s of
-# module code on this machine, before any tracing
+# What torch.onnx.export(dynamo=True), its optimizer and the passes import on first use: seconds
+# of module code before any tracing (docs/build.md)
 EXPORTER_MODULES = ("torch.export", "torch._dynamo", "torch.onnx._internal.exporter._core",
                     "onnxscript", "onnxscript.function_libs.torch_lib.ops", "onnxscript.optimizer",
                     "onnxscript.rewriter", "onnx_ir", "onnx")
@@ -63,11 +65,10 @@ EXPORTER_MODULES = ("torch.export", "torch._dynamo", "torch.onnx._internal.expor
 def preload() -> threading.Thread:
     """Import EXPORTER_MODULES in a thread, started while the module is built: building it is
     mostly torch's own kernels (the seeded draws), which leave the interpreter free, so the
-    imports cost the build nothing there instead of 2-3 s at the start of the export (gpt2-small:
-    1.1 s of them hidden). A module that cannot be imported is left for the export to report.
+    imports cost the build little there instead of their whole time at the start of the export.
+    A module that cannot be imported is left for the export to report.
     Join the thread before forking (specc/export/reference.py): a child forked while another
     thread holds an import lock could wait on it for ever."""
-    import importlib
 
     def run() -> None:
         for name in EXPORTER_MODULES:
@@ -164,14 +165,14 @@ def optimize(program, prefolded: bool = False) -> dict:
 
 
 # A stitched graph is optimized in two parts. onnxscript's optimizer spends most of its time in
-# its rewrite rules, node by node: 1.1-1.5 s on gpt2-small's 12 layers, the same work in each
-# layer. prefold() runs the layer-by-layer part (inlining, constant folding, the rewrite rules,
+# its rewrite rules, node by node, doing the same work in each layer. prefold() runs the
+# layer-by-layer part (inlining, constant folding, the rewrite rules,
 # up to twice) on the two traced layers before layer 1 is copied, with the layers' weights
 # hidden (stitch.layer_weights_hidden); _finish() runs on the whole graph what needs the
 # weights or every layer (folding what reads a weight, unused-node removal, constants lifted to
 # initializers, duplicate initializers and common subexpressions merged, output and name fixes,
-# onnxscript's fusions). gpt2-small: 0.45 s instead of 1.4, and the same nodes in the same order
-# as the whole optimizer gives (tests/export/test_stitch.py checks it for every kind).
+# onnxscript's fusions). The result has the same nodes in the same order as the whole optimizer
+# gives (tests/export/test_stitch.py checks it for every kind; what it saves: docs/export.md).
 def prefold(model) -> None:
     import onnx_ir as ir
     from onnxscript import optimizer, rewriter
@@ -311,8 +312,6 @@ def _raw_data(tensor):
     """A tensor's raw_data bytes (little-endian, C order): a view of its own memory where it is
     laid out so (a parameter's tensor: no copy of the weights), else the tensor's tobytes (a
     transposed view, 4-bit types packed two to a byte, a big-endian machine)."""
-    import numpy as np
-
     if sys.byteorder == "little" and tensor.dtype.itemsize >= 1:
         array = tensor.numpy()
         if array.dtype.itemsize == tensor.dtype.itemsize and not array.flags.c_contiguous:
@@ -324,10 +323,8 @@ def _raw_data(tensor):
 
 def _contiguous(array):
     """A C-ordered copy of a strided array (a transposed weight) made by torch, whose blocked copy
-    is about twice as fast as numpy's on a transpose (gpt2-small's 72 transposed weights: 0.49 s
-    with numpy); None where torch does not take the array (a dtype it lacks, negative strides)."""
-    import warnings
-
+    is about twice as fast as numpy's on a transpose (docs/build.md); None where torch does not
+    take the array (a dtype it lacks, negative strides)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # a read-only array: torch only reads it here
@@ -384,36 +381,26 @@ def _strip_node(node) -> None:
                 _strip_node(sub)
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # Example sizes for tracing: >= 2 (torch.export specializes 0 and 1) and all different, so no
 # two symbolic dims are mistaken for one.
-_TRACE_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 5, "encoder_sequence": 7}
+_TRACE_SIZES = {BATCH: 2, SEQ: 3, PAST: 5, ENC_SEQ: 7}
 
 
 def example_inputs(r, sig: GraphSig) -> dict[str, torch.Tensor]:
     """One tensor per input of the graph, at _TRACE_SIZES, for tracing."""
-    size = dict(_TRACE_SIZES, total_sequence=_TRACE_SIZES["sequence"] + _TRACE_SIZES["past_sequence"])
+    size = {**_TRACE_SIZES, TOTAL: _TRACE_SIZES[SEQ] + _TRACE_SIZES[PAST]}
     gen = torch.Generator().manual_seed(0)
-    vocab = r.target_vocab_size if sig.name == "decoder" else r.vocab.size
+    vocab = r.input_vocab_size(sig.name)
     dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     out = {}
     for t in sig.inputs:
-        shape = [size[d] if isinstance(d, str) else d for d in t.dims]
-        if t.name == "input_ids":
+        shape = concrete_dims(t.dims, size)
+        if t.name == INPUT_IDS:
             out[t.name] = torch.randint(0, vocab, shape, generator=gen)
-        elif t.name == "token_type_ids":
+        elif t.name == TOKEN_TYPE_IDS:
             out[t.name] = torch.randint(0, max(1, r.vocab.type_size), shape, generator=gen)
-        elif t.name == "position_ids":
-            out[t.name] = (torch.arange(shape[1]) + size["past_sequence"]).expand(*shape).contiguous()
+        elif t.name == POSITION_IDS:
+            out[t.name] = (torch.arange(shape[1]) + size[PAST]).expand(*shape).contiguous()
         elif t.dtype in ("int64", "int32"):  # masks
             out[t.name] = torch.ones(shape, dtype=torch.int64)
         else:

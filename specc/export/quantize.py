@@ -21,8 +21,9 @@ import os
 from pathlib import Path
 
 from specc.errors import BuildError
+from specc.spec.targets import PRECISIONS
 
-INT_PRECISIONS = ("int8", "int4")
+INT_PRECISIONS = tuple(name for name, p in PRECISIONS.items() if p.quantized)  # int8, int4
 INT4_BLOCK = 32
 
 

@@ -25,13 +25,16 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
 import numpy as np
 
+from specc import errors
 from specc.errors import BuildError, SpeccError
+from specc.export.verify import Spilled, reference_outputs
 from specc.interrupts import Terminated
 
 ENV = "SPECC_REFERENCE_PROCESS"
@@ -51,8 +54,6 @@ def forks(n_params: int, longest: int) -> bool:
     program that calls specc.build() with threads of its own gets the run in its own process: a
     child forked while one of those threads held a lock (an import, a log handler, an object of
     theirs) could wait on it for ever. SPECC_REFERENCE_PROCESS=fork or inline decides instead."""
-    import threading
-
     choice = os.environ.get(ENV, "").strip().lower()
     if choice not in ("", "fork", "inline"):
         raise BuildError(f"{ENV}={os.environ[ENV]!r}: choose fork or inline (or leave it unset)")
@@ -101,8 +102,7 @@ class ReferenceJob:
     def result(self) -> dict:
         """The reference outputs, (graph, case) -> {output: array or Spilled}; model.safetensors is
         written when this returns. Waits for the child where there is one."""
-        from specc.export.verify import reference_outputs
-        from specc.weights import save_module
+        from specc.weights import save_module  # torch
 
         if self.pid is None:
             refs = reference_outputs(self.r, self.model, self.seed, spill=self.spill)
@@ -146,7 +146,6 @@ class ReferenceJob:
         try:
             import torch
 
-            from specc.export.verify import reference_outputs
             from specc.weights import save_module
 
             # one thread beside the export's one; torch's thread pool is not forked with the
@@ -169,8 +168,6 @@ class ReferenceJob:
     # --- back in the build -------------------------------------------------------------------------
 
     def _read_index(self) -> dict:
-        from specc.export.verify import Spilled
-
         try:
             index = json.loads((self.spill / INDEX).read_text())
         except (OSError, ValueError) as exc:
@@ -181,8 +178,6 @@ class ReferenceJob:
                 for c in index["cases"]}
 
     def _failure(self, status: int) -> Exception:
-        from specc import errors
-
         try:
             failure = json.loads((self.spill / FAILURE).read_text())
         except (OSError, ValueError):

@@ -23,12 +23,15 @@ checks the graph as it checks any other.
 from __future__ import annotations
 
 import contextlib
-import re
+import copy
+from dataclasses import replace
 
+import numpy as np
 from torch import nn
 
+from specc.spec.io import parse_cache
+
 KEEP = 2  # layers traced per stitched stack: layer 0, and layer 1 as the pattern of the rest
-_PER_LAYER_IO = re.compile(r"^(past_key_values|present)\.(\d+)\.")
 
 
 class NotStitchable(Exception):
@@ -53,8 +56,6 @@ def stitch_plan(r, sig) -> dict[str, int]:
 def truncated(model: nn.Module, roles) -> nn.Module:
     """A shallow copy of a SpeccModel whose `roles` stacks hold their first KEEP layers (the same
     module objects: no parameter is copied)."""
-    import copy
-
     short = copy.copy(model)
     short._modules = dict(model._modules)
     for role in roles:
@@ -73,8 +74,8 @@ def truncated_sig(sig, plan: dict[str, int]):
         return sig
 
     def kept(t) -> bool:
-        m = _PER_LAYER_IO.match(t.name)
-        return m is None or int(m.group(2)) < KEEP
+        parsed = parse_cache(t.name)
+        return parsed is None or parsed[1].layer < KEEP
 
     return sig.model_copy(update={"inputs": tuple(t for t in sig.inputs if kept(t)),
                                   "outputs": tuple(t for t in sig.outputs if kept(t))})
@@ -127,16 +128,16 @@ def _layer_name(name: str, prefix_from: str, prefix_to: str) -> str | None:
 
 
 def _io_name(name: str, layer: int) -> str | None:
-    """past_key_values.1.key -> past_key_values.<layer>.key; None for an input of no layer."""
-    m = _PER_LAYER_IO.match(name)
-    if m is None or m.group(2) != "1":
+    """Layer 1's cache input or output under `layer`'s name (past_key_values.1.key ->
+    past_key_values.<layer>.key); None for a name of no layer, or of another layer."""
+    parsed = parse_cache(name)
+    if parsed is None or parsed[1].layer != 1:
         return None
-    return f"{m.group(1)}.{layer}.{name[m.end():]}"
+    prefix, slot = parsed
+    return replace(slot, layer=layer).name(prefix)
 
 
 def _tensor_key(tensor):
-    import numpy as np
-
     arr = tensor.numpy()
     return str(arr.dtype), arr.shape, np.ascontiguousarray(arr).tobytes()
 

@@ -1,19 +1,27 @@
-"""The TensorRT target: compatibility check, optimization profiles, precision flags, engine build
-and an engine "session" for verification (see docs/serving.md).
+"""The TensorRT target: compatibility check, optimization profiles, precision flags, engine build,
+an engine "session" for verification, and a build's engines verified (see docs/serving.md).
 
 The pure parts (profiles from the spec's `serving:` ranges, precision flags, the check of a graph
 against specc/export/tensorrt_ops.py, the parser-error report) need neither TensorRT nor a GPU.
-build_engine() and EngineSession import `tensorrt` (and torch's CUDA) only when called.
+build_engine(), EngineSession and build_engines() import `tensorrt` (and torch's CUDA) only
+when called.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
+import numpy as np
+
+from specc.deps import require_tensorrt
 from specc.errors import BuildError
 from specc.export import tensorrt_ops as ops
+from specc.export.verify import verify
 from specc.fileio import write_atomic
-from specc.spec.resolve import BATCH, ENC_SEQ, PAST, SEQ, TOTAL, GraphSig, ResolvedSpec
+from specc.spec.io import BATCH, ENC_SEQ, PAST, SEQ, TOTAL
+from specc.spec.resolve import GraphSig, ResolvedSpec
+from specc.spec.targets import PRECISIONS, TARGETS
 
 Shape = tuple[int, ...]
 
@@ -149,8 +157,6 @@ def build_engine(onnx_path: Path, plan_path: Path, r: ResolvedSpec, sig: GraphSi
     optimization profile covering the spec's serving ranges, write it to plan_path."""
     import onnx
 
-    from specc.deps import require_tensorrt
-
     trt = require_tensorrt("building a TensorRT engine")
     flags = precision_flags(precision, onnx.load(str(onnx_path), load_external_data=False))
     logger = _logger(trt)
@@ -164,7 +170,7 @@ def build_engine(onnx_path: Path, plan_path: Path, r: ResolvedSpec, sig: GraphSi
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace)
     for flag in flags:
         config.set_flag(getattr(trt.BuilderFlag, flag))
-    if precision in ("fp16", "bf16"):  # keep normalizations in fp32
+    if PRECISIONS[precision].half:  # keep normalizations in fp32
         config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
         for i in range(network.num_layers):
             layer = network.get_layer(i)
@@ -195,8 +201,6 @@ class EngineSession:
     def __init__(self, plan_path: Path):
         import torch
 
-        from specc.deps import require_tensorrt
-
         trt = require_tensorrt("verifying a TensorRT engine")
         if not torch.cuda.is_available():
             raise BuildError("verifying a TensorRT engine needs a CUDA GPU, and torch sees none")
@@ -208,8 +212,6 @@ class EngineSession:
         self.context = self.engine.create_execution_context()
 
     def run(self, names, feed):
-        import numpy as np
-
         trt, torch = self._trt, self._torch
         keep = []
         for i in range(self.engine.num_io_tensors):
@@ -232,3 +234,33 @@ class EngineSession:
             raise BuildError("TensorRT failed to run the engine")
         stream.synchronize()
         return [outs[n].cpu().numpy() for n in names]
+
+
+# --- a build's engines --------------------------------------------------------------------------
+
+
+def engines_possible(precision: str) -> bool:
+    """Whether TensorRT engines can be built here: tensorrt importable, a CUDA GPU, and a
+    precision the tensorrt target builds."""
+    if precision not in TARGETS["tensorrt"].precisions or importlib.util.find_spec("tensorrt") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def build_engines(r: ResolvedSpec, refs: dict, files: dict[str, list[Path]], tmp: Path, precision: str,
+                  seed: int) -> tuple[dict, dict[str, Path]]:
+    """Check each graph against TensorRT's parser support, build one engine per graph
+    (`<graph>.plan` in tmp) and verify the engines like the ONNX graphs (same cases, the tensorrt
+    tolerance) against the module's reference outputs `refs`. Needs TensorRT and a CUDA GPU.
+    Returns (the engines' verification, graph -> plan)."""
+    import onnx
+
+    sessions, plans = {}, {}
+    for sig in r.graphs:
+        onnx_path = files[sig.name][0]
+        check_compatible(onnx.load(str(onnx_path), load_external_data=False), graph=sig.name)
+        plans[sig.name] = build_engine(onnx_path, tmp / f"{sig.name}.plan", r, sig, precision)
+        sessions[sig.name] = EngineSession(plans[sig.name])
+    return verify(r, refs, sessions, "tensorrt", precision, seed=seed).to_dict(), plans

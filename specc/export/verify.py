@@ -20,22 +20,23 @@ import numpy as np
 
 from specc.errors import VerificationError
 from specc.malloc import trim
-from specc.spec.resolve import BATCH, PAST, GraphSig, ResolvedSpec
-
-# (target, precision) -> (atol, rtol). The one place tolerances live.
-TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
-    ("onnx", "fp32"): (1e-4, 1e-4),
-    ("onnx", "fp16"): (2e-2, 2e-2),
-    ("onnx", "bf16"): (1e-1, 5e-2),
-    # integer weights: the gate catches a broken graph, not quantization noise; the benchmark
-    # reports the quality (hidden-state error, argmax / greedy agreement) on a trained model
-    # (measured: int8 1-2% of max|torch| on tiny random models, 7% on gpt2-small at 1024 tokens; int4 15-17% on tiny ones)
-    ("onnx", "int8"): (1e-3, 1e-1),
-    ("onnx", "int4"): (1e-3, 3.5e-1),
-    ("tensorrt", "fp32"): (5e-4, 5e-4),
-    ("tensorrt", "fp16"): (2e-2, 2e-2),
-    ("tensorrt", "bf16"): (1e-1, 5e-2),
-}
+from specc.spec.io import (
+    ATTENTION_MASK,
+    BATCH,
+    ENC_SEQ,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    PAST,
+    POSITION_IDS,
+    SEQ,
+    TOKEN_TYPE_IDS,
+    empty_cache_dims,
+    numpy_dtype,
+    parse_cache,
+    positions_from_mask,
+)
+from specc.spec.resolve import GraphSig, ResolvedSpec
+from specc.spec.targets import TOLERANCES  # (target, precision) -> (atol, rtol), from the targets table
 
 
 def tolerance(target: str, precision: str) -> tuple[float, float]:
@@ -101,17 +102,14 @@ class Report:
                 "passed": True, "max_abs_diff": self.max_abs, "cases": self.cases}
 
 
-_NP = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16}
-
-
 def _base_feed(r: ResolvedSpec, sig: GraphSig, case: Case, rng: np.random.Generator,
                prev_mask: np.ndarray | None, source_mask: np.ndarray | None) -> dict[str, np.ndarray]:
     """The integer inputs of one case; float inputs (caches) come from earlier cases' outputs."""
     b, t = case.batch, case.sequence
-    vocab = r.target_vocab_size if sig.name == "decoder" else r.vocab.size
-    feed: dict[str, np.ndarray] = {"input_ids": rng.integers(0, vocab, size=(b, t), dtype=np.int64)}
+    vocab = r.input_vocab_size(sig.name)
+    feed: dict[str, np.ndarray] = {INPUT_IDS: rng.integers(0, vocab, size=(b, t), dtype=np.int64)}
     names = {s.name for s in sig.inputs}
-    if "attention_mask" in names:
+    if ATTENTION_MASK in names:
         mask = np.ones((b, t), dtype=np.int64)
         if case.pad:
             if sig.name == "model" and r.architecture == "decoder":
@@ -120,13 +118,13 @@ def _base_feed(r: ResolvedSpec, sig: GraphSig, case: Case, rng: np.random.Genera
                 mask[-1, t - case.pad:] = 0  # source sequences are right-padded
         if prev_mask is not None:
             mask = np.concatenate([prev_mask, mask], axis=1)  # [B, past + T]
-        feed["attention_mask"] = mask
-        if "position_ids" in names:
-            feed["position_ids"] = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)[:, -t:]
-    if "token_type_ids" in names:
-        feed["token_type_ids"] = rng.integers(0, r.vocab.type_size, size=(b, t), dtype=np.int64)
-    if "encoder_attention_mask" in names:
-        feed["encoder_attention_mask"] = source_mask
+        feed[ATTENTION_MASK] = mask
+        if POSITION_IDS in names:
+            feed[POSITION_IDS] = positions_from_mask(mask, t)
+    if TOKEN_TYPE_IDS in names:
+        feed[TOKEN_TYPE_IDS] = rng.integers(0, r.vocab.type_size, size=(b, t), dtype=np.int64)
+    if ENCODER_ATTENTION_MASK in names:
+        feed[ENCODER_ATTENTION_MASK] = source_mask
     return feed
 
 
@@ -135,16 +133,16 @@ def _cache_inputs(sig: GraphSig, case: Case, past_out: dict | None, source_out: 
     cross-attention K/V for a decoder graph."""
     feed = {}
     for s in sig.inputs:
-        if not s.name.startswith("past_key_values."):
+        parsed = parse_cache(s.name)
+        if parsed is None:
             continue
-        present = "present." + s.name[len("past_key_values."):]
-        if ".encoder." in s.name:
-            feed[s.name] = source_out[present]
+        slot = parsed[1]
+        if slot.cross:
+            feed[s.name] = source_out[slot.present]
         elif past_out is not None:
-            feed[s.name] = past_out[present]
+            feed[s.name] = past_out[slot.present]
         else:
-            shape = [case.batch if d == BATCH else 0 if d == PAST else d for d in s.dims]
-            feed[s.name] = np.zeros(shape, dtype=np.float32)
+            feed[s.name] = np.zeros(empty_cache_dims(s.dims, case.batch), dtype=np.float32)
     return feed
 
 
@@ -255,13 +253,13 @@ def _steps(r: ResolvedSpec, seed: int) -> list[_Step]:
         src = ("encoder", case.source) if case.source else None
         base = _base_feed(r, sig, case, np.random.default_rng([seed, i]), masks.get(prev), masks.get(src))
         totals[key] = (totals[prev] if prev else 0) + case.sequence
-        if "attention_mask" in base:
-            masks[key] = base["attention_mask"]
-        shapes = {"batch": case.batch, "sequence": case.sequence}
+        if ATTENTION_MASK in base:
+            masks[key] = base[ATTENTION_MASK]
+        shapes = {BATCH: case.batch, SEQ: case.sequence}
         if prev:
-            shapes["past_sequence"] = totals[prev]
+            shapes[PAST] = totals[prev]
         if src:
-            shapes["encoder_sequence"] = totals[src]
+            shapes[ENC_SEQ] = totals[src]
         steps.append(_Step(case, sig, key, prev, src, base, shapes))
     return steps
 
@@ -329,7 +327,7 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
         feed = {**step.base, **_cache_inputs(step.sig, step.case, kept.get(step.prev), kept.get(step.src))}
         for s in step.sig.inputs:  # float inputs in the graph's precision
             if s.dtype.startswith("float"):
-                feed[s.name] = feed[s.name].astype(_NP.get(s.dtype, np.float32))
+                feed[s.name] = feed[s.name].astype(numpy_dtype(s.dtype))
         names = [s.name for s in step.sig.outputs]
         trim()  # the last case's freed outputs go back to the system before this one allocates
         try:

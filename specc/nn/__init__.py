@@ -5,6 +5,7 @@ import os
 
 from specc.nn.blocks import default_init_skipped, init_weights
 from specc.nn.model import SpeccModel
+from specc.spec.load import load_spec
 from specc.spec.resolve import ResolvedSpec, resolve
 from specc.spec.schema import ModelSpec
 
@@ -13,8 +14,6 @@ def as_resolved(spec: str | os.PathLike | ModelSpec | ResolvedSpec) -> ResolvedS
     if isinstance(spec, ResolvedSpec):
         return spec
     if not isinstance(spec, ModelSpec):
-        from specc.spec.load import load_spec
-
         spec = load_spec(spec)
     return resolve(spec)
 

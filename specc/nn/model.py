@@ -16,7 +16,23 @@ from torch import nn
 
 from specc.nn.blocks import ACTIVATIONS, Stack, make_norm
 from specc.nn.ops import Dropout
-from specc.spec.resolve import ABSOLUTE_POSITIONS, ResolvedSpec
+from specc.spec.io import (
+    ATTENTION_MASK,
+    CROSS,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    LAST_HIDDEN_STATE,
+    OWN,
+    POSITION_IDS,
+    TOKEN_TYPE_IDS,
+    is_past,
+    is_present,
+    layer_pasts,
+    layer_presents,
+    positions_from_mask,
+    present_to_past,
+)
+from specc.spec.resolve import ResolvedSpec
 from specc.spec.schema import OutputSpec
 
 Tensor = torch.Tensor
@@ -98,13 +114,6 @@ class Head(nn.Module):
         return h[torch.arange(h.shape[0], device=h.device), idx]
 
 
-def _past(inputs: dict, n: int, part: str = "") -> list | None:
-    """Per-layer (k, v) from past_key_values.N{part}.key / .value, or None when not given."""
-    if f"past_key_values.0{part}.key" not in inputs:
-        return None
-    return [(inputs[f"past_key_values.{i}{part}.key"], inputs[f"past_key_values.{i}{part}.value"]) for i in range(n)]
-
-
 def _causal(p: int, t: int, device) -> tuple[Tensor, Tensor]:
     """Sequence indices of T new queries after P cached tokens, and the causal mask [1,1,T,P+T]."""
     q_idx = torch.arange(t, device=device) + p
@@ -133,8 +142,7 @@ class SpeccModel(nn.Module):
         # the mlm transform uses the FFN's activation (BERT: gelu), ungated
         activation = top.layers[0].ffn.activation
         activation = {"swiglu": "silu", "geglu": "gelu"}.get(activation, activation)
-        vocab = r.target_vocab_size if r.decoder is not None else r.vocab.size
-        self.heads = nn.ModuleDict({o.name: Head(o, r, vocab, r.tie_output, activation) for o in r.outputs})
+        self.heads = nn.ModuleDict({o.name: Head(o, r, r.output_vocab_size, r.tie_output, activation) for o in r.outputs})
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -144,24 +152,24 @@ class SpeccModel(nn.Module):
 
     @staticmethod
     def _check(inputs: dict, allowed: set[str], graph: str) -> None:
-        unknown = sorted(k for k in inputs if k not in allowed and not k.startswith("past_key_values."))
+        unknown = sorted(k for k in inputs if k not in allowed and not is_past(k))
         if unknown:
             raise TypeError(f"unexpected input(s) {unknown} for the {graph} graph; expected {sorted(allowed)}")
 
     def _types(self, inputs: dict) -> Tensor | None:
-        ids = inputs.get("token_type_ids")
+        ids = inputs.get(TOKEN_TYPE_IDS)
         if self.embeddings.types is None:
             return None
         if ids is None:
-            ids = torch.zeros_like(inputs["input_ids"])
+            ids = torch.zeros_like(inputs[INPUT_IDS])
         return self.embeddings.types(ids)
 
     # --- graphs ----------------------------------------------------------------------------
 
     def _run_encoder(self, inputs: dict) -> tuple[Tensor, Tensor]:
-        ids = inputs["input_ids"]
+        ids = inputs[INPUT_IDS]
         b, t = ids.shape
-        mask = inputs.get("attention_mask")
+        mask = inputs.get(ATTENTION_MASK)
         mask = torch.ones_like(ids) if mask is None else mask
         position_ids = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, t)
         x = self.encoder.embed(self.embeddings.lookup(ids, "encoder"), position_ids, self._types(inputs))
@@ -173,15 +181,12 @@ class SpeccModel(nn.Module):
     def encode(self, **inputs: Tensor) -> dict[str, Tensor]:
         """The encoder graph. For an encoder-decoder: last_hidden_state and the cross-attention
         K/V of every decoder layer (present.N.encoder.key / .value)."""
-        self._check(inputs, {"input_ids", "attention_mask", "token_type_ids"}, "encoder")
+        self._check(inputs, {INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS}, "encoder")
         h, mask = self._run_encoder(inputs)
         if self.decoder is None:
             return self._outputs(h, mask, "encoder")
-        out = {"last_hidden_state": h}
-        for i, layer in enumerate(self.decoder.layers):
-            k, v = layer.cross_attention.memory_kv(h)
-            out[f"present.{i}.encoder.key"], out[f"present.{i}.encoder.value"] = k, v
-        return out
+        cross = [layer.cross_attention.memory_kv(h) for layer in self.decoder.layers]
+        return {LAST_HIDDEN_STATE: h, **layer_presents(cross, CROSS)}
 
     def decode(self, **inputs: Tensor) -> dict[str, Tensor]:
         """The decoder graph (encoder-decoder and decoder-only).
@@ -190,16 +195,16 @@ class SpeccModel(nn.Module):
         past_key_values.N.encoder.* (or encoder_hidden_states instead of the encoder K/V)."""
         if self.encoder is None:
             return self._decode_only(inputs)
-        self._check(inputs, {"input_ids", "encoder_attention_mask", "encoder_hidden_states", "use_cache"}, "decoder")
+        self._check(inputs, {INPUT_IDS, ENCODER_ATTENTION_MASK, "encoder_hidden_states", "use_cache"}, "decoder")
         use_cache = bool(inputs.get("use_cache", True))
-        ids = inputs["input_ids"]
+        ids = inputs[INPUT_IDS]
         b, t = ids.shape
         n = len(self.decoder.layers)
-        past, cross = _past(inputs, n, ".decoder"), _past(inputs, n, ".encoder")
+        past, cross = layer_pasts(inputs, n, OWN), layer_pasts(inputs, n, CROSS)
         memory = inputs.get("encoder_hidden_states")
         if cross is None and memory is None:
             raise TypeError("decode() needs past_key_values.N.encoder.* or encoder_hidden_states")
-        enc_mask = inputs.get("encoder_attention_mask")
+        enc_mask = inputs.get(ENCODER_ATTENTION_MASK)
         if enc_mask is None:
             s_enc = cross[0][0].shape[2] if cross is not None else memory.shape[1]
             enc_mask = torch.ones(b, s_enc, dtype=torch.int64, device=ids.device)
@@ -213,35 +218,32 @@ class SpeccModel(nn.Module):
         )
         out = self._outputs(h, torch.ones_like(ids), "decoder")
         if use_cache:
-            for i, (k, v) in enumerate(presents):
-                out[f"present.{i}.decoder.key"], out[f"present.{i}.decoder.value"] = k, v
+            out.update(layer_presents(presents, OWN))
             if cross is None:
-                for i, (k, v) in enumerate(cross_presents):
-                    out[f"present.{i}.encoder.key"], out[f"present.{i}.encoder.value"] = k, v
+                out.update(layer_presents(cross_presents, CROSS))
         return out
 
     def _decode_only(self, inputs: dict) -> dict[str, Tensor]:
-        self._check(inputs, {"input_ids", "attention_mask", "position_ids", "token_type_ids", "use_cache"}, "decoder")
-        ids = inputs["input_ids"]
+        self._check(inputs, {INPUT_IDS, ATTENTION_MASK, POSITION_IDS, TOKEN_TYPE_IDS, "use_cache"}, "decoder")
+        ids = inputs[INPUT_IDS]
         b, t = ids.shape
-        past = _past(inputs, len(self.decoder.layers))
+        past = layer_pasts(inputs, len(self.decoder.layers))
         use_cache = bool(inputs.get("use_cache", past is not None))
         p = past[0][0].shape[2] if past is not None else 0
-        mask = inputs.get("attention_mask")
+        mask = inputs.get(ATTENTION_MASK)
         if mask is None:
             mask = torch.ones(b, p + t, dtype=torch.int64, device=ids.device)
-        position_ids = inputs.get("position_ids")
+        position_ids = inputs.get(POSITION_IDS)
         if position_ids is None:
             # positions count real tokens only, so left-padded rows start at 0 (as HF does)
-            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)[:, -t:]
+            position_ids = positions_from_mask(mask, t)
         q_idx, causal = _causal(p, t, ids.device)
         allowed = mask.bool()[:, None, None, :] & causal
         x = self.decoder.embed(self.embeddings.lookup(ids, "decoder"), position_ids, self._types(inputs))
         h, presents, _ = self.decoder(x, allowed, q_idx, position_ids, past=past)
         out = self._outputs(h, mask[:, -t:], "decoder")
         if use_cache:
-            for i, (k, v) in enumerate(presents):
-                out[f"present.{i}.key"], out[f"present.{i}.value"] = k, v
+            out.update(layer_presents(presents))
         return out
 
     def forward(self, **inputs: Tensor) -> dict[str, Tensor]:
@@ -256,13 +258,11 @@ class SpeccModel(nn.Module):
         use_cache = bool(inputs.pop("use_cache", False))
         dec_ids = inputs.pop("decoder_input_ids")
         enc = self.encode(**inputs)
-        dec_inputs = {"input_ids": dec_ids, "use_cache": use_cache}
-        if "attention_mask" in inputs:
-            dec_inputs["encoder_attention_mask"] = inputs["attention_mask"]
-        for key, val in enc.items():
-            if key.startswith("present."):
-                dec_inputs["past_key_values." + key[len("present."):]] = val
+        dec_inputs = {INPUT_IDS: dec_ids, "use_cache": use_cache}
+        if ATTENTION_MASK in inputs:
+            dec_inputs[ENCODER_ATTENTION_MASK] = inputs[ATTENTION_MASK]
+        dec_inputs.update(present_to_past(enc))
         out = self.decode(**dec_inputs)
         if use_cache:
-            out.update({k: v for k, v in enc.items() if k.startswith("present.")})
+            out.update({k: v for k, v in enc.items() if is_present(k)})
         return out

@@ -75,7 +75,7 @@ def _tensors(sigs: tuple[TensorInfo, ...]) -> list:
         shape = rule.model_dims(sig.dims)
         if shape is None:
             raise ServeError(f"{sig.name}: only tensors with a leading batch dimension can be served (dims {list(sig.dims)})")
-        out.append(Tensor(name=sig.name, dtype=numpy_dtype(sig.dtype), shape=shape,
+        out.append(Tensor(name=sig.name, dtype=np.dtype(numpy_dtype(sig.dtype)), shape=shape,
                           optional=is_past(sig.name) and is_growing(sig.name)))
     return out
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from specc.spec.resolve import ResolvedAttention, ResolvedSpec
+from specc.spec.targets import PRECISIONS
 
-BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int4": 0.5}
+BYTES = {name: p.weight_bytes for name, p in PRECISIONS.items()}  # bytes per weight, per precision
 
 
 def _linear(prefix: str, n_in: int, n_out: int, bias: bool) -> dict:
@@ -96,7 +97,7 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
                 out.update(_norm(f"{p}.ffn_post_norm", norm.kind, d))
         if stack.final_norm:
             out.update(_norm(f"{s}.final_norm", norm.kind, d))
-    vocab = r.target_vocab_size if r.decoder is not None else v.size
+    vocab = r.output_vocab_size
     for o in r.outputs:
         h = f"heads.{o.name}"
         if o.kind in ("lm", "mlm") and not r.tie_output:
@@ -194,12 +195,12 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
                 "d_k": layer.attention.d_k, "d_v": layer.attention.d_v,
                 "pattern": layer.attention.pattern.kind, "d_ff": layer.ffn.d_ff, "activation": layer.ffn.activation,
             })
-    vocab = r.target_vocab_size if r.decoder is not None else r.vocab.size
+    vocab = r.output_vocab_size
     for o in r.outputs:
         flops += 2 * sum(v for k, v in matmul.items() if k.startswith(f"heads.{o.name}."))
         if o.kind in ("lm", "mlm") and r.tie_output:
             flops += 2 * r.d_model * vocab
-    cache_bytes = BYTES[r.serving.precision] if r.serving.precision in ("fp16", "bf16") else 4
+    cache_bytes = PRECISIONS[r.serving.precision].dtype_bytes  # the cache is in the exported float dtype
     kv = 0
     cross_kv = 0
     if r.decoder is not None:

@@ -10,15 +10,13 @@ outputs, and the rules that connect one call to the next.
 builds every GraphSig from these names; nn/, export/, runtime/, serving and the benchmarks read
 them here and spell none of it themselves.
 
-Torch-free. The array helpers take numpy arrays or torch tensors alike (they use only methods
-both have); numpy is imported for the dtype table alone.
+Torch-free and numpy-free (`specc validate` loads neither). The array helpers take numpy arrays
+or torch tensors alike: they use only methods both have.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
-
-import numpy as np
 
 # symbolic dims; total_sequence = past_sequence + sequence
 BATCH, SEQ, PAST, TOTAL, ENC_SEQ = "batch", "sequence", "past_sequence", "total_sequence", "encoder_sequence"
@@ -36,19 +34,20 @@ PAST_PREFIX, PRESENT_PREFIX = "past_key_values", "present"
 SELF, OWN, CROSS = "", "decoder", "encoder"  # the cache parts
 KEY, VALUE = "key", "value"
 
-# the dtype names a signature uses, as numpy types
-NUMPY_DTYPES = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16}
+# the dtype names a signature uses that numpy has under the same name
+NUMPY_DTYPES = ("int64", "int32", "float32", "float16")
 
 
 def float_dtype(precision: str) -> str:
     """The dtype of a graph's float inputs and outputs at a build precision (integer builds keep
     float32 at their edges)."""
-    return "float16" if precision == "fp16" else "float32"
+    return {"fp16": "float16", "bf16": "bfloat16"}.get(precision, "float32")
 
 
-def numpy_dtype(name: str):
-    """The numpy type of a signature dtype name (bfloat16 and unknown names: float32)."""
-    return NUMPY_DTYPES.get(name, np.float32)
+def numpy_dtype(name: str) -> str:
+    """The numpy dtype name for a signature dtype name (numpy has no bfloat16: float32, as for an
+    unknown name). numpy takes the name wherever it takes a dtype; np.dtype(name) is the object."""
+    return name if name in NUMPY_DTYPES else "float32"
 
 
 @dataclass(frozen=True)
@@ -128,6 +127,17 @@ def layer_pasts(inputs: Mapping[str, Any], layers: int, part: str = SELF) -> lis
     if slots[0].past not in inputs:
         return None
     return [(inputs[k.past], inputs[v.past]) for k, v in zip(slots[::2], slots[1::2])]
+
+
+def layer_presents(pairs: Iterable[tuple[Any, Any]], part: str = SELF) -> dict[str, Any]:
+    """present.N[.part].key/.value of per-layer (key, value) pairs, in signature order (the
+    inverse of layer_pasts, on the output side)."""
+    pairs = list(pairs)
+    slots = cache_slots(len(pairs), part)
+    out = {}
+    for (key, value), k, v in zip(pairs, slots[::2], slots[1::2]):
+        out[k.present], out[v.present] = key, value
+    return out
 
 
 def concrete_dims(dims: Iterable[int | str], sizes: Mapping[str, int]) -> list[int]:

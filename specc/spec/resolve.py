@@ -27,6 +27,27 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from specc.spec.derive import effective_outputs, effective_tie, head_dims, rotary_dims, stacks
+from specc.spec.io import (
+    ATTENTION_MASK,
+    BATCH,
+    CROSS,
+    ENC_SEQ,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    KEY,
+    LAST_HIDDEN_STATE,
+    OWN,
+    PAST,
+    PAST_PREFIX,
+    POSITION_IDS,
+    PRESENT_PREFIX,
+    SELF,
+    SEQ,
+    TOKEN_TYPE_IDS,
+    TOTAL,
+    cache_slots,
+    float_dtype,
+)
 from specc.spec.schema import (
     AttentionSpec,
     DropoutSpec,
@@ -42,9 +63,7 @@ from specc.spec.schema import (
     VocabSpec,
 )
 
-Dim = int | str
-# Symbolic dims. total_sequence = past_sequence + sequence.
-BATCH, SEQ, PAST, TOTAL, ENC_SEQ = "batch", "sequence", "past_sequence", "total_sequence", "encoder_sequence"
+Dim = int | str  # a fixed size, or a symbolic dim of specc/spec/io.py
 ABSOLUTE_POSITIONS = ("sinusoidal", "learned", "rotary")
 
 
@@ -149,6 +168,18 @@ class ResolvedSpec(Frozen):
     def graph(self, name: str) -> GraphSig:
         return next(g for g in self.graphs if g.name == name)
 
+    def input_vocab_size(self, graph: str) -> int:
+        """The vocabulary graph `graph`'s input_ids index: the encoder's token table for the
+        encoder graph and an encoder-only model, the decoder's (an encoder-decoder's target
+        vocabulary) for the others."""
+        return self.stack("encoder" if graph == "encoder" or self.decoder is None else "decoder").vocab_size
+
+    @property
+    def output_vocab_size(self) -> int:
+        """The vocabulary the lm and mlm outputs score: the last stack's (the decoder's where
+        there is one)."""
+        return (self.decoder or self.encoder).vocab_size
+
     def stack(self, role: str) -> ResolvedStack:
         found = getattr(self, role)
         if found is None:
@@ -230,15 +261,10 @@ def explicit(spec: ModelSpec) -> ModelSpec:
     return out
 
 
-# --- the IO signature -----------------------------------------------------------------------
+# --- the IO signature (names, dims and dtypes: specc/spec/io.py) ----------------------------
 
 
-def _float_dtype(precision: str) -> str:
-    return {"fp16": "float16", "bf16": "bfloat16"}.get(precision, "float32")
-
-
-def _output_sigs(spec: ModelSpec, outputs, seq: str, fdt: str) -> list[TensorSig]:
-    vocab = spec.vocab.target_size or spec.vocab.size  # target_size exists only for encoder-decoders
+def _output_sigs(spec: ModelSpec, outputs, vocab: int, seq: str, fdt: str) -> list[TensorSig]:
     sigs = []
     for o in outputs:
         dims = {
@@ -253,47 +279,49 @@ def _output_sigs(spec: ModelSpec, outputs, seq: str, fdt: str) -> list[TensorSig
     return sigs
 
 
-def _cache_sigs(prefix: str, stack: ResolvedStack, part: str, seq: str, fdt: str, cross: bool = False):
+def _cache_sigs(prefix: str, stack: ResolvedStack, part: str, seq: str, fdt: str) -> list[TensorSig]:
+    """The `prefix` (past or present) cache tensors of the stack's layers for one cache part."""
     sigs = []
-    for layer in stack.layers:
-        att = layer.cross_attention if cross else layer.attention
-        for which, width in (("key", att.d_k), ("value", att.d_v)):
-            name = f"{prefix}.{layer.index}{part}.{which}"
-            sigs.append(TensorSig(name=name, dtype=fdt, dims=(BATCH, att.kv_heads, seq, width)))
+    for slot in cache_slots(len(stack.layers), part):
+        layer = stack.layers[slot.layer]
+        att = layer.cross_attention if slot.cross else layer.attention
+        width = att.d_k if slot.which == KEY else att.d_v
+        sigs.append(TensorSig(name=slot.name(prefix), dtype=fdt, dims=(BATCH, att.kv_heads, seq, width)))
     return sigs
 
 
 def _graphs(spec: ModelSpec, enc: ResolvedStack | None, dec: ResolvedStack | None, outputs) -> tuple[GraphSig, ...]:
-    fdt = _float_dtype(spec.serving.precision)
+    fdt = float_dtype(spec.serving.precision)
     i64 = "int64"
     types = spec.vocab.type_size > 0
+    vocab = (dec or enc).vocab_size  # what the lm and mlm outputs score (ResolvedSpec.output_vocab_size)
 
     def source_inputs(seq: str) -> list[TensorSig]:
-        sigs = [TensorSig(name="input_ids", dtype=i64, dims=(BATCH, seq)),
-                TensorSig(name="attention_mask", dtype=i64, dims=(BATCH, seq))]
+        sigs = [TensorSig(name=INPUT_IDS, dtype=i64, dims=(BATCH, seq)),
+                TensorSig(name=ATTENTION_MASK, dtype=i64, dims=(BATCH, seq))]
         if types:
-            sigs.append(TensorSig(name="token_type_ids", dtype=i64, dims=(BATCH, seq)))
+            sigs.append(TensorSig(name=TOKEN_TYPE_IDS, dtype=i64, dims=(BATCH, seq)))
         return sigs
 
     if spec.architecture == "encoder":
-        return (GraphSig(name="model", inputs=tuple(source_inputs(SEQ)), outputs=tuple(_output_sigs(spec, outputs, SEQ, fdt))),)
+        return (GraphSig(name="model", inputs=tuple(source_inputs(SEQ)), outputs=tuple(_output_sigs(spec, outputs, vocab, SEQ, fdt))),)
     if spec.architecture == "decoder":
-        ins = [TensorSig(name="input_ids", dtype=i64, dims=(BATCH, SEQ)),
-               TensorSig(name="attention_mask", dtype=i64, dims=(BATCH, TOTAL))]
+        ins = [TensorSig(name=INPUT_IDS, dtype=i64, dims=(BATCH, SEQ)),
+               TensorSig(name=ATTENTION_MASK, dtype=i64, dims=(BATCH, TOTAL))]
         if spec.position.kind in ABSOLUTE_POSITIONS:
-            ins.append(TensorSig(name="position_ids", dtype=i64, dims=(BATCH, SEQ)))
+            ins.append(TensorSig(name=POSITION_IDS, dtype=i64, dims=(BATCH, SEQ)))
         if types:
-            ins.append(TensorSig(name="token_type_ids", dtype=i64, dims=(BATCH, SEQ)))
-        ins += _cache_sigs("past_key_values", dec, "", PAST, fdt)
-        outs = _output_sigs(spec, outputs, SEQ, fdt) + _cache_sigs("present", dec, "", TOTAL, fdt)
+            ins.append(TensorSig(name=TOKEN_TYPE_IDS, dtype=i64, dims=(BATCH, SEQ)))
+        ins += _cache_sigs(PAST_PREFIX, dec, SELF, PAST, fdt)
+        outs = _output_sigs(spec, outputs, vocab, SEQ, fdt) + _cache_sigs(PRESENT_PREFIX, dec, SELF, TOTAL, fdt)
         return (GraphSig(name="model", inputs=tuple(ins), outputs=tuple(outs)),)
-    enc_outs = [TensorSig(name="last_hidden_state", dtype=fdt, dims=(BATCH, ENC_SEQ, spec.d_model))]
-    enc_outs += _cache_sigs("present", dec, ".encoder", ENC_SEQ, fdt, cross=True)
-    dec_ins = [TensorSig(name="input_ids", dtype=i64, dims=(BATCH, SEQ)),
-               TensorSig(name="encoder_attention_mask", dtype=i64, dims=(BATCH, ENC_SEQ))]
-    dec_ins += _cache_sigs("past_key_values", dec, ".decoder", PAST, fdt)
-    dec_ins += _cache_sigs("past_key_values", dec, ".encoder", ENC_SEQ, fdt, cross=True)
-    dec_outs = _output_sigs(spec, outputs, SEQ, fdt) + _cache_sigs("present", dec, ".decoder", TOTAL, fdt)
+    enc_outs = [TensorSig(name=LAST_HIDDEN_STATE, dtype=fdt, dims=(BATCH, ENC_SEQ, spec.d_model))]
+    enc_outs += _cache_sigs(PRESENT_PREFIX, dec, CROSS, ENC_SEQ, fdt)
+    dec_ins = [TensorSig(name=INPUT_IDS, dtype=i64, dims=(BATCH, SEQ)),
+               TensorSig(name=ENCODER_ATTENTION_MASK, dtype=i64, dims=(BATCH, ENC_SEQ))]
+    dec_ins += _cache_sigs(PAST_PREFIX, dec, OWN, PAST, fdt)
+    dec_ins += _cache_sigs(PAST_PREFIX, dec, CROSS, ENC_SEQ, fdt)
+    dec_outs = _output_sigs(spec, outputs, vocab, SEQ, fdt) + _cache_sigs(PRESENT_PREFIX, dec, OWN, TOTAL, fdt)
     return (
         GraphSig(name="encoder", inputs=tuple(source_inputs(ENC_SEQ)), outputs=tuple(enc_outs)),
         GraphSig(name="decoder", inputs=tuple(dec_ins), outputs=tuple(dec_outs)),

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
 
+from specc.spec.targets import PrecisionName
+
 SPEC_VERSION = 1
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 # Output names become ONNX output names and file-name parts: no separators, no dots.
@@ -274,7 +276,7 @@ class RangeSpec(Node):
 class ServingSpec(Node):
     batch: RangeSpec = RangeSpec(min=1, opt=8, max=32)
     length: RangeSpec = RangeSpec(min=1, opt=128, max=512)
-    precision: Literal["fp32", "fp16", "bf16", "int8", "int4"] = "fp32"
+    precision: PrecisionName = "fp32"  # the names of specc/spec/targets.py's PRECISIONS
 
 
 # --- the whole model ------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import torch
 
 import specc
 from specc.export.verify import TOLERANCES, cases
-from specc.pipeline import STAGES, available_memory, build, estimate_memory
+from specc.memory import available_memory, estimate_memory
+from specc.pipeline import STAGES, build
 from specc.spec import resolve
 from specc.spec.load import catalog_names, load_spec
 

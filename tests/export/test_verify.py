@@ -16,9 +16,10 @@ import specc.pipeline
 from specc.errors import VerificationError
 from specc.export import verify as verify_mod
 from specc.export.verify import TOLERANCES, _compare, cases, tolerance, verify
-from specc.pipeline import BUILT_PRECISIONS, PRECISIONS, TARGETS, build
+from specc.pipeline import build
 from specc.spec import resolve
 from specc.spec.load import load_spec
+from specc.spec.targets import BUILT_PRECISIONS, PRECISIONS, TARGETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nn"))
 import speclib  # noqa: E402  (tests/nn/speclib.py)

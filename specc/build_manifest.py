@@ -1,0 +1,139 @@
+"""What a build records about itself: the inputs it is made from and their cache key, the
+manifest.json it writes, and the cache hit that reads that manifest back.
+
+specc/spec/manifest.py owns the file (its name, version and shape, read_manifest); this module
+fills it. The same inputs (resolved spec, options, weights, versions, graph passes) give the same
+cache key and byte-identical artifacts: a rebuild whose key matches DIR/manifest.json, with every
+artifact intact (sizes and sha256 checked), is a cache hit.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from specc import __version__
+from specc.fileio import write_atomic
+from specc.spec.dump import spec_to_data
+from specc.spec.manifest import MANIFEST, MANIFEST_VERSION, NotAManifest, read_manifest
+from specc.spec.resolve import ResolvedSpec
+
+DISTRIBUTIONS = ("torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu")
+
+
+def versions() -> dict[str, str]:
+    """specc's, Python's and the installed libraries' versions, as the manifest records them."""
+    out = {"specc": __version__, "python": platform.python_version()}
+    for dist in DISTRIBUTIONS:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def canonical(data: Any) -> bytes:
+    """The JSON that is hashed: sorted keys, no spaces."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256s(paths: list[Path]) -> list[str]:
+    """The files' sha256 digests, hashed side by side (hashlib leaves the GIL while hashing)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+        return list(pool.map(file_sha256, paths))
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a build is made from, as the manifest records it, and the sha256 of it all."""
+
+    spec: dict  # the resolved spec as data (every default filled)
+    options: dict  # target, precision, opset, weights
+    versions: dict[str, str]
+    passes: list[str]  # specc's onnxruntime graph passes the build runs
+    cache_key: str
+
+
+def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights: Path | None, seed: int,
+           passes: list[str]) -> Inputs:
+    """The build's inputs: `weights` a safetensors file (hashed), else the seeded initialisation."""
+    source: dict[str, Any] = {"source": "seed", "seed": seed}
+    if weights is not None:
+        source = {"source": "file", "file": weights.name, "sha256": file_sha256(weights)}
+    spec = spec_to_data(r.spec)
+    options = {"target": target, "precision": precision, "opset": opset, "weights": source}
+    vers = versions()
+    key = hashlib.sha256(canonical({"spec": spec, "options": options, "versions": vers,
+                                    "manifest": MANIFEST_VERSION, "passes": passes})).hexdigest()
+    return Inputs(spec, options, vers, passes, key)
+
+
+def cached(out: Path, cache_key: str) -> dict | None:
+    """DIR's manifest when it records this cache key and every artifact is intact."""
+    try:
+        manifest = read_manifest(out / MANIFEST)
+    except (OSError, NotAManifest):
+        return None
+    if manifest.get("cache_key") != cache_key:
+        return None
+    try:
+        artifacts = [(out / a["path"], a["bytes"], a["sha256"]) for a in manifest["artifacts"]]
+    except (KeyError, TypeError):
+        return None
+    if not all(p.is_file() and p.stat().st_size == size for p, size, _ in artifacts):
+        return None
+    if sha256s([p for p, _, _ in artifacts]) != [digest for _, _, digest in artifacts]:
+        return None
+    return manifest
+
+
+def artifacts(paths: list[Path], root: Path) -> list[dict]:
+    """The manifest's `artifacts`: each file's path under root, size and sha256."""
+    return [{"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size, "sha256": digest}
+            for p, digest in zip(paths, sha256s(paths))]
+
+
+def _sigs(sigs) -> list[dict]:
+    return [{"name": t.name, "dtype": t.dtype, "dims": list(t.dims)} for t in sigs]
+
+
+def write(root: Path, r: ResolvedSpec, made: Inputs, *, graph_files: dict[str, str], artifacts: list[dict],
+          parameters: int, optimizations: list[dict], verification: dict, verification_tensorrt: dict | None,
+          timings: dict[str, float]) -> dict:
+    """Write root/manifest.json (docs/build.md lists its keys) and return it. `timings` is the
+    only entry that differs between identical builds."""
+    manifest = {
+        "specc_manifest": MANIFEST_VERSION,
+        "name": r.name,
+        "architecture": r.architecture,
+        "spec": made.spec,
+        "spec_sha256": hashlib.sha256(canonical(made.spec)).hexdigest(),
+        "options": made.options,
+        "versions": made.versions,
+        "cache_key": made.cache_key,
+        "graphs": {sig.name: {"file": graph_files[sig.name], "inputs": _sigs(sig.inputs),
+                              "outputs": _sigs(sig.outputs)} for sig in r.graphs},
+        "artifacts": artifacts,
+        "parameters": parameters,
+        "optimizations": optimizations,
+        "verification": verification,
+        **({"verification_tensorrt": verification_tensorrt} if verification_tensorrt is not None else {}),
+        # wall-clock seconds per stage: not content, kept apart from the hashes above
+        "timings_s": timings,
+    }
+    write_atomic(root / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return manifest

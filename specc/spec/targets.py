@@ -1,0 +1,92 @@
+"""What `specc build` can make, as one table: the targets, and the precisions they build in.
+
+For each target: the precisions it builds, the tolerances its verification passes within, whether
+specc's onnxruntime graph passes (specc/export/passes/) run on its graphs, whether it makes
+TensorRT engines, and its write step. For each precision: the dtype the module is exported in,
+the bytes a weight takes, and whether the exported graph is quantized afterwards.
+
+Pure data (no torch, no onnx), so that the spec schema's `serving.precision` reads it. The CLI's
+choices, the verification tolerances (specc/export/verify.py), the weight bytes of
+`specc inspect` (specc/spec/costs.py) and specc/pipeline.py, which maps each write step to its
+code in specc/export/, read it too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# the ONNX opset graphs are exported at unless `--opset` says otherwise (why 18: specc/export/onnx.py)
+DEFAULT_OPSET = 18
+SUPPORTED_OPSETS = range(18, 24)  # what `--opset` accepts
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    dtype: str  # the dtype the module is exported in (an integer precision quantizes an fp32 graph)
+    weight_bytes: float  # bytes one weight takes at this precision (what `specc inspect` reports)
+    quantized: bool  # the saved graph goes through onnxruntime's quantizers (specc/export/quantize.py)
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes of one element of the exported graph's floats (weights, KV cache)."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def half(self) -> bool:
+        """A 16-bit float precision (norms and softmax still accumulate in fp32)."""
+        return self.dtype_bytes == 2
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in (
+    Precision("fp32", "float32", 4, quantized=False),
+    Precision("fp16", "float16", 2, quantized=False),
+    Precision("bf16", "bfloat16", 2, quantized=False),
+    Precision("int8", "float32", 1, quantized=True),  # dynamic quantization of the MatMul weights
+    Precision("int4", "float32", 0.5, quantized=True),  # weight-only 4-bit blocks (MatMulNBits)
+)}
+
+PrecisionName = Literal[tuple(PRECISIONS)]  # serving.precision's accepted values
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    precisions: tuple[str, ...]  # the precisions it builds
+    # precision -> (atol, rtol) of what this target adds to the build and verifies: the onnx
+    # target's graphs (run by onnxruntime; every target's graphs are verified as these), the
+    # tensorrt target's engines. A difference passes when max|out - torch| <= atol + rtol * max|torch|.
+    tolerances: dict[str, tuple[float, float]]
+    ort_passes: bool  # specc's onnxruntime graph passes run on its graphs (never on graphs made into engines)
+    engines: Literal["never", "always", "where possible"]  # TensorRT engines; possible: tensorrt and a CUDA GPU
+    write: Literal["files", "triton"]  # files: the graphs (and engines) in DIR; triton: a Triton model repository
+
+
+# bf16 has tolerances but no target builds it yet: onnxruntime (CPU) cannot verify the graph first
+_ONNX_PRECISIONS = ("fp32", "fp16", "int8", "int4")
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("onnx", _ONNX_PRECISIONS,
+           tolerances={"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2), "bf16": (1e-1, 5e-2),
+                       # integer weights: the gate catches a broken graph, not quantization
+                       # noise; the benchmark reports the quality (hidden-state error, argmax /
+                       # greedy agreement) on a trained model (measured: int8 1-2% of max|torch|
+                       # on tiny random models, 7% on gpt2-small at 1024 tokens; int4 15-17% on tiny ones)
+                       "int8": (1e-3, 1e-1), "int4": (1e-3, 3.5e-1)},
+           ort_passes=True, engines="never", write="files"),
+    Target("tensorrt", ("fp32", "fp16"),
+           tolerances={"fp32": (5e-4, 5e-4), "fp16": (2e-2, 2e-2), "bf16": (1e-1, 5e-2)},
+           ort_passes=False, engines="always", write="files"),
+    # a repository of the onnx target's graphs (verified as those), with engines where possible
+    Target("triton", _ONNX_PRECISIONS, tolerances={}, ort_passes=True, engines="where possible", write="triton"),
+)}
+
+# views of the table
+BUILT_PRECISIONS: dict[str, tuple[str, ...]] = {name: t.precisions for name, t in TARGETS.items()}
+TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
+    (name, precision): tol for name, t in TARGETS.items() for precision, tol in t.tolerances.items()}
+
+__all__ = ["BUILT_PRECISIONS", "DEFAULT_OPSET", "PRECISIONS", "SUPPORTED_OPSETS", "TARGETS", "TOLERANCES", "Precision",
+           "PrecisionName", "Target"]
