@@ -4,16 +4,23 @@ Face model itself: hidden states / logits within 1e-4, greedy generations token 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
 transformers = pytest.importorskip("transformers")
 
 import specc  # noqa: E402
+from specc.cli import main  # noqa: E402
 from specc.runtime import Session  # noqa: E402
 from specc.importers.hf import CheckpointError, describe, import_hf  # noqa: E402
 
@@ -306,3 +313,236 @@ def test_existing_outputs_need_force(saved, tmp_path):
 def test_the_docs_print_the_mapping_tables():
     doc = (Path(__file__).parents[2] / "docs" / "import.md").read_text()
     assert describe() in doc, "docs/import.md is out of date: paste specc.importers.hf.describe() into it"
+
+
+# --- hostile checkpoint folders (a red-team pass) ----------------------------------------------------
+# Each folder is refused by `specc import hf` with exit 1 and one line naming the file and the config
+# field, index entry or file: never "internal error", a traceback, a hang (a FIFO) or a read of
+# /dev/zero, and nothing is written at -o.
+
+
+def _config(**changes):
+    def change(ckpt: Path) -> None:
+        cfg = json.loads((ckpt / "config.json").read_text())
+        cfg.update(changes)
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+    return change
+
+
+def _raw_config(text: str):
+    return lambda ckpt: (ckpt / "config.json").write_text(text)
+
+
+def _index(entry, name: str = "model.safetensors.index.json"):
+    """model.safetensors becomes shard.safetensors, named by an index whose one entry is ENTRY."""
+    def change(ckpt: Path) -> None:
+        (ckpt / "model.safetensors").rename(ckpt / "shard.safetensors")
+        (ckpt / name).write_text(json.dumps({"metadata": {}, "weight_map": {"transformer.wte.weight": entry}}))
+    return change
+
+
+def _link_shard_outside(ckpt: Path) -> None:
+    (ckpt / "model.safetensors").rename(ckpt.parent / "outside.safetensors")
+    (ckpt / "shard.safetensors").symlink_to(ckpt.parent / "outside.safetensors")
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"transformer.wte.weight": "shard.safetensors"}}))
+
+
+def _link_model_outside(ckpt: Path) -> None:
+    (ckpt / "model.safetensors").rename(ckpt.parent / "outside.safetensors")
+    (ckpt / "model.safetensors").symlink_to(ckpt.parent / "outside.safetensors")
+
+
+def _replace(name: str, make):
+    """NAME in the checkpoint replaced by what MAKE(path) creates (a FIFO, a folder, a link)."""
+    def change(ckpt: Path) -> None:
+        (ckpt / name).unlink(missing_ok=True)
+        make(ckpt / name)
+    return change
+
+
+def _fifo_shard(ckpt: Path) -> None:
+    _index("shard.safetensors")(ckpt)
+    (ckpt / "shard.safetensors").unlink()
+    os.mkfifo(ckpt / "shard.safetensors")
+
+
+def _weights_as(name: str, make):
+    """model.safetensors removed, NAME (a weights file or index) made by MAKE(path)."""
+    def change(ckpt: Path) -> None:
+        (ckpt / "model.safetensors").unlink()
+        make(ckpt / name)
+    return change
+
+
+def _sparse(size: int):
+    def make(path: Path) -> None:
+        with open(path, "r+b") as f:
+            f.truncate(size)
+    return make
+
+
+def _tensor(name: str, value):
+    """model.safetensors with NAME set to VALUE (a tensor)."""
+    def change(ckpt: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(ckpt / "model.safetensors"))
+        tensors[name] = value
+        save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    return change
+
+
+_DEEP = "[" * 200_000 + "]" * 200_000
+_CFG = "config.json: "
+_IDX = "model.safetensors.index.json: "
+HOSTILE = [
+    # config.json of the wrong types
+    ("model_type-list", "gpt2", _config(model_type=["gpt2"]), _CFG + 'model_type: expected a string or null, got ["gpt2"]'),
+    ("architectures-int", "gpt2", _config(architectures=5), _CFG + "architectures: expected a list of strings, got 5"),
+    ("architectures-string", "gpt2", _config(architectures="GPT2LMHeadModel"),
+     _CFG + 'architectures: expected a list of strings, got "GPT2LMHeadModel"'),
+    ("eos-string", "gpt2", _config(eos_token_id="499"), _CFG + 'eos_token_id: expected an integer, a list of integers or null, got "499"'),
+    ("eos-bool", "gpt2", _config(eos_token_id=True), _CFG + "eos_token_id: expected an integer"),
+    ("n_embd-null", "gpt2", _config(n_embd=None), _CFG + "n_embd: expected an integer, got null"),
+    ("n_embd-float", "gpt2", _config(n_embd=32.0), _CFG + "n_embd: expected an integer, got 32.0"),
+    ("n_inner-string", "gpt2", _config(n_inner="x"), _CFG + 'n_inner: expected an integer or null, got "x"'),
+    ("eps-string", "gpt2", _config(layer_norm_epsilon="1e-5"), _CFG + "layer_norm_epsilon: expected a number"),
+    ("tie-int", "gpt2", _config(tie_word_embeddings=1), _CFG + "tie_word_embeddings: expected true or false, got 1"),
+    ("activation-list", "gpt2", _config(activation_function=["gelu"]), _CFG + "activation_function: expected a string"),
+    ("rope_scaling-int", "llama-gqa", _config(rope_scaling=5), _CFG + "rope_scaling: expected an object or null, got 5"),
+    ("rope_theta-string", "llama-gqa", _config(rope_parameters={"rope_type": "default", "rope_theta": "1e4"}),
+     _CFG + 'rope_parameters.rope_theta: expected a number, got "1e4"'),
+    ("head_dim-string", "llama-gqa", _config(head_dim="8"), _CFG + 'head_dim: expected an integer or null, got "8"'),
+    ("id2label-int", "bert-model", _config(architectures=["BertForSequenceClassification"], id2label=5),
+     _CFG + "id2label: expected an object or null, got 5"),
+    ("is_decoder-0", "bert-model", _config(is_decoder=0), _CFG + "is_decoder = 0: specc cannot express this"),
+    ("nested-200000", "gpt2", _raw_config(_DEEP), _CFG + "cannot read it (JSON nested too deeply)"),
+    ("not-an-object", "gpt2", _raw_config("[1, 2]"), _CFG + "not a JSON object"),
+    # values of the right type that specc's spec refuses: named by the config field, not OUT.yaml
+    ("n_embd-negative", "gpt2", _config(n_embd=-4), _CFG + "n_embd = -4 (specc's d_model): input should be greater than or equal to 1"),
+    ("eps-nan", "gpt2", _config(layer_norm_epsilon=float("nan")), _CFG + "layer_norm_epsilon = NaN (specc's norm.eps)"),
+    ("heads-huge", "gpt2", _config(n_head=10**9), _CFG + "n_head = 1000000000 (specc's decoder.attention.heads)"),
+    # a layer count that would fill the memory when the spec is resolved
+    ("n_layer-huge", "gpt2", _config(n_layer=10**9), _CFG + "n_layer = 1000000000: the checkpoint holds"),
+    # index entries of the wrong types, or leading out of the folder
+    ("weight_map-int", "gpt2", _index(5), _IDX + 'weight_map["transformer.wte.weight"] = 5: expected a file name'),
+    ("weight_map-null", "gpt2", _index(None), _IDX + 'weight_map["transformer.wte.weight"] = null: expected a file name'),
+    ("weight_map-list", "gpt2", _index(["shard.safetensors"]), _IDX + 'weight_map["transformer.wte.weight"] = ["shard.safetensors"]: expected'),
+    ("weight_map-dotdot", "gpt2", _index("../../x.safetensors"),
+     _IDX + 'weight_map["transformer.wte.weight"] = "../../x.safetensors": not a file name inside the checkpoint folder'),
+    ("weight_map-absolute", "gpt2", _index("/etc/passwd"), _IDX + 'weight_map["transformer.wte.weight"] = "/etc/passwd": not a file name inside'),
+    ("weight_map-link-outside", "gpt2", _link_shard_outside,
+     _IDX + 'weight_map entry "shard.safetensors": leads to'),
+    ("bin-index-dotdot", "gpt2", _index("../x.bin", "pytorch_model.bin.index.json"),
+     'pytorch_model.bin.index.json: weight_map["transformer.wte.weight"] = "../x.bin": not a file name inside'),
+    ("index-a-list", "gpt2", _weights_as("model.safetensors.index.json", lambda p: p.write_text("[]")),
+     _IDX + "not a weights index (no weight_map object)"),
+    # files that are not regular files, or too large, refused before they are read
+    ("config-dev-zero", "gpt2", _replace("config.json", lambda p: p.symlink_to("/dev/zero")),
+     _CFG + "a character device, not a regular file"),
+    ("config-fifo", "gpt2", _replace("config.json", os.mkfifo), _CFG + "a FIFO, not a regular file"),
+    ("config-directory", "gpt2", _replace("config.json", Path.mkdir), _CFG + "a directory, not a regular file"),
+    ("config-dangling-link", "gpt2", _replace("config.json", lambda p: p.symlink_to(p.parent / "nowhere")),
+     _CFG + "missing (a link to nowhere)"),
+    ("config-link-loop", "gpt2", _replace("config.json", lambda p: p.symlink_to(p)), _CFG + "cannot read it"),
+    ("config-100MiB", "gpt2", lambda ckpt: _sparse(100 * 2**20)(ckpt / "config.json"),
+     _CFG + "104857600 bytes; a JSON file of a checkpoint is refused over 64 MiB"),
+    ("model-fifo", "gpt2", _replace("model.safetensors", os.mkfifo), "model.safetensors: a FIFO, not a regular file"),
+    ("model-link-outside", "gpt2", _link_model_outside, "model.safetensors: leads to"),
+    ("index-fifo", "gpt2", _weights_as("model.safetensors.index.json", os.mkfifo), _IDX + "a FIFO, not a regular file"),
+    ("index-100MiB", "gpt2", _weights_as("model.safetensors.index.json", lambda p: (p.touch(), _sparse(100 * 2**20)(p))),
+     _IDX + "104857600 bytes"),
+    ("shard-fifo", "gpt2", _fifo_shard, "shard.safetensors: a FIFO, not a regular file (named by model.safetensors.index.json)"),
+    ("bin-fifo", "gpt2", _weights_as("pytorch_model.bin", os.mkfifo), "pytorch_model.bin: a FIFO, not a regular file"),
+    ("bin-dev-zero", "gpt2", _weights_as("pytorch_model.bin", lambda p: p.symlink_to("/dev/zero")),
+     "pytorch_model.bin: a character device, not a regular file"),
+    # tensors a split, a transpose or an offset cannot take, and integer weights
+    ("qkv-bias-0d", "gpt2", _tensor("transformer.h.0.attn.c_attn.bias", torch.zeros(())),
+     _CFG + "transformer.h.0.attn.c_attn.bias has shape (); specc's decoder.layers.0.attention.q.bias needs (32,)"),
+    ("positions-0d", "bart", _tensor("model.encoder.embed_positions.weight", torch.zeros(())),
+     _CFG + "model.encoder.embed_positions.weight has shape ()"),
+    ("embedding-int64", "gpt2", _tensor("transformer.wte.weight", torch.zeros(99, 32, dtype=torch.int64)),
+     _CFG + "transformer.wte.weight holds int64; specc's embeddings.tokens.weight is a floating-point parameter"),
+]
+
+
+@contextmanager
+def _no_hang(seconds: int = 60):
+    """A hang (an open of a FIFO) fails the test instead of stopping the run."""
+    def expire(signum, frame):
+        raise TimeoutError(f"no answer in {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("label,change,message", [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE])
+def test_hostile_checkpoint_folders_are_refused_naming_the_field_or_file(saved, tmp_path, label, change, message):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved[label], ckpt)
+    change(ckpt)
+    (tmp_path / "out").mkdir()
+    with _no_hang():
+        result = CliRunner().invoke(main, ["import", "hf", str(ckpt), "-o", str(tmp_path / "out" / "out.yaml")])
+    out = result.output
+    assert result.exit_code == 1, out
+    assert "internal error" not in out and "Traceback" not in out, out
+    assert out.startswith("specc: error: ") and len(out.strip().splitlines()) == 1, out
+    assert message in out, out
+    assert str(ckpt) in out  # the file is named by its path
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_hostile_cases_cover_the_red_team_reproductions():
+    names = {c[0] for c in HOSTILE}
+    assert len(names) == len(HOSTILE) == 46
+    assert {"model_type-list", "architectures-int", "architectures-string", "eos-string", "n_embd-null", "nested-200000",
+            "weight_map-int", "weight_map-null", "weight_map-list", "weight_map-dotdot", "weight_map-absolute",
+            "weight_map-link-outside", "config-dev-zero", "config-fifo"} <= names
+
+
+@pytest.mark.parametrize("case", ["config-fifo", "nested-200000", "weight_map-int"])
+def test_hostile_folders_through_the_real_process(saved, tmp_path, case):
+    """The installed command's own exit path: exit 1, one line on stderr, no traceback."""
+    _, label, change, message = next(c for c in HOSTILE if c[0] == case)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved[label], ckpt)
+    change(ckpt)
+    exe = Path(sys.executable).with_name("specc")
+    proc = subprocess.run([str(exe), "import", "hf", str(ckpt), "-o", str(tmp_path / "o.yaml")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert not (tmp_path / "o.yaml").exists() and not (tmp_path / "o.safetensors").exists()
+
+
+def test_a_hugging_face_cache_snapshot_with_shards_in_blobs_imports(saved, tmp_path):
+    """The hub cache keeps a snapshot's files as links to ../../blobs/HASH: those links leave the
+    snapshot folder but stay in the repository, and are followed (a sharded index included)."""
+    model = hf_model("gpt2")
+    plain = tmp_path / "plain"
+    model.save_pretrained(plain, max_shard_size="40KB")
+    assert (plain / "model.safetensors.index.json").is_file()
+    repo = tmp_path / "hub" / "models--tiny--gpt2"
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, f in enumerate(sorted(plain.iterdir())):
+        shutil.copyfile(f, blobs / f"blob{i}")
+        (snapshot / f.name).symlink_to(Path("..", "..", "blobs", f"blob{i}"))
+    _, weights = import_hf(snapshot, tmp_path / "g.yaml")
+    _, direct = import_hf(plain, tmp_path / "d.yaml")
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(weights)), load_file(str(direct))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # a link elsewhere from the same snapshot is still refused
+    (snapshot / "model.safetensors.index.json").unlink()
+    (snapshot / "model.safetensors").symlink_to(plain / next(p.name for p in plain.glob("model-*.safetensors")))
+    with pytest.raises(CheckpointError, match="outside the checkpoint folder"):
+        import_hf(snapshot, tmp_path / "h.yaml")

@@ -5,20 +5,137 @@ naming the file. Tensors come from model.safetensors (or the shards a model.safe
 names), else from pytorch_model.bin (or its index) through torch.load(weights_only=True): tensors
 and plain containers only, never pickled code. Nothing is downloaded. The only rewrite is of old
 BERT names (LayerNorm `gamma` / `beta` -> `weight` / `bias`).
+
+The folder is untrusted input. Every file read (config.json, an index, the weights) must be a
+regular file, checked before it is opened (a FIFO would block the open for ever, a device such as
+/dev/zero never ends) and again on the descriptor, which is opened with O_NONBLOCK; it must lie
+in the folder once links are followed (or, for a Hugging Face cache snapshot, in that
+repository's blobs/), so an index entry such as `../../x.safetensors`, `/abs/x.safetensors` or a
+link out of the folder is refused, naming the entry; JSON files are capped at JSON_LIMIT bytes.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-from pathlib import Path
+import stat
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from specc.errors import SpeccError, WeightsError
 
+# config.json is a few KB and a weights index a few MB (some thousands of tensor names at ~100
+# bytes each, for the largest sharded models); 64 MiB is far above any real one and small enough
+# to refuse, before reading it, a hostile file that would take the memory (a 5 GB "config").
+# Weights files have no cap: their size is the model's (many GB), safetensors files are mapped,
+# not read, and a .bin is read by torch.load only when it is a regular file.
+JSON_LIMIT = 64 * 2**20
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
 
 class CheckpointError(SpeccError):
     """A checkpoint folder that cannot be imported, or a config specc cannot express."""
+
+
+def _not_regular(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a plain file") + ", not a regular file"
+
+
+def _check_regular(path: Path, note: str = "") -> os.stat_result:
+    """stat PATH (following links) and refuse anything but a regular file, before it is opened.
+    NOTE (" (named by INDEX)") is added to a message about a file an index names."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        link = " (a link to nowhere)" if path.is_symlink() else ""
+        raise CheckpointError(f"{path}: missing{link}{note}") from None
+    except (OSError, ValueError) as exc:  # a link loop, no permission
+        raise CheckpointError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc}){note}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{path}: {_not_regular(st.st_mode)}{note}")
+    return st
+
+
+def _open_regular(path: Path, note: str = "") -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file PATH and its stat. O_NONBLOCK: should PATH have
+    become a FIFO since it was checked, the open returns at once instead of waiting for a writer,
+    and the check on the descriptor refuses it (no effect on a regular file's reads)."""
+    _check_regular(path, note)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{path}: {_not_regular(st.st_mode)}{note}")
+    return fd, st
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file of at most JSON_LIMIT bytes, decoded as Hugging Face does (UTF-8)."""
+    fd, st = _open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > JSON_LIMIT:
+            raise CheckpointError(f"{path}: {st.st_size} bytes; a JSON file of a checkpoint is refused over "
+                                  f"{JSON_LIMIT // 2**20} MiB")
+        try:
+            data = f.read(JSON_LIMIT + 1)
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if len(data) > JSON_LIMIT:  # it grew after the stat
+        raise CheckpointError(f"{path}: over {JSON_LIMIT // 2**20} MiB; a JSON file of a checkpoint is refused over that")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:  # json recurses once per bracket: 200,000 of them
+        raise CheckpointError(f"{path}: cannot read it (JSON nested too deeply)") from None
+    except ValueError as exc:  # not JSON, not UTF-8, an integer of over 4300 digits
+        raise CheckpointError(f"{path}: cannot read it ({str(exc)[:200]})") from None
+
+
+def _roots(src: Path) -> tuple[Path, ...]:
+    """Where the files of SRC may lie once links are followed: SRC itself, and for a snapshot of
+    the Hugging Face cache (HUB/models--ORG--NAME/snapshots/REV/, whose files are links to
+    ../../blobs/HASH) that repository's blobs/."""
+    real = src.resolve()
+    if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
+        return real, real.parent.parent / "blobs"
+    return (real,)
+
+
+def _inside(src: Path, path: Path, what: str, note: str = "") -> Path:
+    """PATH, refused (naming WHAT) where it is not a regular file (checked first: /dev/zero is
+    named a device) or lies outside the folder once links are followed."""
+    _check_regular(path, note)
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a link loop (RuntimeError before Python 3.13)
+        raise CheckpointError(f"{what}: cannot follow it ({exc})") from None
+    if not any(real.is_relative_to(root) for root in _roots(src)):
+        raise CheckpointError(f"{what}: leads to {real}, outside the checkpoint folder {src}; refused")
+    return path
+
+
+def _shards(src: Path, index: Path) -> list[Path]:
+    """The files an index's weight_map names, each a relative name inside SRC."""
+    data = _read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: not a weights index (no weight_map object)")
+    for tensor, entry in weight_map.items():
+        what = f"{index}: weight_map[{json.dumps(tensor)[:80]}] = {json.dumps(entry)[:80]}"
+        if type(entry) is not str or not entry:
+            raise CheckpointError(f"{what}: expected a file name")
+        name = PurePosixPath(entry)
+        if "\0" in entry or name.is_absolute() or ".." in name.parts:
+            raise CheckpointError(f"{what}: not a file name inside the checkpoint folder; refused")
+    files = []
+    for entry in sorted(set(weight_map.values())):
+        what = f"{index}: weight_map entry {json.dumps(entry)[:80]}"
+        files.append(_inside(src, src / entry, what, f" (named by {index.name})"))
+    return files
 
 
 def read_checkpoint(src: str | os.PathLike) -> tuple[dict, dict]:
@@ -34,50 +151,41 @@ def read_checkpoint(src: str | os.PathLike) -> tuple[dict, dict]:
     if not src.is_dir():
         raise CheckpointError(f"{src}: not a checkpoint folder")
     cfg_path = src / "config.json"
-    try:
-        config = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{src}: no config.json") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{cfg_path}: cannot read it ({exc})") from None
+    if not os.path.lexists(cfg_path):
+        raise CheckpointError(f"{src}: no config.json")
+    config = _read_json(_inside(src, cfg_path, str(cfg_path)))
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_path}: not a JSON object")
 
-    def shards(index: Path) -> list[Path]:
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index}: not a weights index ({exc})") from None
-        return [src / f for f in files]
-
-    if (src / "model.safetensors").is_file():
-        files, kind = [src / "model.safetensors"], "safetensors"
-    elif (src / "model.safetensors.index.json").is_file():
-        files, kind = shards(src / "model.safetensors.index.json"), "safetensors"
-    elif (src / "pytorch_model.bin").is_file():
-        files, kind = [src / "pytorch_model.bin"], "bin"
-    elif (src / "pytorch_model.bin.index.json").is_file():
-        files, kind = shards(src / "pytorch_model.bin.index.json"), "bin"
+    # the first of these present is read (a link to nowhere or a FIFO is present, and refused)
+    for name, kind in (("model.safetensors", "safetensors"), ("model.safetensors.index.json", "safetensors"),
+                       ("pytorch_model.bin", "bin"), ("pytorch_model.bin.index.json", "bin")):
+        first = src / name
+        if os.path.lexists(first):
+            _inside(src, first, str(first))
+            note = f" (named by {first.name})" if name.endswith(".json") else ""
+            files = _shards(src, first) if note else [first]
+            break
     else:
         raise CheckpointError(f"{src}: no model.safetensors or pytorch_model.bin (nor a sharded index)")
     tensors: dict[str, Any] = {}
     for f in files:
-        if kind == "safetensors":
+        if kind == "safetensors":  # a regular file inside the folder (_inside); safetensors maps it by name
             try:
                 tensors.update(read_safetensors(f))
             except WeightsError as exc:
-                raise CheckpointError(str(exc)) from None
+                raise CheckpointError(f"{exc}{note}") from None
         else:
+            fd, _ = _open_regular(f, note)
             try:
-                # weights_only: tensors and plain containers only; never runs pickled code
-                state = torch.load(f, map_location="cpu", weights_only=True)
-            except FileNotFoundError:
-                raise CheckpointError(f"{f}: missing (named by the index)") from None
+                with os.fdopen(fd, "rb") as fh:
+                    # weights_only: tensors and plain containers only; never runs pickled code
+                    state = torch.load(fh, map_location="cpu", weights_only=True)
             except Exception as exc:  # torch raises UnpicklingError, RuntimeError, ...
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise CheckpointError(f"{f}: cannot load it with torch.load(weights_only=True): {first}") from None
+                raise CheckpointError(f"{f}: cannot load it with torch.load(weights_only=True): {first}{note}") from None
             if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-                raise CheckpointError(f"{f}: not a state dict of tensors")
+                raise CheckpointError(f"{f}: not a state dict of tensors{note}")
             tensors.update(state)
     # old BERT checkpoints name LayerNorm parameters gamma / beta
     return config, {re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", k)): v for k, v in tensors.items()}

@@ -4,7 +4,9 @@ Contracts:
 
 - `config_to_spec(config, tensors, name)` is the spec as plain data, read through the family's
   table (specc.importers.hf.families); a config value specc cannot compute exactly raises CheckpointError
-  naming the field and its value, never a spec that computes something else.
+  naming the field and its value, never a spec that computes something else. So does a value of
+  the wrong JSON type (config.json is untrusted: `model_type: ["gpt2"]`, `n_embd: null`), checked
+  where the field is read.
 - `convert_tensors(family, config, tensors, resolved)` fills every parameter of the resolved spec
   (the names of specc.spec.costs.parameter_shapes, docs/weights.md) from the checkpoint, and uses
   every checkpoint tensor: a tied alias must equal its table, a tensor in the family's `zero` list
@@ -16,12 +18,12 @@ Torch is imported where tensors are compared, not at module import.
 from __future__ import annotations
 
 import copy
-import json
 import re
 
+from specc.errors import SpecError
 from specc.importers.hf.checkpoint import CheckpointError
 from specc.importers.hf.families import BY_TYPE
-from specc.importers.hf.table import MISSING, Family, set_key
+from specc.importers.hf.table import MISSING, STR_OR_NULL, Family, read, set_key, shown
 from specc.spec.costs import parameter_shapes
 
 
@@ -37,13 +39,23 @@ def _merge(into: dict, data: dict) -> None:
 
 
 def family_of(config: dict, where: str = "config.json") -> tuple[Family, str]:
-    mt = config.get("model_type")
+    try:
+        mt = read(config, "model_type", STR_OR_NULL, None)
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
     fam = BY_TYPE.get(mt)
     if fam is None:
         raise CheckpointError(f"{where}: model_type {mt!r} has no importer; specc imports "
                               + ", ".join(sorted(BY_TYPE)))
-    archs = config.get("architectures") or [next(iter(fam.heads))]
-    arch = archs[0]
+    archs = config.get("architectures")
+    # A string is refused, not taken as a one-element list: transformers (5.24) declares
+    # `architectures: list[str] | None` on PretrainedConfig, keeps a string as it is, and its
+    # readers index or iterate it (`config.architectures[0]` is then "G"), so Hugging Face does
+    # not read "GPT2LMHeadModel" as ["GPT2LMHeadModel"] either.
+    if archs is not None and not (type(archs) is list and all(type(a) is str for a in archs)):
+        hint = f" (write [{shown(archs)}])" if type(archs) is str else ""
+        raise CheckpointError(f"{where}: architectures: expected a list of strings, got {shown(archs)}{hint}")
+    arch = archs[0] if archs else next(iter(fam.heads))
     if arch not in fam.heads:
         raise CheckpointError(f"{where}: architectures {arch!r} is not imported for model_type {mt!r}; "
                               f"specc imports " + ", ".join(fam.heads))
@@ -55,10 +67,11 @@ def config_to_spec(config: dict, tensors: dict, name: str, where: str = "config.
     fam, arch = family_of(config, where)
     for r in fam.refuse:
         value = config.get(r.name, r.default)
-        if value not in r.allowed:
+        # the type too: 0 == False in Python, but `is_decoder: 0` is not the false it allows
+        if not any(type(a) is type(value) and a == value for a in r.allowed):
             why = f" ({r.why})" if r.why else ""
-            raise CheckpointError(f"{where}: {r.name} = {json.dumps(value)}: specc cannot express this{why}; "
-                                  f"it imports {' or '.join(json.dumps(a) for a in r.allowed)}")
+            raise CheckpointError(f"{where}: {r.name} = {shown(value)}: specc cannot express this{why}; "
+                                  f"it imports {' or '.join(shown(a) for a in r.allowed)}")
     spec: dict = {"specc": 1, "name": name}
     _merge(spec, fam.fixed)
     for f in fam.fields:
@@ -66,24 +79,66 @@ def config_to_spec(config: dict, tensors: dict, name: str, where: str = "config.
         if value is MISSING:
             raise CheckpointError(f"{where}: {f.name} is missing (specc's {f.key} comes from it)")
         try:
+            if f.name in config:
+                read(config, f.name, f.kind)  # the type first: "n_embd: expected an integer, got null"
+        except ValueError as exc:
+            raise CheckpointError(f"{where}: {exc}") from None
+        try:
             value = f.convert(value)
         except ValueError as exc:
             raise CheckpointError(f"{where}: {f.name}: {exc}") from None
         set_key(spec, f.key, value)
-    if fam.extra is not None:
-        try:
+    try:
+        if fam.extra is not None:
             fam.extra(spec, config)
-        except ValueError as exc:
-            raise CheckpointError(f"{where}: {exc}") from None
-        except KeyError as exc:
-            raise CheckpointError(f"{where}: {exc.args[0]} is missing") from None
-    spec["outputs"] = fam.heads[arch](config, tensors)
+        spec["outputs"] = fam.heads[arch](config, tensors)
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+    except KeyError as exc:
+        raise CheckpointError(f"{where}: {exc.args[0]} is missing") from None
+    _check_layers(fam, spec, tensors, where)
     if not any(o["kind"] in ("lm", "mlm") for o in spec["outputs"]):
         spec["vocab"].pop("tie_output", None)  # nothing to tie (BertModel, classifiers)
     _check_tokens(spec, config, where)
-    length = spec.get("position", {}).get("max_length", 512)
+    # a max_length below 1 is the spec's to refuse (naming the field, see spec_error); the serving
+    # range stays valid so that it is the one complaint
+    length = max(spec.get("position", {}).get("max_length", 512), 1)
     spec["serving"] = {"length": {"min": 1, "opt": min(128, length), "max": min(512, length)}}
     return spec
+
+
+def _check_layers(fam: Family, spec: dict, tensors: dict, where: str) -> None:
+    """Every layer of a family holds several checkpoint tensors, so a layer count above the number
+    of tensors is refused here: resolving a spec makes one object per layer, and a hostile
+    `n_layer: 1000000000` would fill the memory before any tensor is compared."""
+    for f in fam.fields:
+        stack, _, last = f.key.partition(".")
+        n = spec[stack][last] if last == "layers" else None
+        if isinstance(n, int) and n > len(tensors):
+            raise CheckpointError(f"{where}: {f.name} = {n}: the checkpoint holds {len(tensors)} tensor(s), "
+                                  "fewer than one per layer")
+
+
+def spec_error(exc: SpecError, fam: Family, config: dict, where: str) -> CheckpointError:
+    """The spec the importer made from a config, refused by specc's validation (d_model -4,
+    eps NaN, heads that do not divide d_model), as one line against config.json naming the
+    config field the refused spec key came from (fam.fields, fam.sources)."""
+    sources = {f.key: f.name for f in fam.fields} | fam.sources
+    issues = exc.issues
+    first = issues[0]
+    for issue in issues:  # prefer an issue that names a config field
+        parts = issue.key.split(".") if issue.key else []
+        hit = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in sources), None)
+        hit = hit or (parts[-1] if parts and parts[-1] in sources else None)
+        if hit:
+            first, field = issue, sources[hit]
+            value = f" = {shown(config[field])}" if field in config else ""
+            head = f"{field}{value} (specc's {issue.key})"
+            break
+    else:
+        head = f"the spec made from it: {first.key}" if first.key else "the spec made from it"
+    more = f" (and {len(issues) - 1} more issue(s))" if len(issues) > 1 else ""
+    return CheckpointError(f"{where}: {head}: {first.message}{more}")
 
 
 def _check_tokens(spec: dict, config: dict, where: str) -> None:
@@ -95,8 +150,10 @@ def _check_tokens(spec: dict, config: dict, where: str) -> None:
             del spec["tokens"][key]
             continue
         if isinstance(value, list):  # several EOS ids (LLaMA 3): specc stops on one
-            raise CheckpointError(f"{where}: {fields[key]} = {json.dumps(value)}: specc takes one id per special token")
+            raise CheckpointError(f"{where}: {fields[key]} = {shown(value)}: specc takes one id per special token")
         limit = target if key == "decoder_start" or spec["architecture"] != "encoder-decoder" else size
+        if limit < 1:
+            continue  # the spec's validation refuses the size, naming vocab_size
         if not 0 <= value < limit:
             raise CheckpointError(f"{where}: {fields[key]} = {value} is outside the vocabulary (0..{limit - 1})")
 
@@ -156,8 +213,14 @@ def convert_tensors(fam: Family, config: dict, tensors: dict, resolved, where: s
         src = find(candidates)
         if src is None:
             raise CheckpointError(f"{where}: the checkpoint has none of {', '.join(candidates)} (for specc's {name})")
-        t = _transform(tensors[src], how, src)
-        if tuple(t.shape) != tuple(shape):
+        if not tensors[src].is_floating_point():
+            raise CheckpointError(f"{where}: {src} holds {str(tensors[src].dtype).removeprefix('torch.')}; "
+                                  f"specc's {name} is a floating-point parameter")
+        try:
+            t = _transform(tensors[src], how, src)
+        except (RuntimeError, IndexError):  # a 0-d or 3-d tensor where a matrix is split or transposed
+            t = None
+        if t is None or tuple(t.shape) != tuple(shape):
             raise CheckpointError(f"{where}: {src} has shape {tuple(tensors[src].shape)}; specc's {name} "
                                   f"needs {tuple(shape)} from this config")
         used.add(src)
@@ -219,6 +282,8 @@ def _check_sinusoids(tensors, used, find, resolved, where) -> None:
         if src is None:
             continue
         t = tensors[src].to(torch.float32)
+        if t.dim() != 2:
+            raise CheckpointError(f"{where}: {src} has shape {tuple(t.shape)}; a sinusoid table is [positions, d_model]")
         want = sinusoidal(torch.arange(t.shape[0])[None], t.shape[1], pos.base, pos.layout)[0]
         if t.shape[1] != resolved.d_model or float((t - want).abs().max()) > 1e-4:
             raise CheckpointError(f"{where}: {src} is not the sinusoid table of d_model {resolved.d_model} "

@@ -12,11 +12,13 @@ Each family is one `Family` record (the row types are in specc.importers.hf.tabl
 
 Contract: this module is data. It reads no files, imports no torch, and raises nothing at import;
 a hook refuses a config by raising ValueError (or KeyError for a missing field), which
-specc.importers.hf.convert reports against config.json.
+specc.importers.hf.convert reports against config.json. Every field is read with its JSON type
+checked (a `Field_`'s kind, a hook's `read`): config.json is untrusted input.
 """
 from __future__ import annotations
 
-from specc.importers.hf.table import Family, Field_, Name, Refuse, has_tensor, linear, lookup, norm, set_key
+from specc.importers.hf.table import (BOOL, INT, INT_OR_NULL, NUMBER, OBJECT_OR_NULL, STR, STR_OR_NULL, TOKEN, Family,
+                                     Field_, Name, Refuse, has_tensor, linear, lookup, norm, read, set_key)
 
 # Hugging Face activation names (transformers' ACT2FN) that specc computes exactly.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
@@ -36,28 +38,29 @@ def _bert_heads_model(cfg: dict, tensors: dict) -> list:
 
 
 def _classes(cfg: dict) -> int:
-    if "id2label" in cfg:
-        return len(cfg["id2label"])
-    return int(cfg.get("num_labels", 2))
+    labels = read(cfg, "id2label", OBJECT_OR_NULL, None)
+    if labels is not None:
+        return len(labels)
+    return read(cfg, "num_labels", INT, 2)
 
 
 BERT = Family(
     model_types=("bert",),
     architecture="encoder",
     fields=(
-        Field_("d_model", "hidden_size"),
-        Field_("vocab.size", "vocab_size"),
-        Field_("vocab.type_size", "type_vocab_size", 2),
-        Field_("vocab.tie_output", "tie_word_embeddings", True),
-        Field_("position.max_length", "max_position_embeddings"),
-        Field_("norm.eps", "layer_norm_eps", 1e-12),
-        Field_("dropout.hidden", "hidden_dropout_prob", 0.1),
-        Field_("dropout.attention", "attention_probs_dropout_prob", 0.1),
-        Field_("encoder.layers", "num_hidden_layers"),
-        Field_("encoder.attention.heads", "num_attention_heads"),
-        Field_("encoder.ffn.d_ff", "intermediate_size"),
-        Field_("encoder.ffn.activation", "hidden_act", "gelu", lookup(ACTIVATIONS, "hidden_act")),
-        Field_("tokens.pad", "pad_token_id", None),
+        Field_("d_model", "hidden_size", kind=INT),
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.type_size", "type_vocab_size", 2, kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL),
+        Field_("position.max_length", "max_position_embeddings", kind=INT),
+        Field_("norm.eps", "layer_norm_eps", 1e-12, kind=NUMBER),
+        Field_("dropout.hidden", "hidden_dropout_prob", 0.1, kind=NUMBER),
+        Field_("dropout.attention", "attention_probs_dropout_prob", 0.1, kind=NUMBER),
+        Field_("encoder.layers", "num_hidden_layers", kind=INT),
+        Field_("encoder.attention.heads", "num_attention_heads", kind=INT),
+        Field_("encoder.ffn.d_ff", "intermediate_size", kind=INT),
+        Field_("encoder.ffn.activation", "hidden_act", "gelu", lookup(ACTIVATIONS, "hidden_act"), kind=STR),
+        Field_("tokens.pad", "pad_token_id", None, kind=TOKEN),
     ),
     fixed={"architecture": "encoder", "vocab": {"norm": True},
            "position": {"kind": "learned"}, "norm": {"kind": "layernorm", "placement": "post"},
@@ -98,6 +101,7 @@ BERT = Family(
     ),
     prefixes=("bert.", ""),
     ignore=(r"embeddings\.position_ids$", r"embeddings\.token_type_ids$"),
+    sources={"classes": "id2label (or num_labels)"},
 )
 
 
@@ -107,28 +111,28 @@ BERT = Family(
 def _gpt2_extra(spec: dict, cfg: dict) -> None:
     """`decoder.ffn.d_ff` = `n_inner`, else 4 x `n_embd`; `decoder.attention.score` = scaled_dot,
     or dot when `scale_attn_weights` is false."""
-    d_ff = cfg.get("n_inner")
-    set_key(spec, "decoder.ffn.d_ff", d_ff if d_ff is not None else 4 * cfg["n_embd"])
-    set_key(spec, "decoder.attention.score", "scaled_dot" if cfg.get("scale_attn_weights", True) else "dot")
+    d_ff = read(cfg, "n_inner", INT_OR_NULL, None)
+    set_key(spec, "decoder.ffn.d_ff", d_ff if d_ff is not None else 4 * read(cfg, "n_embd", INT))
+    set_key(spec, "decoder.attention.score", "scaled_dot" if read(cfg, "scale_attn_weights", BOOL, True) else "dot")
 
 
 GPT2 = Family(
     model_types=("gpt2",),
     architecture="decoder",
     fields=(
-        Field_("d_model", "n_embd"),
-        Field_("vocab.size", "vocab_size"),
-        Field_("vocab.tie_output", "tie_word_embeddings", True),
-        Field_("position.max_length", "n_positions"),
-        Field_("norm.eps", "layer_norm_epsilon", 1e-5),
-        Field_("dropout.hidden", "resid_pdrop", 0.1),
-        Field_("dropout.attention", "attn_pdrop", 0.1),
-        Field_("decoder.layers", "n_layer"),
-        Field_("decoder.attention.heads", "n_head"),
-        Field_("decoder.ffn.activation", "activation_function", "gelu_new", lookup(ACTIVATIONS, "activation_function")),
-        Field_("tokens.bos", "bos_token_id", None),
-        Field_("tokens.eos", "eos_token_id", None),
-        Field_("tokens.pad", "pad_token_id", None),
+        Field_("d_model", "n_embd", kind=INT),
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL),
+        Field_("position.max_length", "n_positions", kind=INT),
+        Field_("norm.eps", "layer_norm_epsilon", 1e-5, kind=NUMBER),
+        Field_("dropout.hidden", "resid_pdrop", 0.1, kind=NUMBER),
+        Field_("dropout.attention", "attn_pdrop", 0.1, kind=NUMBER),
+        Field_("decoder.layers", "n_layer", kind=INT),
+        Field_("decoder.attention.heads", "n_head", kind=INT),
+        Field_("decoder.ffn.activation", "activation_function", "gelu_new", lookup(ACTIVATIONS, "activation_function"), kind=STR),
+        Field_("tokens.bos", "bos_token_id", None, kind=TOKEN),
+        Field_("tokens.eos", "eos_token_id", None, kind=TOKEN),
+        Field_("tokens.pad", "pad_token_id", None, kind=TOKEN),
     ),
     fixed={"architecture": "decoder", "position": {"kind": "learned"},
            "norm": {"kind": "layernorm", "placement": "pre", "final": True},
@@ -158,6 +162,7 @@ GPT2 = Family(
     prefixes=("transformer.", ""),
     ignore=(r"h\.\d+\.attn\.(masked_)?bias$",),
     extra=_gpt2_extra,
+    sources={"decoder.ffn.d_ff": "n_inner (or 4 x n_embd)"},
 )
 
 
@@ -168,20 +173,26 @@ def _llama_extra(spec: dict, cfg: dict) -> None:
     """`decoder.attention.d_k` = `head_dim` where it is not hidden_size / heads; `position.base` =
     `rope_theta` (or `rope_parameters.rope_theta`); `position.fraction` = `partial_rotary_factor`;
     a `rope_scaling` / `rope_parameters` rope_type other than default is refused."""
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim")
-    if head_dim is not None and head_dim * heads != cfg["hidden_size"]:
+    heads = read(cfg, "num_attention_heads", INT)
+    head_dim = read(cfg, "head_dim", INT_OR_NULL, None)
+    if head_dim is not None and head_dim * heads != read(cfg, "hidden_size", INT):
         set_key(spec, "decoder.attention.d_k", head_dim)
-    scaling = cfg.get("rope_scaling") or {}
-    params = cfg.get("rope_parameters") or {}
-    kind = scaling.get("rope_type", scaling.get("type")) or params.get("rope_type") or "default"
+    scaling = read(cfg, "rope_scaling", OBJECT_OR_NULL, None) or {}
+    params = read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
+    kind = (read(scaling, "rope_type", STR_OR_NULL, None, label="rope_scaling.rope_type")
+            or read(scaling, "type", STR_OR_NULL, None, label="rope_scaling.type")
+            or read(params, "rope_type", STR_OR_NULL, None, label="rope_parameters.rope_type") or "default")
     if kind != "default":
         field_name = "rope_scaling" if scaling else "rope_parameters"
         raise ValueError(f"{field_name}.rope_type {kind!r}: specc implements plain rotary positions "
                          "(rope_type 'default') only")
-    theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
+    theta = read(cfg, "rope_theta", NUMBER, None)
+    if theta is None:
+        theta = read(params, "rope_theta", NUMBER, 10000.0, label="rope_parameters.rope_theta")
     set_key(spec, "position.base", float(theta))
-    fraction = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    fraction = read(cfg, "partial_rotary_factor", NUMBER, None)
+    if fraction is None:
+        fraction = read(params, "partial_rotary_factor", NUMBER, 1.0, label="rope_parameters.partial_rotary_factor")
     set_key(spec, "position.fraction", float(fraction))
 
 
@@ -189,22 +200,22 @@ LLAMA = Family(
     model_types=("llama",),
     architecture="decoder",
     fields=(
-        Field_("d_model", "hidden_size"),
-        Field_("vocab.size", "vocab_size"),
-        Field_("vocab.tie_output", "tie_word_embeddings", False),
-        Field_("position.max_length", "max_position_embeddings", 2048),
-        Field_("norm.eps", "rms_norm_eps", 1e-6),
-        Field_("dropout.attention", "attention_dropout", 0.0),
-        Field_("decoder.layers", "num_hidden_layers"),
-        Field_("decoder.attention.heads", "num_attention_heads"),
-        Field_("decoder.attention.kv_heads", "num_key_value_heads", None),
-        Field_("decoder.attention.bias", "attention_bias", False),
-        Field_("decoder.ffn.d_ff", "intermediate_size"),
-        Field_("decoder.ffn.activation", "hidden_act", "silu", lookup(GATED, "hidden_act")),
-        Field_("decoder.ffn.bias", "mlp_bias", False),
-        Field_("tokens.bos", "bos_token_id", None),
-        Field_("tokens.eos", "eos_token_id", None),
-        Field_("tokens.pad", "pad_token_id", None),
+        Field_("d_model", "hidden_size", kind=INT),
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", False, kind=BOOL),
+        Field_("position.max_length", "max_position_embeddings", 2048, kind=INT),
+        Field_("norm.eps", "rms_norm_eps", 1e-6, kind=NUMBER),
+        Field_("dropout.attention", "attention_dropout", 0.0, kind=NUMBER),
+        Field_("decoder.layers", "num_hidden_layers", kind=INT),
+        Field_("decoder.attention.heads", "num_attention_heads", kind=INT),
+        Field_("decoder.attention.kv_heads", "num_key_value_heads", None, kind=INT_OR_NULL),
+        Field_("decoder.attention.bias", "attention_bias", False, kind=BOOL),
+        Field_("decoder.ffn.d_ff", "intermediate_size", kind=INT),
+        Field_("decoder.ffn.activation", "hidden_act", "silu", lookup(GATED, "hidden_act"), kind=STR),
+        Field_("decoder.ffn.bias", "mlp_bias", False, kind=BOOL),
+        Field_("tokens.bos", "bos_token_id", None, kind=TOKEN),
+        Field_("tokens.eos", "eos_token_id", None, kind=TOKEN),
+        Field_("tokens.pad", "pad_token_id", None, kind=TOKEN),
     ),
     fixed={"architecture": "decoder", "position": {"kind": "rotary"}, "dropout": {"hidden": 0.0},
            "norm": {"kind": "rmsnorm", "placement": "pre", "final": True}},
@@ -227,6 +238,8 @@ LLAMA = Family(
     prefixes=("model.", ""),
     ignore=(r"rotary_emb\.inv_freq$",),
     extra=_llama_extra,
+    sources={"decoder.attention.d_k": "head_dim", "position.base": "rope_theta (or rope_parameters.rope_theta)",
+             "position.fraction": "partial_rotary_factor (or rope_parameters.partial_rotary_factor)"},
 )
 
 
@@ -240,19 +253,20 @@ def _seq2seq_extra(spec: dict, cfg: dict) -> None:
     a final norm per stack, bart / marian post-norm; LayerNorm eps 1e-5. `decoder_vocab_size`
     other than `vocab_size`, or `share_encoder_decoder_embeddings: false`, gives
     `vocab.share: false` and `vocab.target_size`. `final_logits_bias` must be zero."""
-    mt = cfg["model_type"]
+    mt = read(cfg, "model_type", STR)
+    length = read(cfg, "max_position_embeddings", INT)
     if mt in ("bart", "mbart"):
         # BART's learned table has 2 extra rows in front: position p reads row p + 2
-        spec["position"] = {"kind": "learned", "max_length": cfg["max_position_embeddings"]}
+        spec["position"] = {"kind": "learned", "max_length": length}
     else:  # marian, pegasus: fixed sinusoids, every sine before the cosines
-        spec["position"] = {"kind": "sinusoidal", "layout": "halves", "base": 10000.0,
-                            "max_length": cfg["max_position_embeddings"]}
+        spec["position"] = {"kind": "sinusoidal", "layout": "halves", "base": 10000.0, "max_length": length}
     pre = mt in ("mbart", "pegasus")
     spec["norm"] = {"kind": "layernorm", "placement": "pre" if pre else "post", "eps": 1e-5, "final": pre}
     set_key(spec, "vocab.norm", mt in ("bart", "mbart"))
-    target = cfg.get("decoder_vocab_size") or cfg["vocab_size"]
-    share = cfg.get("share_encoder_decoder_embeddings", True)
-    if target != cfg["vocab_size"] or not share:
+    vocab = read(cfg, "vocab_size", INT)
+    target = read(cfg, "decoder_vocab_size", INT_OR_NULL, None) or vocab
+    share = read(cfg, "share_encoder_decoder_embeddings", BOOL, True)
+    if target != vocab or not share:
         set_key(spec, "vocab.share", False)
         set_key(spec, "vocab.target_size", target)
 
@@ -270,24 +284,24 @@ SEQ2SEQ = Family(
     model_types=("bart", "mbart", "marian", "pegasus"),
     architecture="encoder-decoder",
     fields=(
-        Field_("d_model", "d_model"),
-        Field_("vocab.size", "vocab_size"),
-        Field_("vocab.tie_output", "tie_word_embeddings", True),
-        Field_("vocab.scale", "scale_embedding", False, lambda v: "sqrt_d_model" if v else "none"),
-        Field_("dropout.hidden", "dropout", 0.1),
-        Field_("dropout.attention", "attention_dropout", 0.0),
-        Field_("encoder.layers", "encoder_layers"),
-        Field_("encoder.attention.heads", "encoder_attention_heads"),
-        Field_("encoder.ffn.d_ff", "encoder_ffn_dim"),
-        Field_("encoder.ffn.activation", "activation_function", "gelu", lookup(ACTIVATIONS, "activation_function")),
-        Field_("decoder.layers", "decoder_layers"),
-        Field_("decoder.attention.heads", "decoder_attention_heads"),
-        Field_("decoder.ffn.d_ff", "decoder_ffn_dim"),
-        Field_("decoder.ffn.activation", "activation_function", "gelu", lookup(ACTIVATIONS, "activation_function")),
-        Field_("tokens.bos", "bos_token_id", None),
-        Field_("tokens.eos", "eos_token_id", None),
-        Field_("tokens.pad", "pad_token_id", None),
-        Field_("tokens.decoder_start", "decoder_start_token_id", None),
+        Field_("d_model", "d_model", kind=INT),
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL),
+        Field_("vocab.scale", "scale_embedding", False, lambda v: "sqrt_d_model" if v else "none", kind=BOOL),
+        Field_("dropout.hidden", "dropout", 0.1, kind=NUMBER),
+        Field_("dropout.attention", "attention_dropout", 0.0, kind=NUMBER),
+        Field_("encoder.layers", "encoder_layers", kind=INT),
+        Field_("encoder.attention.heads", "encoder_attention_heads", kind=INT),
+        Field_("encoder.ffn.d_ff", "encoder_ffn_dim", kind=INT),
+        Field_("encoder.ffn.activation", "activation_function", "gelu", lookup(ACTIVATIONS, "activation_function"), kind=STR),
+        Field_("decoder.layers", "decoder_layers", kind=INT),
+        Field_("decoder.attention.heads", "decoder_attention_heads", kind=INT),
+        Field_("decoder.ffn.d_ff", "decoder_ffn_dim", kind=INT),
+        Field_("decoder.ffn.activation", "activation_function", "gelu", lookup(ACTIVATIONS, "activation_function"), kind=STR),
+        Field_("tokens.bos", "bos_token_id", None, kind=TOKEN),
+        Field_("tokens.eos", "eos_token_id", None, kind=TOKEN),
+        Field_("tokens.pad", "pad_token_id", None, kind=TOKEN),
+        Field_("tokens.decoder_start", "decoder_start_token_id", None, kind=TOKEN),
     ),
     fixed={"architecture": "encoder-decoder",
            "encoder": {"attention": {"bias": True}, "ffn": {"bias": True}},
@@ -327,6 +341,7 @@ SEQ2SEQ = Family(
     prefixes=("model.", ""),
     zero=("final_logits_bias",),
     extra=_seq2seq_extra,
+    sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
 FAMILIES = (BERT, GPT2, LLAMA, SEQ2SEQ)

@@ -3,8 +3,10 @@
 Contract: `import_hf(src, out_spec)` reads the folder (specc.importers.hf.checkpoint), converts its config
 and tensors (specc.importers.hf.convert), validates and resolves the spec it writes, and only then writes
 the weights and, atomically, the spec, whose `weights:` key names the safetensors file beside it.
-Any failure raises CheckpointError (or the spec's own error) and leaves no file behind; existing
-files are replaced only with force=True.
+Any failure raises CheckpointError, one line naming the file and the config field or tensor (a
+spec the config makes that specc's validation refuses is reported against the config field it came
+from, not against OUT.yaml, which is never written), and leaves no file behind; existing files are
+replaced only with force=True.
 
 The spec is written sparse (only what the import set) in the order people read a spec in, not
 with specc.spec.dump: that dumps a whole ModelSpec with every default filled and orders only
@@ -17,9 +19,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from specc.errors import SpecError
 from specc.fileio import write_atomic
 from specc.importers.hf.checkpoint import CheckpointError, read_checkpoint
-from specc.importers.hf.convert import config_to_spec, convert_tensors, family_of
+from specc.importers.hf.convert import config_to_spec, convert_tensors, family_of, spec_error
 from specc.spec import loads_spec, resolve
 from specc.spec.yamlio import dump_yaml
 
@@ -48,14 +51,20 @@ def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str 
     config, tensors = read_checkpoint(src)
     where = str(src / "config.json")
     data = config_to_spec(config, tensors, name or _name_from(src), where)
-    arch = (config.get("architectures") or ["?"])[0]
+    fam, arch = family_of(config, where)  # both checked by config_to_spec
+    arch = arch if config.get("architectures") else "?"  # what the config names, not the default head
     data = {"specc": 1, "name": data.pop("name"),
             "description": f"Imported from a Hugging Face {arch} checkpoint (model_type {config.get('model_type')}) by specc import hf",
             **{k: v for k, v in data.items() if k != "specc"}, "weights": weights.name}
     text = dump_yaml(_reading_order(data))
-    spec = loads_spec(text, file=str(out_spec), base_dir=out_spec.parent)
-    resolved = resolve(spec)
-    fam, _ = family_of(config, where)
+    try:
+        spec = loads_spec(text, file=str(out_spec), base_dir=out_spec.parent)
+        resolved = resolve(spec)
+    except SpecError as exc:
+        named = [i for i in exc.issues if i.key == "name"]
+        if named:  # the --name (or folder) name, not the config
+            raise CheckpointError(f"spec name {data['name']!r}: {named[0].message}") from None
+        raise spec_error(exc, fam, config, where) from None
     params = convert_tensors(fam, config, tensors, resolved, where)
     save_tensors(params, weights)
     try:
