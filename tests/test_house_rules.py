@@ -152,6 +152,31 @@ def test_the_reach_check_can_fail():
     assert any(m.startswith("specc.export") for m in reach("specc.pipeline"))
 
 
+# --- the IO contract is spelled in one place -----------------------------------------------------
+
+# string literals that only specc/spec/io.py may hold: the cache prefixes and the symbolic dims
+CONTRACT = re.compile(r"^(past_key_values|present)(\.|$)|^(past_sequence|total_sequence|encoder_sequence)$")
+
+
+def literals(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a file that are not docstrings (f-string parts included)."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_only_spec_io_spells_the_io_contract():
+    owner = PACKAGE / "spec" / "io.py"
+    files = [p for p in [*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")] if p != owner]
+    spelled = [f"{p.relative_to(ROOT)}:{line}: {text!r}" for p in files for line, text in literals(p)
+               if CONTRACT.search(text)]
+    assert spelled == []
+    assert any(CONTRACT.search(text) for _, text in literals(owner))  # the check sees a spelling
+
+
 # --- the layers of docs/architecture.md ---------------------------------------------------------
 
 
