@@ -403,25 +403,24 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
-def _read_batch(path: str) -> "dict[str, Any] | list":
-    """--input FILE: a JSON list of lists of ids, a JSON object of named inputs, or an NPZ."""
-    import numpy as np
+def _finite(ctx, param, value):
+    """A float option that must be a number: nan and inf are refused (exit 2)."""
+    import math
 
-    from specc.runtime import RunError
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
+    return value
 
-    try:
-        if path.endswith(".npz"):
-            with np.load(path, allow_pickle=False) as data:
-                return {k: data[k] for k in data.files}
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise RunError(f"{path}: cannot read inputs ({exc})") from None
-    if isinstance(data, list):
-        return data  # rows of ids, padded like --ids
-    if isinstance(data, dict) and "input_ids" in data:
-        return data
-    raise RunError(f"{path}: expected a list of lists of token ids or an object with input_ids")
+
+def _read_batch(path: str, session) -> "dict[str, Any] | list":
+    """--input FILE: a JSON list of lists of ids, a JSON object of named inputs, or an NPZ, read
+    within the build's limits (specc/runtime/inputs.py: an NPZ's shapes are checked before its
+    arrays are unpacked)."""
+    from specc.runtime.inputs import read_inputs
+
+    if session.architecture == "encoder-decoder":
+        return read_inputs(path, session.graphs["encoder"].info, session.limits, session.graphs["decoder"].info)
+    return read_inputs(path, session.graphs["model"].info, session.limits)
 
 
 def _tokenizer(path: str | None):
@@ -439,7 +438,9 @@ def _tokenizer(path: str | None):
         raise RunError(f"{path}: cannot load the tokenizer ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
 
-def _rows(ids: tuple[str, ...], input_file: str | None, texts: tuple[str, ...], tok) -> list[list[int]] | dict:
+def _rows(ids: tuple[str, ...], input_file: str | None, texts: tuple[str, ...], tok) -> list[list[int]] | None:
+    """The prompt of --ids or --text; None for --input FILE, which is read once the build is open
+    (_read_batch). Usage errors (no prompt, two kinds of prompt) come first."""
     given = sum(bool(x) for x in (ids, input_file, texts))
     if given != 1:
         raise click.UsageError("give the prompt one way: --ids (repeat for a batch), --input FILE, or --text with --tokenizer")
@@ -448,7 +449,7 @@ def _rows(ids: tuple[str, ...], input_file: str | None, texts: tuple[str, ...], 
             raise click.UsageError("--text needs --tokenizer FILE")
         return [tok.encode(t).ids for t in texts]
     if input_file:
-        return _read_batch(input_file)
+        return None
     return [_parse_ids(x) for x in ids]
 
 
@@ -467,15 +468,19 @@ def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, a
 
     from specc.runtime import Session
     from specc.runtime.arrays import pad_rows
+    from specc.runtime.inputs import check_prompts
     from specc.spec.io import is_present
 
     tok = _tokenizer(tokenizer)
     given = _rows(ids, input_file, texts, tok)
     session = Session(build_dir, providers=providers or None)
+    if given is None:
+        given = _read_batch(input_file, session)
     if isinstance(given, dict):
         inputs = given
-    else:
-        padded, mask = pad_rows(given, session.info.pad_id, left=session.architecture == "decoder")
+    else:  # rows of ids: integers within the build's limits (floats are refused, not truncated), then padded
+        rows = check_prompts(given, session.limits)
+        padded, mask = pad_rows(rows, session.info.pad_id, left=session.architecture == "decoder")
         inputs = {"input_ids": padded, "attention_mask": mask}
     outputs = session.run(**inputs)
     shown = {k: v for k, v in outputs.items() if not is_present(k)}
@@ -510,12 +515,12 @@ def _softmax(x):
 @click.option("--tokenizer", type=click.Path(dir_okay=False), default=None, help="A tokenizer.json: text in, text out.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--greedy", is_flag=True, help="Greedy decoding (the default).")
-@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None, help="Sample at this temperature.")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None, callback=_finite, help="Sample at this temperature.")
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample from the k most likely tokens.")
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None, help="Sample from the smallest set of tokens with this much probability.")
-@click.option("--seed", type=int, default=None, help="Seed for sampling.")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None, callback=_finite, help="Sample from the smallest set of tokens with this much probability.")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Seed for sampling.")
 @click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True, help="Beam search with this many beams.")
-@click.option("--length-penalty", type=float, default=0.6, show_default=True, help="Beam search: alpha of ((5 + len) / 6) ** alpha (Wu et al. 2016).")
+@click.option("--length-penalty", type=float, default=0.6, show_default=True, callback=_finite, help="Beam search: alpha of ((5 + len) / 6) ** alpha (Wu et al. 2016).")
 @click.option("--eos-id", type=int, default=None, help="Stop a row at this token (default: the spec's tokens.eos).")
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order.")
 @click.option("--json", "as_json", is_flag=True, help='{"ids": [[...]], "new_ids": [[...]]} on stdout.')
@@ -531,9 +536,11 @@ def generate(build_dir, ids, input_file, texts, tokenizer, max_new_tokens, greed
         raise click.UsageError("--greedy cannot be combined with sampling options or --beams")
     tok = _tokenizer(tokenizer)
     rows = _rows(ids, input_file, texts, tok)
+    session = Session(build_dir, providers=providers or None)
+    if rows is None:
+        rows = _read_batch(input_file, session)
     if isinstance(rows, dict):
         rows = rows["input_ids"]
-    session = Session(build_dir, providers=providers or None)
     stream = not as_json and len(rows) == 1 and beams == 1
 
     def on_token(step: int, new: list) -> None:

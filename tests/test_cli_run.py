@@ -240,6 +240,8 @@ def test_generate_eos_id(gpt2, session):
 @pytest.mark.parametrize("args", [
     ["--greedy", "--temperature", "1"], ["--greedy", "--beams", "2"], ["--greedy", "--top-k", "3"],
     ["--temperature", "0"], ["--top-p", "0"], ["--top-p", "1.5"], ["--beams", "0"], ["--max-new-tokens", "0"],
+    ["--temperature", "nan"], ["--temperature", "inf"], ["--temperature", "-1"], ["--top-p", "nan"],
+    ["--top-k", "-1"], ["--length-penalty", "nan"], ["--seed", "-1"],
 ])
 def test_generate_bad_option_combinations_exit_2(gpt2, args):
     result = cli("generate", gpt2, "--ids", "5,6,7", *args)
@@ -284,6 +286,69 @@ def test_generate_out_of_vocabulary_exits_1(gpt2):
     result = cli("generate", gpt2, "--ids", "5,1000")
     assert result.exit_code == 1
     assert "1000" in result.stderr and "internal error" not in result.stderr
+
+
+def npz_bomb(path: Path, n: int = 134_217_728) -> Path:
+    """An NPZ of about 1 MB whose input_ids [1, n] int64 unpack to 1 GiB (as tests/runtime/test_inputs.py)."""
+    import zipfile
+
+    if not path.exists():
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+            with z.open("input_ids.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array_header_1_0(f, {"descr": "<i8", "fortran_order": False, "shape": (1, n)})
+                chunk = bytes(1 << 24)
+                for _ in range(n * 8 // len(chunk)):
+                    f.write(chunk)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory) -> Path:
+    """--input files a client gets wrong."""
+    folder = tmp_path_factory.mktemp("bad-inputs")
+    (folder / "floats.json").write_text("[[1.5, 2.0]]")
+    (folder / "floats-named.json").write_text(json.dumps({"input_ids": [[1.5, 2.0]]}))
+    (folder / "negative-positions.json").write_text(json.dumps({"input_ids": [[5, 6, 7]], "position_ids": [[0, -1, 2]]}))
+    (folder / "mask.json").write_text(json.dumps({"input_ids": [[5, 6, 7]], "attention_mask": [[7, -1, 0]]}))
+    (folder / "too-many-rows.json").write_text(json.dumps([[1, 2]] * 5))
+    np.savez(folder / "floats.npz", input_ids=np.array([[1.5, 2.0]]))
+    npz_bomb(tmp_path_factory.getbasetemp() / "bomb.npz")
+    return folder
+
+
+# (id, command and arguments, words of the one line); {inputs} is the bad_inputs folder, {bomb} the NPZ bomb
+REFUSALS = [
+    ("run-negative-id", ["run", "--ids", "-5,9,2"], ["input_ids", "[-5]"]),
+    ("run-float-rows", ["run", "--input", "{inputs}/floats.json"], ["input_ids", "integers", "1.5"]),
+    ("run-float-named", ["run", "--input", "{inputs}/floats-named.json"], ["input_ids", "integers", "float64"]),
+    ("run-float-npz", ["run", "--input", "{inputs}/floats.npz"], ["input_ids", "integers", "float64"]),
+    ("run-negative-positions", ["run", "--input", "{inputs}/negative-positions.json"], ["position_ids", "[-1]"]),
+    ("run-mask", ["run", "--input", "{inputs}/mask.json"], ["attention_mask", "0 or 1"]),
+    ("run-too-many-rows", ["run", "--input", "{inputs}/too-many-rows.json"], ["5 prompts", "serving.batch.max 4"]),
+    ("run-too-long", ["run", "--ids", ",".join(["1"] * 129)], ["129 tokens", "serving.length.max 128"]),
+    ("run-npz-bomb", ["run", "--input", "{bomb}"], ["bomb.npz", "134217728", "serving.length.max 128"]),
+    ("generate-npz-bomb", ["generate", "--input", "{bomb}"], ["bomb.npz", "134217728"]),
+    ("generate-negative-id", ["generate", "--ids", "5,-1"], ["input_ids", "[-1]"]),
+    ("generate-float-rows", ["generate", "--input", "{inputs}/floats.json"], ["input_ids", "integers"]),
+    ("generate-max-new-tokens", ["generate", "--ids", "5,6", "--max-new-tokens", "100000000"],
+     ["max_new_tokens (100000000)", "at most 126 new tokens"]),
+    ("generate-beams", ["generate", "--ids", "5,6", "--beams", "100000"], ["beams (100000)", "use fewer beams"]),
+    ("generate-too-many-prompts", ["generate"] + ["--ids", "5,6"] * 5, ["5 prompts", "serving.batch.max 4"]),
+]
+
+
+@pytest.mark.parametrize("args, words", [c[1:] for c in REFUSALS], ids=[c[0] for c in REFUSALS])
+def test_client_mistakes_exit_1_with_one_line(gpt2, bad_inputs, tmp_path_factory, args, words):
+    bomb = tmp_path_factory.getbasetemp() / "bomb.npz"
+    args = [a.format(inputs=bad_inputs, bomb=bomb) for a in args]
+    result = cli(args[0], gpt2, *args[1:])
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specc: error: "), result.stderr
+    assert "internal error" not in result.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
 
 
 # --- tokenizer ------------------------------------------------------------------------------------------

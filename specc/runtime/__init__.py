@@ -5,8 +5,9 @@ importing only those before it:
 
     errors    RunError
     graph     one onnxruntime session with IO binding; execution providers, session options
+    inputs    the one validation of inputs (feeds, prompts and generation options, input files)
     cache     the KV cache: empty caches, CPU cache buffers, present.* -> past_key_values.*
-    arrays    token ids checked once, prompt padding, NPZ output
+    arrays    prompt padding, NPZ output
     generate  the decode loops (greedy, sampling, beam search) over a model's graphs
     session   Session: a build directory opened, run(), generate()
     serve     `specc serve` on Triton (PyTriton, in its own environment)

@@ -9,8 +9,8 @@ A runner owns the graph calls and the cache (specc/runtime/cache.py: OrtValues k
 graph's device); the loops only see [rows, vocab] logits and hand back the chosen token per row.
 Beam search reorders the cache rows after each step.
 
-The loops read a model through two attributes, `graphs` and `info` (a Session has both), and
-never import the Session: session.py imports this module, not the other way.
+The loops read a model through three attributes, `graphs`, `info` and `limits` (a Session has
+them), and never import the Session: session.py imports this module, not the other way.
 
 Beam scores use the length penalty of Wu et al. 2016, which the Transformer paper used for
 translation (beam 4, alpha 0.6): score = sum(log p) / lp(n), lp(n) = ((5 + n) / 6) ** alpha.
@@ -22,10 +22,11 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
-from specc.runtime.arrays import pad_rows, prompt_rows
+from specc.runtime.arrays import pad_rows
 from specc.runtime.cache import CacheBuffers, empty_cache, reorder_cache, run_cached
 from specc.runtime.errors import RunError
 from specc.runtime.graph import Graph
+from specc.runtime.inputs import Limits, check_generation
 from specc.spec.io import (
     ATTENTION_MASK,
     ENCODER_ATTENTION_MASK,
@@ -41,10 +42,12 @@ OnToken = Callable[[int, list], None]  # (step, [new id or None per row])
 
 
 class Model(Protocol):
-    """What generation reads of a built model (a Session): its graphs by name and its build's facts."""
+    """What generation reads of a built model (a Session): its graphs by name, its build's facts and
+    what it takes as input."""
 
     graphs: Mapping[str, Graph]
     info: BuildInfo
+    limits: Limits
 
 
 @dataclass
@@ -187,33 +190,23 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
              on_token: OnToken | None = None) -> Generated:
     """Generate from one prompt, a batch of prompts (any lengths) or an int64 array [batch, seq]
     (as Session.generate, which calls this)."""
-    if max_new_tokens < 1:
-        raise RunError("max_new_tokens must be at least 1")
-    if beams < 1:
-        raise RunError("beams must be at least 1")
-    sampling = do_sample or temperature is not None or top_k is not None or top_p is not None
-    if sampling and beams > 1:
-        raise RunError("choose sampling or beam search, not both")
-    if temperature is not None and temperature <= 0:
-        raise RunError("temperature must be > 0 (use greedy decoding for temperature 0)")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise RunError("top_p must be in (0, 1]")
-    if top_k is not None and top_k < 1:
-        raise RunError("top_k must be at least 1")
     info = model.info
-    rows = prompt_rows(input_ids, info.vocab_size)  # of the prompt: the source vocabulary for an encoder-decoder
+    if info.architecture not in ("decoder", "encoder-decoder"):
+        raise RunError("generation needs a decoder or an encoder-decoder build; use `specc run` for encoders")
+    # options, prompts, lengths and beams, all before anything is allocated
+    rows = check_generation(model.limits, info.architecture, input_ids, max_new_tokens, beams=beams,
+                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, do_sample=do_sample,
+                            length_penalty=length_penalty, eos_id=eos_id, pad_id=pad_id)
+    sampling = do_sample or temperature is not None or top_k is not None or top_p is not None
     eos = eos_id if eos_id is not None else info.tokens.eos
     pad = pad_id if pad_id is not None else info.pad_for(eos)
-    _check_length(info, rows, max_new_tokens)
     if info.architecture == "encoder-decoder":
         start = info.start_for(pad)
         make = lambda rs: EncoderDecoderRunner(model, rs, pad, start, max_new_tokens)  # noqa: E731
         prefixes = [[start] for _ in rows]
-    elif info.architecture == "decoder":
+    else:
         make = lambda rs: DecoderRunner(model, rs, pad, max_new_tokens)  # noqa: E731
         prefixes = rows
-    else:
-        raise RunError("generation needs a decoder or an encoder-decoder build; use `specc run` for encoders")
     if beams > 1:
         new = _beam_search(make, rows, max_new_tokens, beams, length_penalty, eos)
         if on_token:  # beams settle only at the end: report the winners then
@@ -294,13 +287,3 @@ def _beam_search(make, rows: list[list[int]], max_new: int, k: int, alpha: float
                                     for j in range(k) if np.isfinite(scores[i, j])]
         out.append(max(hyps, key=lambda h: h[0])[1] if hyps else [])
     return out
-
-
-def _check_length(info: BuildInfo, rows: list[list[int]], max_new: int) -> None:
-    """Learned positions are a hard limit: the prompt plus the new tokens must fit them."""
-    limit = info.learned_positions
-    longest = max(len(r) for r in rows)
-    total = (1 if info.architecture == "encoder-decoder" else longest) + max_new
-    if limit is not None and (total > limit or longest > limit):
-        raise RunError(f"prompt ({longest} tokens) + max_new_tokens ({max_new}) is past the model's "
-                       f"{limit} learned positions")

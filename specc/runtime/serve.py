@@ -10,6 +10,13 @@ stateless, as in the Triton repository (docs/serving.md): the client sends the p
 present.* back as past_key_values.*. Requests are batched along the first (batch) dimension; the
 other dimensions of the requests batched together must agree (Triton's own rule).
 
+Each request is checked alone, as `specc run` checks its inputs (specc/runtime/inputs.py's
+check_feeds: ids in the vocabulary, masks 0/1, positions and token types in range, the cache's
+shape, the serving limits). A refused request answers HTTP 400 (gRPC INVALID_ARGUMENT) with that
+one line, never a traceback, and the other requests of its dynamic batch run as usual; PyTriton
+alone would answer 500 with the tracebacks of two processes, so the model file PyTriton hands
+Triton gets a short addition (STUB_ADDITION) that turns a refusal into the request's error.
+
 PyTriton needs numpy < 2, so it lives in its own environment (`make install-serve`, the `serve`
 extra). The server's Python backend stub links against libpython: on interpreters built outside
 the system's (pyenv, conda) the server is started with the interpreter's lib folder on
@@ -19,19 +26,24 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import sysconfig
 import threading
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from specc.errors import SpeccError
 from specc.runtime.cache import empty_cache
+from specc.runtime.errors import RunError
 from specc.runtime.graph import Graph
+from specc.runtime.inputs import Limits, check_feeds
 from specc.runtime.session import Session
 from specc.spec import triton as rule
-from specc.spec.io import is_growing, is_past, numpy_dtype
+from specc.spec.io import INPUT_IDS, is_growing, is_past, numpy_dtype
 from specc.spec.manifest import TensorInfo
 
 DEFAULT_HTTP_PORT = 8000
@@ -80,19 +92,157 @@ def _tensors(sigs: tuple[TensorInfo, ...]) -> list:
     return out
 
 
-def _infer_fn(graph: Graph) -> Callable:
-    from pytriton.decorators import batch
+# The refusal of one request, as its response: [kind ("client" | "server"), one line], carried as an
+# output of this name to the code below, which answers it as Triton's error for that request.
+REFUSAL = "specc_error"
 
+# Appended to the model.py that PyTriton writes for each model (the code Triton's Python backend
+# runs, in its own process). PyTriton answers any exception of an inference callable with HTTP 500
+# and the tracebacks of both processes (server paths included), and fails every request of a
+# dynamic batch together; a PyTritonUnrecoverableError would stop the server. This makes a request
+# refused by the callable (a REFUSAL output) an error response of its own, with its one line and
+# Triton's INVALID_ARG (HTTP 400, gRPC INVALID_ARGUMENT), the other requests of its batch answered
+# as usual; and it refuses zero-size inputs, which PyTriton's shared memory cannot carry, before
+# they reach PyTriton. Any other failure answers one line and INTERNAL (HTTP 500), with the
+# traceback left to the server's log.
+STUB_ADDITION = f'''
+
+# --- appended by specc serve (specc/runtime/serve.py): one-line refusals, HTTP 400 ---------------
+def _specc_refusals():
+    # pb_utils gets TritonError and the rest from the backend stub after this module loads
+    def refusal(kind, message):
+        code = getattr(pb_utils.TritonError, "INVALID_ARG" if kind == "client" else "INTERNAL", None)
+        error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+        return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+    def empty_input(request):
+        for tensor in request.inputs():
+            shape = list(tensor.as_numpy().shape)
+            if 0 in shape:
+                name = tensor.name()
+                if name.startswith("past_key_values."):
+                    return (f"{{name}}: a zero-length cache (shape {{shape}}) cannot be sent; leave the "
+                            "past_key_values.* inputs out at prefill (the server supplies the empty cache)")
+                return f"{{name}}: empty tensor (shape {{shape}}); give at least one token"
+        return None
+
+    pytriton_wrap_response = _wrap_response
+    pytriton_execute = TritonPythonModel.execute
+
+    def wrap_response(response, requested_outputs_names, model_outputs_dict):
+        data = getattr(response, "data", None)
+        if data and {REFUSAL!r} in data:
+            kind, message = (bytes(x).decode("utf-8", "replace") for x in data[{REFUSAL!r}].reshape(-1)[:2])
+            return refusal(kind, message)
+        return pytriton_wrap_response(response, requested_outputs_names, model_outputs_dict)
+
+    def execute(self, requests):
+        answers = [None] * len(requests)
+        passed = []
+        for i, request in enumerate(requests):
+            message = empty_input(request)
+            if message is None:
+                passed.append(i)
+            else:
+                answers[i] = refusal("client", message)
+        if passed:
+            try:
+                done = pytriton_execute(self, [requests[i] for i in passed])
+            except Exception:
+                done = [refusal("server", "specc serve: internal error; the server's log has the traceback")
+                        for _ in passed]
+            for i, answer in zip(passed, done):
+                answers[i] = answer
+        return answers
+
+    globals()["_wrap_response"] = wrap_response
+    TritonPythonModel.execute = execute
+
+
+if "TritonPythonModel" in globals() and "_wrap_response" in globals():
+    _specc_refusals()
+'''
+
+
+@contextmanager
+def _one_line_refusals():
+    """While serving, each model's model.py that PyTriton hands Triton ends with STUB_ADDITION:
+    whether PyTriton writes it into a local model store (Model.generate_model) or sends its text
+    with the load request (Model.get_proxy_model_files, the usual path)."""
+    from pytriton.models.model import Model
+
+    generate_model, proxy_files = Model.generate_model, Model.get_proxy_model_files
+
+    def generate_with_refusals(self, model_repository):
+        generate_model(self, model_repository)
+        path = Path(model_repository) / self.model_name / str(self.model_version) / "model.py"
+        if path.is_file():
+            path.write_text(path.read_text(encoding="utf-8") + STUB_ADDITION, encoding="utf-8")
+
+    def files_with_refusals(self):
+        files = proxy_files(self)
+        key = f"file:{self.model_version}/model.py"
+        if key in files:
+            files[key] = files[key] + STUB_ADDITION.encode("utf-8")
+        return files
+
+    Model.generate_model, Model.get_proxy_model_files = generate_with_refusals, files_with_refusals
+    try:
+        yield
+    finally:
+        Model.generate_model, Model.get_proxy_model_files = generate_model, proxy_files
+
+
+def _refusal(message: str, kind: str = "client") -> dict[str, np.ndarray]:
+    return {REFUSAL: np.array([kind.encode(), message.encode("utf-8")], dtype=np.bytes_)}
+
+
+def request_feeds(graph: Graph, request: Mapping[str, np.ndarray], limits: Limits) -> dict[str, np.ndarray]:
+    """One request's inputs, checked (specc/runtime/inputs.py's check_feeds, as `specc run` checks
+    them), with the empty cache a prefill leaves out; in the graph's input order."""
+    feeds = check_feeds(graph.info, dict(request), limits)
+    if INPUT_IDS in feeds:
+        for name, value in empty_cache(graph, len(feeds[INPUT_IDS])).items():
+            feeds.setdefault(name, value)
+    return {n: feeds[n] for n in graph.inputs if n in feeds}
+
+
+def _infer_fn(graph: Graph, limits: Limits) -> Callable:
     lock = threading.Lock()  # one onnxruntime run at a time per graph: the session's threads do the rest
 
-    @batch
-    def infer(**inputs: np.ndarray) -> dict[str, np.ndarray]:
-        batch_size = len(next(iter(inputs.values())))
-        for name, value in empty_cache(graph, batch_size).items():
-            inputs.setdefault(name, value)
-        with lock:
-            out = graph.run(inputs)
-        return {k: v.numpy() for k, v in out.items()}
+    def infer(requests: list) -> list[dict[str, np.ndarray]]:
+        """PyTriton's requests (a dynamic batch) in, one response per request out. Each request is
+        checked alone, so a refused one answers its own error and the others run, batched
+        together where their shapes agree (as Triton batched them)."""
+        answers: list = [None] * len(requests)
+        groups: dict[tuple, list[tuple[int, dict]]] = {}
+        for i, request in enumerate(requests):
+            try:
+                feeds = request_feeds(graph, request, limits)
+            except RunError as exc:
+                answers[i] = _refusal(str(exc))
+                continue
+            groups.setdefault(tuple((n, v.shape[1:]) for n, v in feeds.items()), []).append((i, feeds))
+        for members in groups.values():
+            try:
+                batch = {n: np.concatenate([f[n] for _, f in members]) for n in members[0][1]}
+                with lock:
+                    out = {k: v.numpy() for k, v in graph.run(batch).items()}
+            except RunError as exc:  # onnxruntime refused what passed the checks
+                for i, _ in members:
+                    answers[i] = _refusal(str(exc), "server")
+                continue
+            except Exception:  # a bug: its traceback to the server's log, one line to the client
+                traceback.print_exc(file=sys.stderr)
+                for i, _ in members:
+                    answers[i] = _refusal("specc serve: internal error; the server's log has the traceback", "server")
+                continue
+            start = 0
+            for i, feeds in members:
+                rows = len(next(iter(feeds.values())))
+                answers[i] = {k: v[start:start + rows] for k, v in out.items()}
+                start += rows
+        return answers
 
     return infer
 
@@ -119,12 +269,12 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
         if threading.current_thread() is threading.main_thread() else {}
     models = []
     try:
-        with Triton(config=config) as triton:
+        with _one_line_refusals(), Triton(config=config) as triton:
             for graph_name, graph in session.graphs.items():
                 models.append(names[graph_name])
                 triton.bind(
                     model_name=models[-1],
-                    infer_func=_infer_fn(graph),
+                    infer_func=_infer_fn(graph, session.limits),
                     inputs=_tensors(graph.info.inputs),
                     outputs=_tensors(graph.info.outputs),
                     config=ModelConfig(
@@ -132,7 +282,7 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
                         batcher=DynamicBatcher(max_queue_delay_microseconds=batching.max_queue_delay_us,
                                                preferred_batch_size=list(batching.preferred_batch_sizes)),
                     ),
-                    strict=True,
+                    strict=False,  # a refusal is a response with the REFUSAL output, not in the config
                 )
             triton.run()
             if on_ready is not None:

@@ -18,11 +18,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from specc.deps import require_onnxruntime
-from specc.runtime.arrays import id_array
 from specc.runtime.cache import empty_cache, past_length
 from specc.runtime.errors import RunError
 from specc.runtime.generate import Generated, generate
 from specc.runtime.graph import Graph, choose_providers, session_options
+from specc.runtime.inputs import DECODER_INPUT_IDS, Limits, check_feeds
 from specc.spec import manifest as spec_manifest
 from specc.spec.io import (
     ATTENTION_MASK,
@@ -37,7 +37,6 @@ from specc.spec.io import (
 )
 from specc.spec.manifest import MANIFEST, BuildInfo
 
-DECODER_INPUT_IDS = "decoder_input_ids"  # run()'s name for an encoder-decoder's decoder tokens
 ENCODER_OUTPUT = "encoder_last_hidden_state"  # run()'s name for the encoder's last_hidden_state
 
 __all__ = ["RunError", "Session", "choose_providers", "open_build", "session_options"]
@@ -63,7 +62,8 @@ class Session:
     (default: TensorRT, CUDA, CPU, those available). threads: intra-op threads (default: onnxruntime's).
 
     manifest: the parsed manifest.json; info: its typed view (BuildInfo); spec: the recorded spec;
-    graphs: graph name -> Graph."""
+    limits: what the build takes as input (vocabularies, serving.batch.max and .length.max, learned
+    positions); graphs: graph name -> Graph."""
 
     def __init__(self, build_dir: str | Path, providers: Sequence[str] | None = None, *, threads: int | None = None):
         ort = require_onnxruntime("running a build")
@@ -71,6 +71,7 @@ class Session:
         self.manifest, self.info = open_build(self.dir)
         self.spec = self.manifest["spec"]
         self.architecture = self.info.architecture
+        self.limits = Limits.of(self.info, self.spec)  # what the build takes (specc/runtime/inputs.py)
         options = session_options(ort, threads)
         asked = choose_providers(ort.get_available_providers(), providers)
         self.graphs = {name: Graph(ort, self.dir / g.file, g, asked, options) for name, g in self.info.graphs.items()}
@@ -96,44 +97,37 @@ class Session:
         """Named outputs for named inputs (arrays or nested lists). Inputs the graph needs but the
         caller left out get their natural defaults: attention_mask all ones, position_ids counted
         from the mask, token_type_ids zeros, an empty KV cache. An encoder-decoder runs its
-        encoder on input_ids and, given decoder_input_ids, its decoder too."""
-        try:
-            feeds = {k: np.asarray(v) for k, v in inputs.items()}
-        except ValueError:
-            raise RunError("inputs must be rectangular arrays; pad rows of different lengths "
-                           "(or use generate(), which pads)") from None
-        if INPUT_IDS not in feeds:
+        encoder on input_ids and, given decoder_input_ids, its decoder too. Every input is checked
+        first (specc/runtime/inputs.py's check_feeds): RunError names the first that is wrong."""
+        if INPUT_IDS not in inputs:
             raise RunError(f"run() needs {INPUT_IDS}")
-        feeds[INPUT_IDS] = id_array(feeds[INPUT_IDS], self.info.vocab_size)
         if self.architecture == "encoder-decoder":
-            return self._run_encoder_decoder(feeds)
+            return self._run_encoder_decoder(dict(inputs))
         graph = self.graphs["model"]
-        unknown = sorted(set(feeds) - set(graph.inputs))
-        if unknown:
-            raise RunError(f"unknown input(s) {', '.join(unknown)}; the model takes {', '.join(graph.inputs)}")
+        feeds = check_feeds(graph.info, inputs, self.limits)
         out = graph.run(self._defaults(graph, feeds))
         return {k: v.numpy() for k, v in out.items()}
 
-    def _run_encoder_decoder(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_encoder_decoder(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
         enc, dec = self.graphs["encoder"], self.graphs["decoder"]
-        dec_ids = feeds.pop(DECODER_INPUT_IDS, None)
-        unknown = sorted(set(feeds) - set(enc.inputs))
-        if unknown:
-            raise RunError(f"unknown input(s) {', '.join(unknown)}; the encoder takes {', '.join(enc.inputs)} "
-                           f"(and {DECODER_INPUT_IDS} for the decoder)")
+        dec_ids = inputs.pop(DECODER_INPUT_IDS, None)
+        feeds = check_feeds(enc.info, inputs, self.limits, what="the encoder",
+                            hint=f" (and {DECODER_INPUT_IDS} for the decoder)")
         enc_feeds = self._defaults(enc, feeds)
+        if dec_ids is not None:  # checked before the encoder runs, with the source's mask (its batch)
+            dec_feeds = check_feeds(dec.info, {ENCODER_ATTENTION_MASK: enc_feeds[ATTENTION_MASK], INPUT_IDS: dec_ids},
+                                    self.limits, rename={INPUT_IDS: DECODER_INPUT_IDS})
         enc_out = enc.run(enc_feeds)
         result = {ENCODER_OUTPUT: enc_out[LAST_HIDDEN_STATE].numpy()}
         if dec_ids is None:
             return result
-        dec_feeds = {INPUT_IDS: id_array(dec_ids), ENCODER_ATTENTION_MASK: enc_feeds[ATTENTION_MASK]}
         dec_feeds.update(present_to_past(enc_out))
         out = dec.run(self._defaults(dec, dec_feeds))
         result.update({k: v.numpy() for k, v in out.items()})
         return result
 
     def _defaults(self, graph: Graph, feeds: dict[str, Any]) -> dict[str, Any]:
-        """`feeds` (input_ids checked) with what the graph takes and the caller left out."""
+        """`feeds` (checked) with what the graph takes and the caller left out."""
         b, t = feeds[INPUT_IDS].shape
         out = dict(feeds)
         for name, val in empty_cache(graph, b).items():

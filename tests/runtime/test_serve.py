@@ -109,6 +109,22 @@ def infer(protocol: str, port: int, model: str, feeds: dict[str, np.ndarray], ou
     return {o: res.as_numpy(o) for o in outputs}
 
 
+def refusal(protocol: str, port: int, model: str, feeds: dict[str, np.ndarray]) -> tuple[str, str]:
+    """(status, message) of a request the server refuses: "400" over HTTP, "StatusCode.INVALID_ARGUMENT"
+    over gRPC; the message must be one line, without a traceback or a path of the server's."""
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as info:
+        infer(protocol, port, model, feeds, [])
+    message = info.value.message()
+    assert "\n" not in message and "Traceback" not in message and ".py" not in message, message
+    assert str(ROOT) not in message and "/tmp" not in message, message
+    return str(info.value.status()), message
+
+
+BAD = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
+
+
 @needs_serve_env
 def test_serve_answers_concurrent_http_and_grpc_requests_like_specc_run(tmp_path):
     from specc.runtime import Session
@@ -144,6 +160,13 @@ def test_serve_answers_concurrent_http_and_grpc_requests_like_specc_run(tmp_path
         assert config["max_batch_size"] == session.spec["serving"]["batch"]["max"]
         assert "dynamic_batching" in config
         assert server.client.get_model_metadata(model)["inputs"][0]["name"] in graph.inputs
+        # a token type past the type vocabulary: 400 with one line, and the next request is answered
+        bad = dict(requests[0], token_type_ids=np.full((1, 12), 2, np.int64))
+        for protocol, port in (("http", server.http), ("grpc", server.grpc)):
+            status, message = refusal(protocol, port, model, bad)
+            assert status == BAD[protocol] and message.startswith("token_type_ids: type id(s) [2]"), message
+            got = infer(protocol, port, model, requests[0], outputs)
+            np.testing.assert_allclose(got[outputs[0]], expected[0][outputs[0]], rtol=1e-5, atol=1e-5)
     finally:
         code = server.stop()
     assert code == 0, server.output()
@@ -187,3 +210,79 @@ def test_serve_decoder_prefill_and_cached_step_over_http(tmp_path):
         np.testing.assert_allclose(second["logits"][0, -1], full["logits"][0, -1], rtol=1e-4, atol=1e-4)
     finally:
         assert server.stop() == 0, server.output()
+
+
+@needs_serve_env
+def test_serve_answers_client_mistakes_with_400_and_one_line_and_goes_on(tmp_path):
+    """Each mistake `specc run` refuses is refused by the server too: HTTP 400 / gRPC INVALID_ARGUMENT
+    with the same one line (no traceback, no server path), and a good request right after it is
+    answered as Session answers it. Mistakes sent concurrently with good requests fail alone."""
+    from specc.runtime import RunError, Session
+
+    build = specc.build("tiny-gpt2", tmp_path / "tiny-gpt2").out_dir
+    session = Session(build)
+    model = session.spec["name"]
+    past = [n for n in session.graphs["model"].inputs if n.startswith("past_key_values.")]
+
+    def feeds(ids, mask=None, positions=None, cache=None):
+        ids = np.asarray(ids, np.int64)
+        b, t = ids.shape
+        p = 0 if not cache else next(iter(cache.values())).shape[2]
+        f = {"input_ids": ids,
+             "attention_mask": np.ones((b, p + t), np.int64) if mask is None else np.asarray(mask, np.int64),
+             "position_ids": np.arange(p, p + t, dtype=np.int64)[None].repeat(b, 0) if positions is None
+             else np.asarray(positions, np.int64)}
+        return {**f, **(cache or {})}
+
+    def cache(heads=4, length=2, names=past):
+        return {n: np.zeros((1, heads, length, 16), np.float32) for n in names}
+
+    mistakes = {  # id -> (request, the start of the one line; None: Triton's own refusal of a shape)
+        "negative-id": (feeds([[-5, 9, 2]]), "input_ids: token id(s) [-5] outside the vocabulary (0..999)"),
+        "id-past-vocab": (feeds([[5000, 9, 2]]), "input_ids: token id(s) [5000]"),
+        "mask-values": (feeds([[5, 9, 2]], mask=[[7, -1, 0]]), "attention_mask: values must be 0 or 1"),
+        "mask-length": (feeds([[5, 9]], mask=[[1, 1, 1]]), "attention_mask: covers 3 positions"),
+        "negative-position": (feeds([[5, 9, 2]], positions=[[0, -1, 2]]), "position_ids: position(s) [-1]"),
+        "position-past-table": (feeds([[5, 9, 2]], positions=[[0, 1, 500]]), "position_ids: position(s) [500]"),
+        "empty-sequence": (feeds(np.zeros((1, 0))), "input_ids: empty tensor (shape [1, 0])"),
+        "too-long": (feeds(np.ones((1, 200))), "input_ids: sequence of 200, more than the build's serving.length.max 128"),
+        "cache-past-length": (feeds([[1, 2]], cache=cache(length=127)), "attention_mask: total_sequence of 129"),
+        "zero-length-cache": (feeds([[1]], cache=cache(length=0)), past[0] + ": a zero-length cache"),
+        "partial-cache": (feeds([[1]], cache=cache(names=past[:1])), past[0] + ": the cache comes whole"),
+        "cache-heads": (feeds([[1]], cache=cache(heads=3)), None),
+        "batch-past-max": (feeds(np.ones((5, 3))), None),
+    }
+    good = feeds([[5, 9, 2]])
+    want = session.run(**good)["logits"]
+    server = Server(build)
+    try:
+        for name, (request, line) in mistakes.items():
+            in_process = None
+            if name not in ("empty-sequence", "zero-length-cache", "cache-heads", "batch-past-max"):
+                with pytest.raises(RunError) as info:
+                    session.run(**request)  # what `specc run` says
+                in_process = str(info.value)
+            for protocol, port in (("http", server.http), ("grpc", server.grpc)):
+                status, message = refusal(protocol, port, model, request)
+                assert status == BAD[protocol], (name, status, message)
+                if line is not None:
+                    assert message.startswith(line), (name, message)
+                if in_process is not None:
+                    assert message == in_process, (name, message)
+                got = infer(protocol, port, model, good, ["logits"])["logits"]
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        # bad and good requests at once: Triton may batch them together; each bad one fails alone
+        bad = feeds([[-5, 9, 2]])
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda i: infer("http", server.http, model, good, ["logits"]) if i % 2
+                                    else refusal("http", server.http, model, bad), range(32)))
+        for i, answer in enumerate(answers):
+            if i % 2:
+                np.testing.assert_allclose(answer["logits"], want, rtol=1e-5, atol=1e-5)
+            else:
+                assert answer == ("400", mistakes["negative-id"][1]), answer
+        assert server.proc.poll() is None  # still serving
+    finally:
+        code = server.stop()
+    assert code == 0, server.output()
+    assert "Traceback" not in server.output()
