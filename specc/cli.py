@@ -20,6 +20,10 @@ from specc.interrupts import Terminated, terminate_as_interrupt
 from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, TARGETS
 
 
+# what torch's generator and numpy's seed sequence both take
+SEED = click.IntRange(0, 2**64 - 1)
+
+
 def _emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
@@ -41,6 +45,18 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("specc: interrupted", err=True)
             ctx.exit(130)
+        except BrokenPipeError:
+            # the reader went away (`specc inspect ... | head`): stop quietly, as a program killed
+            # by SIGPIPE would; stdout goes to /dev/null so that the interpreter's last flush
+            # cannot fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(141)
+        except OSError as exc:  # the machine's refusal (disk full, read-only, permissions), not a bug
+            if os.environ.get("SPECC_DEBUG"):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"specc: error: {where}{exc.strerror or exc}", err=True)
+            ctx.exit(1)
         except Exception as exc:  # a bug in specc: one line, never a traceback
             if os.environ.get("SPECC_DEBUG"):
                 raise
@@ -282,7 +298,7 @@ class _StageDisplay:
 @click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None,
               help="Default: the spec's serving.precision.")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="Trained weights (.safetensors); default: the spec's weights: key, else seeded random.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random initialisation (no weights given).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random initialisation (no weights given).")
 @click.option("--opset", type=int, default=None, help=f"ONNX opset (default {DEFAULT_OPSET}; see docs/export.md).")
 @click.option("--max-memory", type=_Bytes(), default=None, help="Memory the build may use (e.g. 16GiB); default: what is available.")
 @click.option("--force", is_flag=True, help="Rebuild even when DIR is up to date.")
@@ -350,7 +366,7 @@ def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as
 @main.command("export-weights")
 @click.argument("spec")
 @click.option("-o", "--out", "out_file", required=True, type=click.Path(dir_okay=False), help="The .safetensors file to write.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random initialisation (a spec without weights:).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random initialisation (a spec without weights:).")
 def export_weights_cmd(spec: str, out_file: str, seed: int) -> None:
     """Write the weights SPEC builds with (its weights: file, else the seeded initialisation) in
     specc's parameter names."""
@@ -521,7 +537,7 @@ def _softmax(x):
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Seed for sampling.")
 @click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True, help="Beam search with this many beams.")
 @click.option("--length-penalty", type=float, default=0.6, show_default=True, callback=_finite, help="Beam search: alpha of ((5 + len) / 6) ** alpha (Wu et al. 2016).")
-@click.option("--eos-id", type=int, default=None, help="Stop a row at this token (default: the spec's tokens.eos).")
+@click.option("--eos-id", type=click.IntRange(-(2**63), 2**63 - 1), default=None, help="Stop a row at this token (default: the spec's tokens.eos).")
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order.")
 @click.option("--json", "as_json", is_flag=True, help='{"ids": [[...]], "new_ids": [[...]]} on stdout.')
 def generate(build_dir, ids, input_file, texts, tokenizer, max_new_tokens, greedy, temperature, top_k, top_p, seed,

@@ -323,3 +323,46 @@ def test_build_keeps_one_malloc_arena_unless_the_user_chose(apply, env, arenas):
     n = proc.stderr.count("Arena ")
     assert proc.stdout.strip() == {"0": "None", "1": str(not env)}[apply]
     assert (n == 1) if arenas == "one" else (n > 1), proc.stderr
+
+
+# --- errors of the machine, numbers out of range, a closed pipe (issue 30's red-team findings) ----
+
+
+@pytest.mark.parametrize("args", [
+    ["build", SPEC, "-o", "OUT", "--seed", "-1"],
+    ["build", SPEC, "-o", "OUT", "--seed", str(2**64)],
+    ["export-weights", SPEC, "-o", "OUT/w.safetensors", "--seed", "-1"],
+    ["generate", "OUT", "--ids", "1", "--eos-id", "9" * 30],
+])
+def test_numbers_out_of_range_are_refused_by_the_option_parser(tmp_path, args):
+    result = run(*[a.replace("OUT", str(tmp_path / "out")) for a in args])
+    assert result.exit_code == 2, result.output
+    assert "is not in the range" in result.output and "internal error" not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, where, meaning", [
+    (["build", SPEC, "-o", "/proc/specc-test/out"], "/proc/specc-test", "No such file or directory"),
+    (["build", SPEC, "-o", "LONG"], ".specc-lock", "File name too long"),
+    (["export-weights", SPEC, "-o", "/proc/specc-test.safetensors"], "/proc/specc-test.safetensors", "No such file or directory"),
+])
+def test_errors_of_the_machine_are_one_plain_line(tmp_path, args, where, meaning):
+    args = [str(tmp_path / ("a" * 300)) if a == "LONG" else a for a in args]
+    result = specc_cmd(*args, "-q") if args[0] == "build" else specc_cmd(*args)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specc: error: "), result.stderr
+    assert where in lines[0] and meaning in lines[0]
+    assert "internal error" not in result.stderr and "bug" not in result.stderr
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    """`specc inspect gpt2-small | head -1`: the reader leaves; no 'internal error', no traceback."""
+    if not SPECC.exists():
+        pytest.skip("the specc console script is not installed next to this Python")
+    env = {k: v for k, v in os.environ.items() if k != "SPECC_DEBUG"}
+    proc = subprocess.Popen([str(SPECC), "inspect", "gpt2-small"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # the reader is gone before the first line (start-up takes longer)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err  # 128 + SIGPIPE, as a program the signal ended
+    assert err == ""

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
 from torch import nn
 
 from specc.errors import WeightsError
@@ -63,15 +65,16 @@ def save_module(module: nn.Module, path: str | os.PathLike) -> None:
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
     """Write named tensors as safetensors, atomically (temp file, then rename), byte-reproducibly."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tensors = {n: t.contiguous().cpu() for n, t in tensors.items()}
     try:
         # one metadata key: safetensors writes a metadata map in no fixed order, and identical
         # builds must give identical bytes
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
+        except SafetensorError as exc:  # its I/O errors (a missing folder, a full disk) come as this
+            raise WeightsError(f"{path}: cannot write it ({str(exc).split(' at path ')[0]})") from None
         os.chmod(tmp, 0o666 & ~umask())  # the writer makes 0600; follow the umask like other files
         os.replace(tmp, path)
     finally:
