@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -21,7 +19,8 @@ from typing import Any
 from specc import __version__
 from specc.fileio import write_atomic
 from specc.spec.dump import spec_to_data
-from specc.spec.manifest import MANIFEST, MANIFEST_VERSION, NotAManifest, read_manifest
+from specc.fileio import file_sha256, sha256s
+from specc.spec.manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE, NotAManifest, read_manifest
 from specc.spec.resolve import ResolvedSpec
 
 DISTRIBUTIONS = ("torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu")
@@ -41,20 +40,6 @@ def versions() -> dict[str, str]:
 def canonical(data: Any) -> bytes:
     """The JSON that is hashed: sorted keys, no spaces."""
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256s(paths: list[Path]) -> list[str]:
-    """The files' sha256 digests, hashed side by side (hashlib leaves the GIL while hashing)."""
-    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), os.cpu_count() or 1))) as pool:
-        return list(pool.map(file_sha256, paths))
 
 
 @dataclass(frozen=True)
@@ -83,7 +68,10 @@ def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights:
 
 
 def cached(out: Path, cache_key: str) -> dict | None:
-    """DIR's manifest when it records this cache key and every artifact is intact."""
+    """DIR's manifest when it records this cache key and every artifact is intact: the manifest's
+    list must name every file a build needs (each graph's file, its external data where that is on
+    disk, the weights file), and each listed file must have its recorded size and sha256. A list
+    someone shortened is no cache hit."""
     try:
         manifest = read_manifest(out / MANIFEST)
     except (OSError, NotAManifest):
@@ -92,7 +80,11 @@ def cached(out: Path, cache_key: str) -> dict | None:
         return None
     try:
         artifacts = [(out / a["path"], a["bytes"], a["sha256"]) for a in manifest["artifacts"]]
-    except (KeyError, TypeError):
+        needed = {WEIGHTS_FILE} | {g["file"] for g in manifest["graphs"].values()}
+    except (KeyError, TypeError, AttributeError):
+        return None
+    needed |= {f"{f}.data" for f in needed if (out / f"{f}.data").exists()}
+    if not needed <= {a["path"] for a in manifest["artifacts"]}:
         return None
     if not all(p.is_file() and p.stat().st_size == size for p, size, _ in artifacts):
         return None

@@ -477,8 +477,9 @@ def _rows(ids: tuple[str, ...], input_file: str | None, texts: tuple[str, ...], 
 @click.option("--tokenizer", type=click.Path(dir_okay=False), default=None, help="A tokenizer.json (Hugging Face tokenizers).")
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order (default: the best available).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None, help="Write every output to FILE.npz.")
+@click.option("--no-hash-check", is_flag=True, help="Open the graphs without checking them against the manifest's sha256 (faster for a large build known to be intact).")
 @click.option("--json", "as_json", is_flag=True, help='{"outputs": {name: nested lists}} on stdout.')
-def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, as_json):
+def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, no_hash_check, as_json):
     """Run a built model on token ids and print its named outputs (classifiers: probabilities)."""
     import numpy as np
 
@@ -489,7 +490,7 @@ def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, a
 
     tok = _tokenizer(tokenizer)
     given = _rows(ids, input_file, texts, tok)
-    session = Session(build_dir, providers=providers or None)
+    session = Session(build_dir, providers=providers or None, check_hashes=not no_hash_check)
     if given is None:
         given = _read_batch(input_file, session)
     if isinstance(given, dict):
@@ -539,9 +540,10 @@ def _softmax(x):
 @click.option("--length-penalty", type=float, default=0.6, show_default=True, callback=_finite, help="Beam search: alpha of ((5 + len) / 6) ** alpha (Wu et al. 2016).")
 @click.option("--eos-id", type=click.IntRange(-(2**63), 2**63 - 1), default=None, help="Stop a row at this token (default: the spec's tokens.eos).")
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order.")
+@click.option("--no-hash-check", is_flag=True, help="Open the graphs without checking them against the manifest's sha256 (faster for a large build known to be intact).")
 @click.option("--json", "as_json", is_flag=True, help='{"ids": [[...]], "new_ids": [[...]]} on stdout.')
 def generate(build_dir, ids, input_file, texts, tokenizer, max_new_tokens, greedy, temperature, top_k, top_p, seed,
-             beams, length_penalty, eos_id, providers, as_json):
+             beams, length_penalty, eos_id, providers, no_hash_check, as_json):
     """Generate with a built decoder or encoder-decoder: greedy by default, sampling or beam search.
 
     A single prompt's tokens stream to stdout as they come."""
@@ -552,7 +554,7 @@ def generate(build_dir, ids, input_file, texts, tokenizer, max_new_tokens, greed
         raise click.UsageError("--greedy cannot be combined with sampling options or --beams")
     tok = _tokenizer(tokenizer)
     rows = _rows(ids, input_file, texts, tok)
-    session = Session(build_dir, providers=providers or None)
+    session = Session(build_dir, providers=providers or None, check_hashes=not no_hash_check)
     if rows is None:
         rows = _read_batch(input_file, session)
     if isinstance(rows, dict):

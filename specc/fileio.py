@@ -1,11 +1,13 @@
-"""Writing one file atomically: the bytes go to a temporary file beside it, which then replaces the
-file in one rename, so a reader (or a killed process) never sees half a file. Standard library
-only: the spec layer, the runtime and the exporters all use it. (A whole build directory is staged
-and swapped by specc.export.outdir instead.)"""
+"""Files, with the standard library only (the spec layer, the runtime and the exporters all use it):
+writing one atomically (the bytes go to a temporary file beside it, which then replaces the file
+in one rename, so a reader or a killed process never sees half a file; a whole build directory is
+staged and swapped by specc.export.outdir instead), and their sha256 digests."""
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -29,3 +31,19 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256s(paths: list[Path]) -> list[str]:
+    """The files' sha256 digests, hashed side by side (hashlib leaves the GIL while hashing)."""
+    if not paths:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+        return list(pool.map(file_sha256, paths))

@@ -40,6 +40,7 @@ from specc.malloc import trim
 from specc.memory import check_memory
 from specc.runtime.session import session_options
 from specc.spec.load import load_spec
+from specc.spec.manifest import WEIGHTS_FILE
 from specc.spec.resolve import ResolvedSpec, resolve
 from specc.spec.schema import ModelSpec
 from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS, TARGETS
@@ -148,7 +149,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         # staging directory, until compared
         spill = stage.tmp / ".references"
         spill.mkdir()
-        with ReferenceJob(r, model, seed, spill, stage.tmp / "model.safetensors") as references:
+        with ReferenceJob(r, model, seed, spill, stage.tmp / WEIGHTS_FILE) as references:
             exported, optimizations = _export(clock, r, model, precision, opset)
             _optimize(clock, r, exported, made.passes, optimizations)
             files = _save(clock, r, exported, precision, n_params, opset, stage.tmp)
@@ -160,7 +161,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             del refs
             shutil.rmtree(spill)
             written, graph_files = WRITE_STEPS[TARGETS[target].write](r, files, plans, stage.tmp)
-            listed = build_manifest.artifacts([*written, stage.tmp / "model.safetensors"], stage.tmp)
+            listed = build_manifest.artifacts([*written, stage.tmp / WEIGHTS_FILE], stage.tmp)
             manifest = build_manifest.write(
                 stage.tmp, r, made, graph_files=graph_files, artifacts=listed, parameters=n_params,
                 optimizations=optimizations, verification=report.to_dict(), verification_tensorrt=engine_report,

@@ -289,6 +289,21 @@ def test_a_build_with_an_unreadable_manifest_is_refused_untouched(built, copy_of
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+@pytest.mark.parametrize("lost", ["model.onnx", "model.safetensors"])
+def test_a_shortened_artifact_list_is_no_cache_hit(built, copy_of, lost):
+    """The red-team report: delete model.onnx and its entry in the manifest, and the cache said
+    'up to date'. The files the graphs name, and the weights, must be listed and intact."""
+    out = copy_of(built[1])
+    data = manifest(out)
+    data["artifacts"] = [a for a in data["artifacts"] if a["path"] != lost]
+    (out / MANIFEST).write_text(json.dumps(data))
+    (out / lost).unlink()
+    result = specc.build(SPEC, out)
+    assert result.cached is False
+    assert sha(out / "model.onnx") == built[0].artifacts[0]["sha256"]
+    assert (out / "model.safetensors").is_file()
+
+
 def test_damaged_build_is_rebuilt(built, copy_of):
     out = copy_of(built[1])
     data = (out / "model.onnx").read_bytes()

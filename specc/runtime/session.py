@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specc.deps import require_onnxruntime
+from specc.fileio import sha256s
 from specc.runtime.cache import empty_cache, past_length
 from specc.runtime.errors import RunError
 from specc.runtime.generate import Generated, generate
@@ -57,18 +58,43 @@ def open_build(build_dir: str | Path) -> tuple[dict, BuildInfo]:
         raise RunError(f"{path}: {exc}") from None
 
 
+def check_graph_files(build_dir: Path, manifest: dict, info: BuildInfo) -> None:
+    """The graphs a session runs (and their external data) must be the files the build verified:
+    each listed among the manifest's artifacts with the sha256 it has now. RunError otherwise,
+    naming the file: a graph changed after its verification is refused, never run."""
+    listed = {a["path"]: a["sha256"] for a in manifest["artifacts"]}
+    files = [g.file for g in info.graphs.values()]
+    files += [f"{f}.data" for f in files if f"{f}.data" in listed or (build_dir / f"{f}.data").exists()]
+    for f in files:
+        if f not in listed:
+            raise RunError(f"{build_dir / MANIFEST}: {f} is not among the build's artifacts; rebuild it")
+    try:
+        digests = sha256s([build_dir / f for f in files])
+    except OSError as exc:
+        raise RunError(f"{exc.filename}: {exc.strerror}; rebuild it") from None
+    for f, digest in zip(files, digests):
+        if digest != listed[f]:
+            raise RunError(f"{build_dir / f}: changed since the build verified it (its sha256 is not the "
+                           "manifest's); rebuild it, or open it unchecked (--no-hash-check, check_hashes=False)")
+
+
 class Session:
     """A built model, ready to run. providers: onnxruntime execution providers to use, in order
     (default: TensorRT, CUDA, CPU, those available). threads: intra-op threads (default: onnxruntime's).
 
     manifest: the parsed manifest.json; info: its typed view (BuildInfo); spec: the recorded spec;
     limits: what the build takes as input (vocabularies, serving.batch.max and .length.max, learned
-    positions); graphs: graph name -> Graph."""
+    positions); graphs: graph name -> Graph. check_hashes: the graphs are hashed and compared with
+    the manifest before they are loaded (check_graph_files); False skips it, for speed on a
+    build that is known to be intact."""
 
-    def __init__(self, build_dir: str | Path, providers: Sequence[str] | None = None, *, threads: int | None = None):
+    def __init__(self, build_dir: str | Path, providers: Sequence[str] | None = None, *, threads: int | None = None,
+                 check_hashes: bool = True):
         ort = require_onnxruntime("running a build")
         self.dir = Path(build_dir)
         self.manifest, self.info = open_build(self.dir)
+        if check_hashes:
+            check_graph_files(self.dir, self.manifest, self.info)
         self.spec = self.manifest["spec"]
         self.architecture = self.info.architecture
         self.limits = Limits.of(self.info, self.spec)  # what the build takes (specc/runtime/inputs.py)

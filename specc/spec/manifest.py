@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 MANIFEST = "manifest.json"
+WEIGHTS_FILE = "model.safetensors"  # every build folder holds its weights under this name
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists graphs and hashes; a larger file is not one
 
