@@ -173,6 +173,13 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
     total = sum(by_component.values())
     matmul = {name: _numel(s) for name, s in shapes.items() if _is_matmul(name)}
 
+    # each layer's parameter names, found in one pass (linear in the number of layers)
+    in_layer: dict[str, list[str]] = {}
+    for name in shapes:
+        role, sep, index, _ = (name.split(".", 3) + ["", "", ""])[:4]
+        if sep == "layers":
+            in_layer.setdefault(f"{role}.layers.{index}.", []).append(name)
+
     layers = []
     flops = 0
     for stack in (r.encoder, r.decoder):
@@ -180,13 +187,14 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
             continue
         for layer in stack.layers:
             p = f"{stack.role}.layers.{layer.index}."
-            params = sum(_numel(s) for k, s in shapes.items() if k.startswith(p))
-            lf = 2 * sum(v for k, v in matmul.items() if k.startswith(p) and ".cross_attention." not in k)
+            names = in_layer.get(p, [])
+            params = sum(_numel(shapes[k]) for k in names)
+            lf = 2 * sum(matmul[k] for k in names if k in matmul and ".cross_attention." not in k)
             lf += _attention_flops(layer.attention, r, n)
             if layer.cross_attention is not None:
                 a = layer.cross_attention
                 # the cross K/V projections run once per source token; the queries once per target token
-                lf += 2 * sum(v for k, v in matmul.items() if k.startswith(p + "cross_attention."))
+                lf += 2 * sum(matmul[k] for k in names if k in matmul and k.startswith(p + "cross_attention."))
                 lf += _attention_flops(a, r, n)
             flops += lf
             layers.append({

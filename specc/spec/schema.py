@@ -19,6 +19,10 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 OUTPUT_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 PosInt = Annotated[int, Field(ge=1)]
+# A stack's depth: the deepest published Transformers have a few hundred layers; beyond this a
+# number is a typo, and every per-layer structure (the resolved spec, the graph, the cache) would
+# grow with it before anything could refuse it.
+MAX_LAYERS = 4096
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
@@ -198,7 +202,7 @@ class FFNSpec(Node):
 
 
 class StackSpec(Node):
-    layers: PosInt = 6
+    layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 6
     attention: AttentionSpec = AttentionSpec()
     # Only the decoder of an encoder-decoder has cross-attention; null = same as attention.
     cross_attention: AttentionSpec | None = None

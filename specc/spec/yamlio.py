@@ -23,6 +23,7 @@ from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from specc.errors import Issue, SpecError
 
+MAX_INT_DIGITS = 20  # past int64: no size, count or id in a spec is that large
 MAX_SPEC_BYTES = 1 << 20  # a spec is a page of YAML; 1 MiB is far beyond any real one
 MAX_NODES = 50_000  # constructed values, aliases expanded
 MAX_DEPTH = 48
@@ -109,6 +110,8 @@ class _Builder:
             return text.lower() == "true"
         if kind == "int":
             digits = text.replace("_", "")
+            if len(digits.lstrip("+-")) > MAX_INT_DIGITS:
+                self.fail(node, f"an integer of {len(digits.lstrip('+-'))} digits is beyond any size a spec takes", path)
             if _INT.match(text):
                 return int(digits)
             if _INT_BASE.match(text):

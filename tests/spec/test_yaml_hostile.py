@@ -173,3 +173,20 @@ def test_yaml_1_2_scalars(spec_file):
     spec = load_spec(spec_file(VALID.replace("d_model: 64", "d_model: 0x40") + "norm: {eps: 1.0e-5}\n"))
     assert spec.d_model == 64
     assert spec.norm.eps == 1.0e-5
+
+
+# --- absurd sizes are refused at once (issue 30's red-team findings) ------------------------------
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("d_model", "9" * 5000, "an integer of 5000 digits"),  # past Python's int-from-text limit
+    ("d_model", "9" * 21, "an integer of 21 digits"),
+    ("decoder", "{layers: 100000000}", "less than or equal to 4096"),
+])
+def test_absurd_sizes_are_refused_located_within_a_second(tmp_path, key, value, message):
+    path = tmp_path / "absurd.yaml"
+    path.write_text(f"specc: 1\nname: absurd\nextends: tiny-gpt2\n{key}: {value}\n")
+    t0 = time.perf_counter()
+    issue = _one(_rejected(path))
+    assert time.perf_counter() - t0 < 1.0
+    assert message in issue.message and issue.line == 4
