@@ -34,7 +34,7 @@ import numpy as np
 
 from specc import errors
 from specc.errors import BuildError, SpeccError
-from specc.export.verify import Spilled, reference_outputs
+from specc.export import verify  # through the module, so that a test can stand in for its functions
 from specc.interrupts import Terminated
 
 ENV = "SPECC_REFERENCE_PROCESS"
@@ -64,7 +64,7 @@ def forks(n_params: int, longest: int) -> bool:
 
 
 class ReferenceJob:
-    """reference_outputs(r, model, seed) with every output spilled into `spill`, and
+    """verify.reference_outputs(r, model, seed) with every output spilled into `spill`, and
     save_module(model, weights_file): forked at once where `forks()` says so, else run by
     result(). Use as a context manager: leaving it kills a child still running."""
 
@@ -105,7 +105,7 @@ class ReferenceJob:
         from specc.weights import save_module  # torch
 
         if self.pid is None:
-            refs = reference_outputs(self.r, self.model, self.seed, spill=self.spill)
+            refs = verify.reference_outputs(self.r, self.model, self.seed, spill=self.spill)
             save_module(self.model, self.weights_file)
             return refs
         pid = self.pid
@@ -152,7 +152,7 @@ class ReferenceJob:
             # process, and one thread never asks for it
             torch.set_num_threads(1)
             t0 = time.perf_counter()
-            refs = reference_outputs(self.r, self.model, self.seed, spill=self.spill, spill_all=True)
+            refs = verify.reference_outputs(self.r, self.model, self.seed, spill=self.spill, spill_all=True)
             save_module(self.model, self.weights_file)
             index = {"seconds": round(time.perf_counter() - t0, 3),
                      "cases": [{"graph": g, "case": c, "outputs": {k: _entry(v, self.spill) for k, v in outs.items()}}
@@ -173,7 +173,7 @@ class ReferenceJob:
         except (OSError, ValueError) as exc:
             raise BuildError(f"the reference run ended without its results ({exc})") from None
         self.seconds = index["seconds"]
-        return {(c["graph"], c["case"]): {k: Spilled.existing(self.spill / e["file"], tuple(e["shape"]), np.dtype(e["dtype"]))
+        return {(c["graph"], c["case"]): {k: verify.Spilled.existing(self.spill / e["file"], tuple(e["shape"]), np.dtype(e["dtype"]))
                                           for k, e in c["outputs"].items()}
                 for c in index["cases"]}
 
