@@ -16,6 +16,7 @@ import click
 
 from specc import __version__
 from specc.errors import Issue, SpeccError, SpecError
+from specc.fileio import NotARegularFile, read_bounded
 from specc.interrupts import Terminated, terminate_as_interrupt
 from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, TARGETS
 
@@ -439,6 +440,9 @@ def _read_batch(path: str, session) -> "dict[str, Any] | list":
     return read_inputs(path, session.graphs["model"].info, session.limits)
 
 
+MAX_TOKENIZER_BYTES = 256 << 20  # a tokenizer.json of the largest vocabularies is tens of MB
+
+
 def _tokenizer(path: str | None):
     if path is None:
         return None
@@ -449,7 +453,9 @@ def _tokenizer(path: str | None):
     except ImportError:
         raise RunError("--tokenizer needs the `tokenizers` package: pip install tokenizers") from None
     try:
-        return Tokenizer.from_file(path)
+        return Tokenizer.from_str(read_bounded(path, MAX_TOKENIZER_BYTES).decode("utf-8"))
+    except (NotARegularFile, UnicodeDecodeError) as exc:
+        raise RunError(f"{path}: cannot load the tokenizer ({exc})" if isinstance(exc, UnicodeDecodeError) else str(exc)) from None
     except Exception as exc:  # tokenizers raises its own exception type
         raise RunError(f"{path}: cannot load the tokenizer ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 

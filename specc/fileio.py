@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,11 +34,45 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
     return path
 
 
+class NotARegularFile(ValueError):
+    """A path specc was to read is a device, FIFO, directory or socket, or larger than allowed; the
+    message names the path and why."""
+
+
+def regular_size(path: str | os.PathLike, limit: int | None = None) -> int:
+    """The size of `path` (links followed) if it is a regular file of at most `limit` bytes. A
+    device (/dev/zero), a FIFO or a directory would be read without end or block for ever: raises
+    NotARegularFile; OSError where it cannot be looked at."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        raise NotARegularFile(f"{path}: {kind}, not a regular file; refused")
+    if limit is not None and st.st_size > limit:
+        raise NotARegularFile(f"{path}: {st.st_size} bytes, more than the {limit} this file may have; refused")
+    return st.st_size
+
+
+def read_bounded(path: str | os.PathLike, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` of them (a file that grows, or one of /proc whose
+    size says 0, is read no further than its size or the limit)."""
+    size = regular_size(path, limit)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > max(size, limit):
+        raise NotARegularFile(f"{path}: more than the {limit} bytes this file may have; refused")
+    return data
+
+
 def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a regular file's bytes, as many as its size says (nothing past it is read)."""
+    left = regular_size(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        while left > 0 and (block := f.read(min(left, 1 << 20))):
             h.update(block)
+            left -= len(block)
     return h.hexdigest()
 
 

@@ -334,6 +334,10 @@ REFUSALS = [
      ["max_new_tokens (100000000)", "at most 126 new tokens"]),
     ("generate-beams", ["generate", "--ids", "5,6", "--beams", "100000"], ["beams (100000)", "use fewer beams"]),
     ("generate-too-many-prompts", ["generate"] + ["--ids", "5,6"] * 5, ["5 prompts", "serving.batch.max 4"]),
+    # files that are no regular files were read without end (23 GB before the kernel ended it)
+    ("run-input-device", ["run", "--input", "/dev/zero"], ["/dev/zero", "a device, not a regular file"]),
+    ("generate-input-device", ["generate", "--input", "/dev/zero"], ["/dev/zero", "a device"]),
+    ("generate-tokenizer-device", ["generate", "--text", "hi", "--tokenizer", "/dev/zero"], ["/dev/zero", "a device"]),
 ]
 
 

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from specc.fileio import NotARegularFile, read_bounded, regular_size
 from specc.runtime.errors import RunError
 from specc.runtime.graph import shape_of
 from specc.spec.io import (
@@ -379,16 +380,18 @@ def read_inputs(path: str | Path, graph: GraphInfo, limits: Limits,
     are checked later, by check_feeds or check_prompts."""
     path = str(path)
     try:
+        regular_size(path)  # a device or FIFO would be read without end
         if path.endswith(".npz"):
             return _read_npz(path, graph, limits, decoder)
         elements = max_elements(graph, limits) + (limits.batch * limits.length if decoder is not None else 0)
         cap = elements * JSON_BYTES_PER_ELEMENT + 4096
-        size = Path(path).stat().st_size
+        size = regular_size(path)
         if size > cap:
             raise RunError(f"{path}: {size} bytes, more than inputs within the build's serving limits take "
                            f"({cap} bytes); refused")
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(read_bounded(path, cap))
+    except NotARegularFile as exc:
+        raise RunError(str(exc)) from None
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise RunError(f"{path}: cannot read inputs ({exc})") from None
     if isinstance(data, list):
