@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from hostile import npz_bomb
 from click.testing import CliRunner
 
 import specc
@@ -286,20 +288,6 @@ def test_generate_out_of_vocabulary_exits_1(gpt2):
     result = cli("generate", gpt2, "--ids", "5,1000")
     assert result.exit_code == 1
     assert "1000" in result.stderr and "internal error" not in result.stderr
-
-
-def npz_bomb(path: Path, n: int = 134_217_728) -> Path:
-    """An NPZ of about 1 MB whose input_ids [1, n] int64 unpack to 1 GiB (as tests/runtime/test_inputs.py)."""
-    import zipfile
-
-    if not path.exists():
-        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-            with z.open("input_ids.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array_header_1_0(f, {"descr": "<i8", "fortran_order": False, "shape": (1, n)})
-                chunk = bytes(1 << 24)
-                for _ in range(n * 8 // len(chunk)):
-                    f.write(chunk)
-    return path
 
 
 @pytest.fixture(scope="module")
