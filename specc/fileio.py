@@ -39,15 +39,22 @@ class NotARegularFile(ValueError):
     message names the path and why."""
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(mode: int) -> str:
+    """What a file of this st_mode is, for a refusal: "a FIFO, not a regular file"."""
+    return next((name for test, name in _KINDS if test(mode)), "not a plain file") + ", not a regular file"
+
+
 def regular_size(path: str | os.PathLike, limit: int | None = None) -> int:
     """The size of `path` (links followed) if it is a regular file of at most `limit` bytes. A
     device (/dev/zero), a FIFO or a directory would be read without end or block for ever: raises
     NotARegularFile; OSError where it cannot be looked at."""
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
-            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
-        raise NotARegularFile(f"{path}: {kind}, not a regular file; refused")
+        raise NotARegularFile(f"{path}: {not_regular(st.st_mode)}; refused")
     if limit is not None and st.st_size > limit:
         raise NotARegularFile(f"{path}: {st.st_size} bytes, more than the {limit} this file may have; refused")
     return st.st_size
@@ -57,7 +64,13 @@ def read_bounded(path: str | os.PathLike, limit: int) -> bytes:
     """A regular file's bytes, at most `limit` of them (a file that grows, or one of /proc whose
     size says 0, is read no further than its size or the limit)."""
     size = regular_size(path, limit)
+    # O_NONBLOCK: should the path have become a FIFO since the stat, the open returns at once and
+    # the descriptor's own stat refuses it
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotARegularFile(f"{path}: {not_regular(mode)}; refused")
     with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > max(size, limit):

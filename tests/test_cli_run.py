@@ -323,9 +323,9 @@ REFUSALS = [
     ("generate-beams", ["generate", "--ids", "5,6", "--beams", "100000"], ["beams (100000)", "use fewer beams"]),
     ("generate-too-many-prompts", ["generate"] + ["--ids", "5,6"] * 5, ["5 prompts", "serving.batch.max 4"]),
     # files that are no regular files were read without end (23 GB before the kernel ended it)
-    ("run-input-device", ["run", "--input", "/dev/zero"], ["/dev/zero", "a device, not a regular file"]),
-    ("generate-input-device", ["generate", "--input", "/dev/zero"], ["/dev/zero", "a device"]),
-    ("generate-tokenizer-device", ["generate", "--text", "hi", "--tokenizer", "/dev/zero"], ["/dev/zero", "a device"]),
+    ("run-input-device", ["run", "--input", "/dev/zero"], ["/dev/zero", "a character device, not a regular file"]),
+    ("generate-input-device", ["generate", "--input", "/dev/zero"], ["/dev/zero", "a character device"]),
+    ("generate-tokenizer-device", ["generate", "--text", "hi", "--tokenizer", "/dev/zero"], ["/dev/zero", "a character device"]),
 ]
 
 

@@ -19,7 +19,7 @@ def fifo(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("which, kind", [("/dev/zero", "a device"), ("fifo", "a FIFO"), ("dir", "a directory")])
+@pytest.mark.parametrize("which, kind", [("/dev/zero", "a character device"), ("fifo", "a FIFO"), ("dir", "a directory")])
 def test_what_is_not_a_regular_file_is_refused_at_once(tmp_path, fifo, which, kind):
     path = {"fifo": fifo, "dir": tmp_path}.get(which, which)
     t0 = time.perf_counter()

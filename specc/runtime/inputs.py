@@ -65,13 +65,10 @@ class Limits:
     positions: int | None
 
     @classmethod
-    def of(cls, info: BuildInfo, spec: Mapping[str, Any]) -> Limits:
-        """The limits of a build: `info` and the manifest's recorded spec (for the type and target
-        vocabularies, which BuildInfo does not carry)."""
-        vocab = spec.get("vocab") or {}
-        return cls(vocab=info.vocab_size, target_vocab=int(vocab.get("target_size") or info.vocab_size),
-                   type_vocab=int(vocab.get("type_size") or 0), batch=info.batch.max, length=info.length.max,
-                   positions=info.learned_positions)
+    def of(cls, info: BuildInfo) -> Limits:
+        """The limits of a build, from its typed manifest."""
+        return cls(vocab=info.vocab_size, target_vocab=info.target_vocab_size, type_vocab=info.type_vocab_size,
+                   batch=info.batch.max, length=info.length.max, positions=info.learned_positions)
 
     @property
     def context(self) -> int:
@@ -380,12 +377,11 @@ def read_inputs(path: str | Path, graph: GraphInfo, limits: Limits,
     are checked later, by check_feeds or check_prompts."""
     path = str(path)
     try:
-        regular_size(path)  # a device or FIFO would be read without end
+        size = regular_size(path)  # a device or FIFO would be read without end
         if path.endswith(".npz"):
             return _read_npz(path, graph, limits, decoder)
         elements = max_elements(graph, limits) + (limits.batch * limits.length if decoder is not None else 0)
         cap = elements * JSON_BYTES_PER_ELEMENT + 4096
-        size = regular_size(path)
         if size > cap:
             raise RunError(f"{path}: {size} bytes, more than inputs within the build's serving limits take "
                            f"({cap} bytes); refused")

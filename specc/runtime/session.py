@@ -97,7 +97,7 @@ class Session:
             check_graph_files(self.dir, self.manifest, self.info)
         self.spec = self.manifest["spec"]
         self.architecture = self.info.architecture
-        self.limits = Limits.of(self.info, self.spec)  # what the build takes (specc/runtime/inputs.py)
+        self.limits = Limits.of(self.info)  # what the build takes (specc/runtime/inputs.py)
         options = session_options(ort, threads)
         asked = choose_providers(ort.get_available_providers(), providers)
         self.graphs = {name: Graph(ort, self.dir / g.file, g, asked, options) for name, g in self.info.graphs.items()}

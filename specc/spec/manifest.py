@@ -124,6 +124,8 @@ class BuildInfo:
     architecture: str  # encoder | decoder | encoder-decoder
     graphs: Mapping[str, GraphInfo]  # graph name (model | encoder | decoder) -> graph, in build order
     vocab_size: int  # of input_ids: the source vocabulary for an encoder-decoder
+    target_vocab_size: int  # of an encoder-decoder's decoder ids (vocab_size elsewhere)
+    type_vocab_size: int  # of token_type_ids (0: none)
     outputs: tuple[Output, ...]  # the spec's outputs, in its order
     lm_output: str | None  # the main graph's output of kind lm (what generation reads), if any
     learned_positions: int | None  # max_length of learned positions (a hard limit), else None
@@ -177,9 +179,12 @@ class BuildInfo:
             given = spec.get("tokens") or {}
             tokens = Tokens(**{k: _opt_int(given.get(k)) for k in ("bos", "eos", "pad", "decoder_start")})
             serving = spec["serving"]
+            vocab = spec["vocab"]
             info = cls(name=_str(manifest.get("name", spec.get("name"))),
                        architecture=_str(manifest.get("architecture", spec.get("architecture"))),
-                       graphs=MappingProxyType(graphs), vocab_size=_int(spec["vocab"]["size"]), outputs=outputs,
+                       graphs=MappingProxyType(graphs), vocab_size=_int(vocab["size"]),
+                       target_vocab_size=_int(vocab.get("target_size") or vocab["size"]),
+                       type_vocab_size=_int(vocab.get("type_size") or 0), outputs=outputs,
                        lm_output=lm, learned_positions=learned, tokens=tokens,
                        batch=_range(serving["batch"]), length=_range(serving["length"]))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -44,6 +44,7 @@ def test_build_info_of_a_decoder(builds):
         [(t["name"], t["dtype"], t["dims"]) for t in graph["inputs"]]
     assert [t.name for t in info.main_graph.outputs] == [t["name"] for t in graph["outputs"]]
     assert info.vocab_size == 1000 and info.lm_output == "logits" and info.output_kinds == {"logits": "lm"}
+    assert info.target_vocab_size == 1000 and info.type_vocab_size == 0
     assert info.learned_positions == 128
     assert info.tokens == Tokens(bos=999, eos=999, pad=None, decoder_start=None)
     assert info.pad_id == 999 and info.pad_for(None) == 0 and info.pad_for(7) == 7
@@ -57,12 +58,15 @@ def test_build_info_of_an_encoder_decoder(builds):
     assert info.main_graph.name == "decoder" and info.lm_output == "logits"
     spec = read_manifest(builds("tiny-transformer") / "manifest.json")["spec"]
     assert info.learned_positions == (spec["position"]["max_length"] if spec["position"]["kind"] == "learned" else None)
+    assert info.target_vocab_size == (spec["vocab"].get("target_size") or spec["vocab"]["size"])
     assert info.start_for(5) == next(t for t in (info.tokens.decoder_start, info.tokens.bos, 5) if t is not None)
 
 
 def test_build_info_of_an_encoder_has_no_lm_output(builds):
     info = BuildInfo.from_manifest(read_manifest(builds("tiny-bert") / "manifest.json"))
     assert info.architecture == "encoder" and info.lm_output is None
+    spec = read_manifest(builds("tiny-bert") / "manifest.json")["spec"]
+    assert info.type_vocab_size == spec["vocab"]["type_size"] > 0
 
 
 def test_a_malformed_manifest_is_named(tmp_path, builds):

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from specc.errors import SpeccError, WeightsError
+from specc.fileio import not_regular
 
 # config.json is a few KB and a weights index a few MB (some thousands of tensor names at ~100
 # bytes each, for the largest sharded models); 64 MiB is far above any real one and small enough
@@ -31,16 +32,8 @@ from specc.errors import SpeccError, WeightsError
 # not read, and a .bin is read by torch.load only when it is a regular file.
 JSON_LIMIT = 64 * 2**20
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
 class CheckpointError(SpeccError):
     """A checkpoint folder that cannot be imported, or a config specc cannot express."""
-
-
-def _not_regular(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a plain file") + ", not a regular file"
 
 
 def _check_regular(path: Path, note: str = "") -> os.stat_result:
@@ -54,7 +47,7 @@ def _check_regular(path: Path, note: str = "") -> os.stat_result:
     except (OSError, ValueError) as exc:  # a link loop, no permission
         raise CheckpointError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc}){note}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"{path}: {_not_regular(st.st_mode)}{note}")
+        raise CheckpointError(f"{path}: {not_regular(st.st_mode)}{note}")
     return st
 
 
@@ -70,7 +63,7 @@ def _open_regular(path: Path, note: str = "") -> tuple[int, os.stat_result]:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise CheckpointError(f"{path}: {_not_regular(st.st_mode)}{note}")
+        raise CheckpointError(f"{path}: {not_regular(st.st_mode)}{note}")
     return fd, st
 
 
