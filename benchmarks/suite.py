@@ -96,19 +96,23 @@ def _best_rate(fn, ops: int, seconds: float) -> float:
 
 
 def int8_matmul_peak(seconds: float = 2.0) -> float:
-    """int8 GOP/s of what specc's int8 graphs run: onnxruntime's DynamicQuantizeMatMul (the
-    activations quantized to uint8 at run time, int8 weights in the 7-bit range), best single call
+    """int8 GOP/s of what specc's int8 graphs run: onnxruntime's MatMulNBits with 8-bit blocks at
+    accuracy level 4 (int8 arithmetic; specc/export/quantize.py packs the weight), best single call
     at n x n x n for n = 1024 and 2048, counted as 2 n^3 like the fp32 probe."""
     from onnx import TensorProto, helper, numpy_helper
 
+    from specc.export.quantize import SCHEMES, pack
+
+    scheme = SCHEMES["int8"]
     rng, best = np.random.default_rng(0), 0.0
     for n in (1024, 2048):
         a = rng.standard_normal((n, n)).astype(np.float32)
-        weights = [numpy_helper.from_array(rng.integers(-63, 64, (n, n)).astype(np.int8), "b"),
-                   numpy_helper.from_array(np.full(n, 0.01, np.float32), "scale"),
-                   numpy_helper.from_array(np.zeros(n, np.int8), "zero")]
-        g = helper.make_graph([helper.make_node("DynamicQuantizeMatMul", ["a", "b", "scale", "zero"], ["c"],
-                                                domain="com.microsoft")], "qmm",
+        p = pack(rng.standard_normal((n, n)).astype(np.float32), scheme)
+        weights = [numpy_helper.from_array(p.codes, "b"), numpy_helper.from_array(p.scales, "scale"),
+                   numpy_helper.from_array(p.zero_points, "zero")]
+        g = helper.make_graph([helper.make_node("MatMulNBits", ["a", "b", "scale", "zero"], ["c"], domain="com.microsoft",
+                                                K=n, N=n, bits=scheme.bits, block_size=scheme.block,
+                                                accuracy_level=scheme.accuracy_level)], "qmm",
                               [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n])],
                               [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])], weights)
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
@@ -510,7 +514,7 @@ def report(facts: dict, bert: dict, gen: dict, step: dict, builds: dict, plot: s
         "best of 5). \"Share of the floor\" = floor / median: an int8 / int4 variant can pass 100% (the "
         "floors are fp32's); an fp32 variant past 100% means the probe reads low.",
         "",
-        f"int8 matmul, probed the same way with onnxruntime's DynamicQuantizeMatMul (what specc's int8 graphs "
+        f"int8 matmul, probed the same way with onnxruntime's MatMulNBits at 8 bits (what specc's int8 graphs "
         f"run): {facts['int8_gops']:.0f} GOP/s, {facts['int8_gops'] / peak:.2f}x the fp32 probe: about the most an "
         "int8 build can gain over fp32 where all of its time is matmul at large sizes.",
         "",

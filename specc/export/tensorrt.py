@@ -79,7 +79,7 @@ def precision_flags(precision: str, model=None) -> tuple[str, ...]:
                          f"choose one of {', '.join(PRECISION_FLAGS)}")
     if precision == "int8" and (model is None or not is_quantized(model)):
         raise BuildError("int8 TensorRT engines are built only from a graph with QuantizeLinear/DequantizeLinear "
-                         "nodes; specc's int8 ONNX graphs use dynamic quantization (MatMulInteger), which "
+                         "nodes; specc's int8 ONNX graphs use onnxruntime's weight-only MatMulNBits, which "
                          "TensorRT does not take: build fp16 or bf16")
     return PRECISION_FLAGS[precision]
 

@@ -37,7 +37,7 @@ REFUSED = {
     "DynamicQuantizeLinear": "dynamic quantization; TensorRT takes int8 only as QuantizeLinear/DequantizeLinear pairs",
     "QLinearMatMul": "QLinear ops; TensorRT takes QuantizeLinear/DequantizeLinear pairs",
     "QLinearConv": "QLinear ops; TensorRT takes QuantizeLinear/DequantizeLinear pairs",
-    "MatMulNBits": "onnxruntime contrib op (int4 weights)",
+    "MatMulNBits": "onnxruntime contrib op (specc's int8 and int4 weights)",
     "Unique": "data-dependent output shape",
     "Compress": "data-dependent output shape",
     "StringNormalizer": "string tensors",

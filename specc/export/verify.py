@@ -8,6 +8,11 @@ difference.
 
 A difference passes when  max|ort - torch| <= atol + rtol * max|torch|  (per output and case);
 max_rel in the figures is max|ort - torch| / max|torch|.
+
+An integer build's graph differs from torch by its quantization noise, whose size depends on the
+model, so it is judged by what the outputs mean instead (QUALITY_BARS): the cosine similarity of
+each row (a token's hidden state, a cache entry, a logit vector centered) with torch's, and for
+scores the KL divergence of their softmax and the argmax agreement (a figure, not a bar).
 """
 from __future__ import annotations
 
@@ -36,7 +41,10 @@ from specc.spec.io import (
     positions_from_mask,
 )
 from specc.spec.resolve import GraphSig, ResolvedSpec
+from specc.spec.targets import PRECISIONS, QUALITY_BARS, QualityBar
 from specc.spec.targets import TOLERANCES  # (target, precision) -> (atol, rtol), from the targets table
+
+SCORE_KINDS = ("lm", "mlm", "classifier", "token_classifier")  # outputs whose rows are logits over classes
 
 
 def tolerance(target: str, precision: str) -> tuple[float, float]:
@@ -92,13 +100,16 @@ class Report:
     atol: float
     rtol: float
     cases: list[dict] = field(default_factory=list)
+    bar: QualityBar | None = None  # an integer precision's, instead of atol and rtol
 
     @property
     def max_abs(self) -> float:
         return max((o["max_abs"] for c in self.cases for o in c["outputs"].values()), default=0.0)
 
     def to_dict(self) -> dict:
-        return {"target": self.target, "precision": self.precision, "tolerance": {"atol": self.atol, "rtol": self.rtol},
+        judged = ({"quality_bar": vars(self.bar)} if self.bar is not None
+                  else {"tolerance": {"atol": self.atol, "rtol": self.rtol}})
+        return {"target": self.target, "precision": self.precision, **judged,
                 "passed": True, "max_abs_diff": self.max_abs, "cases": self.cases}
 
 
@@ -224,6 +235,60 @@ def _compare(name: str, got: np.ndarray, want: np.ndarray | Spilled, atol: float
     return {"shape": list(got.shape), "max_abs": max_abs, "max_rel": max_rel}
 
 
+def _rows(x: np.ndarray | Spilled, width: int) -> Iterator[np.ndarray]:
+    """`x` as [rows, width] float64 blocks of whole rows, about _CHUNK elements each."""
+    n = max(1, _CHUNK // width) * width
+    if isinstance(x, Spilled):
+        chunks = x.chunks(n)
+    else:
+        flat = x.reshape(-1)
+        chunks = (flat[i:i + n] for i in range(0, flat.size, n))
+    for c in chunks:
+        yield c.astype(np.float64).reshape(-1, width)
+
+
+def _compare_quality(name: str, scores: bool, got: np.ndarray, want: np.ndarray | Spilled, bar: QualityBar,
+                     where: str) -> dict:
+    """An integer graph's output against torch's, row by row (see QualityBar)."""
+    if tuple(got.shape) != tuple(want.shape):
+        raise VerificationError(f"{where}: output {name!r} has shape {list(got.shape)} in onnxruntime, "
+                                f"{list(want.shape)} in torch")
+    width = got.shape[-1] if got.ndim else 1
+    cos_sum = rows = agree = 0
+    cos_min, kl_sum, max_abs = 1.0, 0.0, 0.0
+    for g, w in zip(_rows(got, width), _rows(want, width)):
+        if not (np.isfinite(g).all() and np.isfinite(w).all()):
+            raise VerificationError(f"{where}: output {name!r} {list(got.shape)} is not finite in "
+                                    f"{'onnxruntime' if not np.isfinite(g).all() else 'torch'}")
+        max_abs = max(max_abs, float(np.abs(g - w).max()))
+        if scores:
+            # ort's top class is torch's top class, or ties with it (a flat row has many)
+            top = w.max(1)
+            agree += int((w[np.arange(len(w)), g.argmax(1)] >= top - 1e-6 * np.maximum(np.abs(top), 1.0)).sum())
+            lw = w - w.max(1, keepdims=True)
+            lw -= np.log(np.exp(lw).sum(1, keepdims=True))
+            lg = g - g.max(1, keepdims=True)
+            lg -= np.log(np.exp(lg).sum(1, keepdims=True))
+            kl_sum += float((np.exp(lw) * (lw - lg)).sum())
+            g, w = g - g.mean(1, keepdims=True), w - w.mean(1, keepdims=True)
+        ng, nw = np.linalg.norm(g, axis=1), np.linalg.norm(w, axis=1)
+        both = (ng > 0) & (nw > 0)
+        cos = np.where(both, (g * w).sum(1) / np.where(both, ng * nw, 1.0), (ng == nw).astype(np.float64))
+        cos_sum += float(cos.sum())
+        cos_min = min(cos_min, float(cos.min()))
+        rows += len(cos)
+    figures = {"shape": list(got.shape), "max_abs": max_abs, "cosine_mean": cos_sum / max(rows, 1), "cosine_min": cos_min}
+    if scores:
+        figures.update(kl_mean=kl_sum / max(rows, 1), argmax_agreement=agree / max(rows, 1))
+    failed = [f"mean cosine {figures['cosine_mean']:.4f} < {bar.cosine_mean}" if figures["cosine_mean"] < bar.cosine_mean else "",
+              f"worst row's cosine {cos_min:.4f} < {bar.cosine_min}" if cos_min < bar.cosine_min else "",
+              f"mean KL {figures['kl_mean']:.3g} > {bar.kl_mean}" if scores and figures["kl_mean"] > bar.kl_mean else ""]
+    if any(failed):
+        raise VerificationError(f"{where}: output {name!r} {list(got.shape)} is too far from torch for "
+                                f"quantization noise: {'; '.join(f for f in failed if f)}")
+    return figures
+
+
 @dataclass
 class _Step:
     """One case with its integer inputs and where its cache inputs come from."""
@@ -317,8 +382,11 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
     with the same run()) and compare with `reference`: the fp32 SpeccModel in eval mode, or its
     reference_outputs() taken before."""
     refs = reference if isinstance(reference, dict) else reference_outputs(r, reference, seed)
-    atol, rtol = tolerance(target, precision)
-    report = Report(target, precision, atol, rtol)
+    # the onnx target's graphs are what integer builds verify (a TensorRT engine is never integer)
+    bar = QUALITY_BARS.get(precision) if target == "onnx" and precision in PRECISIONS and PRECISIONS[precision].quantized else None
+    atol, rtol = tolerance(target, precision) if bar is None else (0.0, 0.0)
+    report = Report(target, precision, atol, rtol, bar=bar)
+    scores = {o.name for o in r.outputs if o.kind in SCORE_KINDS}
     steps = _steps(r, seed)
     # outputs are kept only for the cases a later case continues from (a long case's logits are large)
     needed = _continued(steps)
@@ -336,7 +404,10 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise VerificationError(f"{step.where}: onnxruntime failed to run the graph: {msg}") from None
         want = refs[step.key]
-        figures = {n: _compare(n, got[n], want[n], atol, rtol, step.where) for n in names}
+        if bar is None:
+            figures = {n: _compare(n, got[n], want[n], atol, rtol, step.where) for n in names}
+        else:
+            figures = {n: _compare_quality(n, n in scores, got[n], want[n], bar, step.where) for n in names}
         report.cases.append({"graph": step.case.graph, "case": step.case.name, "shapes": step.shapes, "outputs": figures})
         if step.key in needed:
             kept[step.key] = got
@@ -344,4 +415,4 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
     return report
 
 
-__all__ = ["TOLERANCES", "Case", "Report", "Spilled", "cases", "reference_outputs", "tolerance", "verify"]
+__all__ = ["QUALITY_BARS", "SCORE_KINDS", "TOLERANCES", "Case", "Report", "Spilled", "cases", "reference_outputs", "tolerance", "verify"]

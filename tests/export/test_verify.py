@@ -15,7 +15,7 @@ import specc
 import specc.pipeline
 from specc.errors import VerificationError
 from specc.export import verify as verify_mod
-from specc.export.verify import TOLERANCES, _compare, cases, tolerance, verify
+from specc.export.verify import QUALITY_BARS, TOLERANCES, _compare, cases, tolerance, verify
 from specc.pipeline import build
 from specc.spec import resolve
 from specc.spec.load import load_spec
@@ -42,11 +42,17 @@ def test_tolerance_table_is_keyed_by_target_and_precision():
         atol, rtol = value
         assert 0 < atol < 1 and 0 < rtol < 1, key
         assert tolerance(target, precision) == (atol, rtol)
-    # every precision a target builds has a tolerance (a Triton repository holds the ONNX graphs,
-    # verified as the onnx target's); fp16 is looser than fp32
+    # every precision a target builds has a tolerance, or for the integer ones a quality bar (a
+    # Triton repository holds the ONNX graphs, verified as the onnx target's); fp16 is looser than fp32
     for target, precisions in BUILT_PRECISIONS.items():
         for precision in precisions:
-            assert ("onnx" if target == "triton" else target, precision) in TOLERANCES
+            if PRECISIONS[precision].quantized:
+                assert target != "tensorrt" and precision in QUALITY_BARS
+            else:
+                assert ("onnx" if target == "triton" else target, precision) in TOLERANCES
+    for bar in QUALITY_BARS.values():
+        assert 0 < bar.cosine_min <= bar.cosine_mean < 1 and 0 < bar.kl_mean < 1
+    assert QUALITY_BARS["int8"].cosine_mean > QUALITY_BARS["int4"].cosine_mean
     assert all(a >= b for a, b in zip(TOLERANCES[("onnx", "fp16")], TOLERANCES[("onnx", "fp32")]))
 
 
