@@ -490,7 +490,7 @@ def _row(name: str, ts: list[float], base: float, unit: str = "ms", floor: float
     return "| " + " | ".join(cells) + " |"
 
 
-SEE_ALSO = ('Also: what each graph pass buys, [benchmarks_passes.md](benchmarks_passes.md) (benchmarks/passes.py); build cost after the streaming writer, [benchmarks_build.md](benchmarks_build.md) (benchmarks/build_cost.py); the GPU suite, [benchmarks_gpu.md](benchmarks_gpu.md) (benchmarks/gpu.py, on a CUDA machine).')
+SEE_ALSO = ('Also: integer quality on trained checkpoints beside llama.cpp, [benchmarks_quality.md](benchmarks_quality.md) (benchmarks/quality.py); what each graph pass buys, [benchmarks_passes.md](benchmarks_passes.md) (benchmarks/passes.py); build cost after the streaming writer, [benchmarks_build.md](benchmarks_build.md) (benchmarks/build_cost.py); the GPU suite, [benchmarks_gpu.md](benchmarks_gpu.md) (benchmarks/gpu.py, on a CUDA machine).')
 
 
 def report(facts: dict, bert: dict, gen: dict, step: dict, builds: dict, plot: str | None, command: str,
@@ -565,6 +565,8 @@ def report(facts: dict, bert: dict, gen: dict, step: dict, builds: dict, plot: s
     for what, value, ok in targets(bert, gen, step):
         lines.append(f"| {what} | {value} | {'yes' if ok else 'no'} |")
     lines += ["", "## Integer precisions: quality on a trained model", "",
+              "On two real trained checkpoints (SmolLM2-135M-Instruct, all-MiniLM-L6-v2) beside llama.cpp on the "
+              "same weights: [benchmarks_quality.md](benchmarks_quality.md) (`make bench-quality`). Below, a toy:", "",
               f"A 4-layer decoder (d_model 256, vocab 512; benchmarks/suite.py QUALITY_SPEC) trained {qual['steps']} "
               f"AdamW steps on a fixed Markov language (loss {qual['loss_first']:.2f} -> {qual['loss_last']:.2f}; the "
               f"language's entropy is {qual['entropy']:.2f}), built fp32 / int8 / int4 with its weights, and run by "

@@ -39,15 +39,20 @@ def test_bert_base_with_pooler_matches_hugging_face():
     assert ours == _hf_count(transformers.BertModel, transformers.BertConfig())
 
 
-def test_llama_style_matches_hugging_face():
-    r = resolve(load_spec("llama-style-1b"))
+# the published sizes of the models whose shapes the catalog copies
+@pytest.mark.parametrize("name,published", [("llama-style-1b", None), ("llama-2-7b", 6_738_415_616),
+                                            ("llama-3-8b", 8_030_261_248)])
+def test_llama_family_matches_hugging_face(name, published):
+    r = resolve(load_spec(name))
     att = r.decoder.layers[0].attention
     cfg = transformers.LlamaConfig(
         vocab_size=r.vocab.size, hidden_size=r.d_model, intermediate_size=r.decoder.layers[0].ffn.d_ff,
         num_hidden_layers=len(r.decoder.layers), num_attention_heads=att.heads, num_key_value_heads=att.kv_heads,
         tie_word_embeddings=r.tie_output,
     )
-    assert inspect_spec(r)["parameters"] == _hf_count(transformers.LlamaForCausalLM, cfg)
+    ours = inspect_spec(r)["parameters"]
+    assert ours == _hf_count(transformers.LlamaForCausalLM, cfg)
+    assert published is None or ours == published
 
 
 def test_breakdown_sums_to_total_and_names_sharing():
