@@ -45,7 +45,7 @@ def specc_cli(*args: str) -> None:
 
 def built(spec: Path, precision: str) -> Path:
     out = WORK / f"{spec.stem}-{precision}"
-    specc_cli("build", str(spec), "-o", str(out), "--precision", precision, "-q")
+    specc_cli("build", str(spec), "-o", str(out), "--precision", precision, "-q", "--force")
     return out
 
 

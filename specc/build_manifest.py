@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from specc import __version__
+from specc.export.quantize import describe as quantization
 from specc.fileio import write_atomic
 from specc.spec.dump import spec_to_data
 from specc.fileio import file_sha256, sha256s
 from specc.spec.manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE, NotAManifest, read_manifest
 from specc.spec.resolve import ResolvedSpec
+from specc.spec.targets import PRECISIONS
 
 DISTRIBUTIONS = ("torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu")
 
@@ -61,6 +63,8 @@ def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights:
         source = {"source": "file", "file": weights.name, "sha256": file_sha256(weights)}
     spec = spec_to_data(r.spec)
     options = {"target": target, "precision": precision, "opset": opset, "weights": source}
+    if PRECISIONS[precision].quantized:
+        options["quantization"] = quantization(precision)
     vers = versions()
     key = hashlib.sha256(canonical({"spec": spec, "options": options, "versions": vers,
                                     "manifest": MANIFEST_VERSION, "passes": passes})).hexdigest()

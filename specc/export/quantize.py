@@ -51,6 +51,14 @@ class Scheme:
 SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4)}
 
 
+def describe(precision: str) -> dict:
+    """The quantization an integer precision applies, as the manifest's options record it (and
+    the build's cache key hashes: a build made with another scheme is not up to date)."""
+    scheme = SCHEMES[precision]
+    return {"op": "MatMulNBits", "bits": scheme.bits, "block": scheme.block, "accuracy_level": scheme.accuracy_level,
+            "offset_form": scheme.bits <= 4}
+
+
 @dataclass(frozen=True)
 class Packed:
     """MatMulNBits' inputs for one [K, N] weight: codes [N, blocks, block * bits / 8] uint8,

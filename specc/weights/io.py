@@ -5,7 +5,10 @@ through the importer (specc.importers.hf), which reads `pytorch_model.bin` with 
 """
 from __future__ import annotations
 
+import json
 import os
+import struct
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -32,6 +35,126 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise WeightsError(f"{path}: cannot read safetensors ({exc}); the file may be truncated or not safetensors") from None
+
+
+# safetensors' dtype names, in the order its writer lays tensors out (wider first, then by name)
+DTYPE_NAMES = {torch.float64: "F64", torch.int64: "I64", torch.float32: "F32", torch.int32: "I32",
+               torch.bfloat16: "BF16", torch.float16: "F16", torch.int16: "I16", torch.int8: "I8",
+               torch.uint8: "U8", torch.bool: "BOOL"}
+_LAYOUT = ("I64", "F64", "F32", "I32", "BF16", "F16", "I16", "I8", "U8", "BOOL")
+_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+HEADER_LIMIT = 100 * 2**20  # what safetensors itself accepts of a header
+
+
+class SafetensorsFile(Mapping):
+    """A safetensors file read lazily: names, dtypes and shapes come from its header, and a
+    tensor's bytes are read (not mapped: mapped pages would count in the process's resident
+    memory) only when it is asked for, so a 10 GB shard costs the memory of the tensor in hand.
+    The header is checked before anything else is read: its size, every dtype, shape and byte
+    range (inside the file, and as long as the shape and dtype say)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise WeightsError(f"{self.path}: no such weights file")
+        if self.path.suffix != ".safetensors":
+            raise WeightsError(f"{self.path}: weights must be a .safetensors file (use `specc import` for other formats)")
+        self._entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(8)
+                n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+                if not 0 < n <= min(HEADER_LIMIT, size - 8):
+                    raise ValueError(f"a header of {n} bytes in a file of {size}")
+                header = json.loads(f.read(n))
+        except (OSError, ValueError) as exc:  # json's errors are ValueErrors
+            raise WeightsError(f"{self.path}: cannot read safetensors ({exc}); the file may be truncated or not "
+                               "safetensors") from None
+        if not isinstance(header, dict):
+            raise WeightsError(f"{self.path}: the safetensors header is not a JSON object")
+        start, end = 8 + n, size
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype, shape, (a, b) = _DTYPES[e["dtype"]], tuple(e["shape"]), e["data_offsets"]
+                if not all(type(x) is int and x >= 0 for x in (*shape, a, b)):
+                    raise ValueError
+            except (KeyError, TypeError, ValueError):
+                raise WeightsError(f"{self.path}: tensor {name!r} has a malformed or unknown header entry") from None
+            nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+            if b - a != nbytes or start + b > end:
+                raise WeightsError(f"{self.path}: tensor {name!r}'s bytes [{a}, {b}) do not hold its {e['dtype']} "
+                                   f"{list(shape)} inside the file; it may be truncated")
+            self._entries[name] = (dtype, shape, start + a, nbytes)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        dtype, shape, at, nbytes = self._entries[name]
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        buf = bytearray(nbytes)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(at)
+                got = f.readinto(buf)
+        except OSError as exc:
+            raise WeightsError(f"{self.path}: cannot read tensor {name} ({exc.strerror or exc})") from None
+        if got != nbytes:
+            raise WeightsError(f"{self.path}: tensor {name} was cut short; the file may be truncated")
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def meta(self, name: str) -> torch.Tensor:
+        """The tensor's dtype and shape, as an empty tensor on torch's meta device."""
+        dtype, shape, _, _ = self._entries[name]
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def write_safetensors(entries: Mapping[str, torch.Tensor], tensor_of: Callable[[str], torch.Tensor],
+                      path: str | os.PathLike) -> None:
+    """Write a safetensors file one tensor at a time, atomically (temp file, then rename): the
+    header from `entries` (name -> a tensor of the right dtype and shape, such as a meta one), then
+    each tensor's bytes from `tensor_of(name)`, released before the next. The bytes are those
+    safetensors' own writer makes of the same tensors (with the metadata {"format": "pt"})."""
+    path = Path(path)
+    order = sorted(entries, key=lambda n: (_LAYOUT.index(DTYPE_NAMES[entries[n].dtype]), n))
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in order:
+        t = entries[name]
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            with open(tmp, "wb") as f:
+                f.write(struct.pack("<Q", len(text)) + text)
+                for name in order:
+                    t = tensor_of(name).contiguous()
+                    want = entries[name]
+                    if t.dtype != want.dtype or tuple(t.shape) != tuple(want.shape):
+                        raise WeightsError(f"{path}: {name} came as {t.dtype} {tuple(t.shape)}, "
+                                           f"not the {want.dtype} {tuple(want.shape)} its header says")
+                    f.write(t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+                    del t
+        except OSError as exc:
+            raise WeightsError(f"{path}: cannot write it ({exc.strerror or exc})") from None
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def load_into(module: nn.Module, path: str | os.PathLike) -> None:

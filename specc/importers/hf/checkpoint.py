@@ -1,10 +1,12 @@
 """Reading a Hugging Face checkpoint folder: config.json and its tensors, nothing interpreted.
 
-Contract: `read_checkpoint(folder)` returns (config, {name: tensor}) or raises CheckpointError
-naming the file. Tensors come from model.safetensors (or the shards a model.safetensors.index.json
-names), else from pytorch_model.bin (or its index) through torch.load(weights_only=True): tensors
-and plain containers only, never pickled code. Nothing is downloaded. The only rewrite is of old
-BERT names (LayerNorm `gamma` / `beta` -> `weight` / `bias`).
+Contract: `read_checkpoint(folder)` returns (config, Checkpoint) or raises CheckpointError
+naming the file. A Checkpoint maps names to tensors and reads each when it is asked for: from
+model.safetensors (or the shards a model.safetensors.index.json names), memory-mapped, one
+tensor at a time, in its stored dtype (bf16, fp16, fp32); else from pytorch_model.bin (or its
+index) through torch.load(weights_only=True), whole: tensors and plain containers only, never
+pickled code. `meta(name)` gives a tensor's dtype and shape without reading it. Nothing is
+downloaded. The only rewrite is of old BERT names (LayerNorm `gamma` / `beta` -> `weight` / `bias`).
 
 The folder is untrusted input. Every file read (config.json, an index, the weights) must be a
 regular file, checked before it is opened (a FIFO would block the open for ever, a device such as
@@ -19,6 +21,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -131,14 +134,40 @@ def _shards(src: Path, index: Path) -> list[Path]:
     return files
 
 
-def read_checkpoint(src: str | os.PathLike) -> tuple[dict, dict]:
-    """(config, {name: tensor}) from a folder: config.json plus model.safetensors (or a sharded
+class Checkpoint(Mapping):
+    """A checkpoint's tensors by name (old BERT names rewritten), each read when asked for."""
+
+    def __init__(self):
+        self._where: dict[str, tuple[Mapping, str]] = {}  # name -> (its file, its name there)
+
+    def add(self, source: Mapping, note: str = "") -> None:
+        for name in source:  # a name in two shards: the later one, as a dict update would
+            self._where[re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))] = (source, name)
+
+    def __getitem__(self, name: str):
+        source, stored = self._where[name]
+        return source[stored]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def meta(self, name: str):
+        """The tensor's dtype and shape (an empty tensor on torch's meta device), not read."""
+        source, stored = self._where[name]
+        return source.meta(stored) if hasattr(source, "meta") else source[stored].to("meta")
+
+
+def read_checkpoint(src: str | os.PathLike) -> tuple[dict, Checkpoint]:
+    """(config, Checkpoint) from a folder: config.json plus model.safetensors (or a sharded
     model.safetensors.index.json), else pytorch_model.bin (weights_only=True, or its index)."""
     # torch (and specc.weights.io, which imports it) only when tensors are read: the rest of
     # specc.importers.hf (the tables, describe(), config -> spec) works without it
     import torch
 
-    from specc.weights.io import read_safetensors
+    from specc.weights.io import SafetensorsFile
 
     src = Path(src)
     if not src.is_dir():
@@ -161,11 +190,11 @@ def read_checkpoint(src: str | os.PathLike) -> tuple[dict, dict]:
             break
     else:
         raise CheckpointError(f"{src}: no model.safetensors or pytorch_model.bin (nor a sharded index)")
-    tensors: dict[str, Any] = {}
+    tensors = Checkpoint()
     for f in files:
         if kind == "safetensors":  # a regular file inside the folder (_inside); safetensors maps it by name
             try:
-                tensors.update(read_safetensors(f))
+                tensors.add(SafetensorsFile(f))
             except WeightsError as exc:
                 raise CheckpointError(f"{exc}{note}") from None
         else:
@@ -179,6 +208,5 @@ def read_checkpoint(src: str | os.PathLike) -> tuple[dict, dict]:
                 raise CheckpointError(f"{f}: cannot load it with torch.load(weights_only=True): {first}{note}") from None
             if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
                 raise CheckpointError(f"{f}: not a state dict of tensors{note}")
-            tensors.update(state)
-    # old BERT checkpoints name LayerNorm parameters gamma / beta
-    return config, {re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", k)): v for k, v in tensors.items()}
+            tensors.add(state)
+    return config, tensors

@@ -11,7 +11,9 @@ Contracts:
   (the names of specc.spec.costs.parameter_shapes, docs/weights.md) from the checkpoint, and uses
   every checkpoint tensor: a tied alias must equal its table, a tensor in the family's `zero` list
   must be zero, a stored sinusoid table must be the formula's, a buffer must match the family's
-  `ignore` list. Anything left over raises CheckpointError.
+  `ignore` list. Anything left over raises CheckpointError. It returns the parameters lazily
+  (Converted): shapes and dtypes are checked from the checkpoint's headers, and each tensor is
+  read and converted when it is written, so an import holds one tensor at a time.
 
 Torch is imported where tensors are compared, not at module import.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 
 from specc.errors import SpecError
 from specc.importers.hf.checkpoint import CheckpointError
@@ -192,8 +195,32 @@ def expand(fam: Family, resolved, heads: list[str]) -> dict[str, tuple[tuple[str
     return out
 
 
-def convert_tensors(fam: Family, config: dict, tensors: dict, resolved, where: str) -> dict:
-    """specc's parameters from the checkpoint's tensors; every parameter filled, every tensor used."""
+class Converted(Mapping):
+    """specc's parameters, each made from its checkpoint tensor when asked for (read, split or
+    transposed), so that they can be written one at a time. `entries`: name -> its dtype and
+    shape as a meta tensor, checked before any tensor is read."""
+
+    def __init__(self, tensors, plan: dict[str, tuple[str, str]], entries: dict):
+        self._tensors, self._plan, self.entries = tensors, plan, entries
+
+    def __getitem__(self, name: str):
+        src, how = self._plan[name]
+        return _transform(self._tensors[src], how, src).contiguous()
+
+    def __iter__(self):
+        return iter(self._plan)
+
+    def __len__(self) -> int:
+        return len(self._plan)
+
+
+def _meta(tensors, name: str):
+    return tensors.meta(name) if hasattr(tensors, "meta") else tensors[name].to("meta")
+
+
+def convert_tensors(fam: Family, config: dict, tensors, resolved, where: str) -> Converted:
+    """specc's parameters from the checkpoint's tensors; every parameter filled, every tensor used.
+    Shapes and dtypes are checked from the checkpoint's headers before a tensor is read."""
     shapes = parameter_shapes(resolved)
     table = expand(fam, resolved, [o.name for o in resolved.outputs])
     used: set[str] = set()
@@ -205,7 +232,7 @@ def convert_tensors(fam: Family, config: dict, tensors: dict, resolved, where: s
                     return p + c
         return None
 
-    out = {}
+    plan, entries = {}, {}
     for name, shape in shapes.items():
         if name not in table:
             raise CheckpointError(f"{where}: no checkpoint tensor maps to specc's {name} (an importer gap)")
@@ -213,18 +240,20 @@ def convert_tensors(fam: Family, config: dict, tensors: dict, resolved, where: s
         src = find(candidates)
         if src is None:
             raise CheckpointError(f"{where}: the checkpoint has none of {', '.join(candidates)} (for specc's {name})")
-        if not tensors[src].is_floating_point():
-            raise CheckpointError(f"{where}: {src} holds {str(tensors[src].dtype).removeprefix('torch.')}; "
+        meta = _meta(tensors, src)
+        if not meta.is_floating_point():
+            raise CheckpointError(f"{where}: {src} holds {str(meta.dtype).removeprefix('torch.')}; "
                                   f"specc's {name} is a floating-point parameter")
         try:
-            t = _transform(tensors[src], how, src)
+            t = _transform(meta, how, src)
         except (RuntimeError, IndexError):  # a 0-d or 3-d tensor where a matrix is split or transposed
             t = None
         if t is None or tuple(t.shape) != tuple(shape):
-            raise CheckpointError(f"{where}: {src} has shape {tuple(tensors[src].shape)}; specc's {name} "
+            raise CheckpointError(f"{where}: {src} has shape {tuple(meta.shape)}; specc's {name} "
                                   f"needs {tuple(shape)} from this config")
         used.add(src)
-        out[name] = t.contiguous() if how == "copy" else t.contiguous().clone()  # views would share storage
+        plan[name], entries[name] = (src, how), t
+    out = Converted(tensors, plan, entries)
     _check_leftovers(fam, resolved, table, tensors, out, used, find, where)
     return out
 
@@ -246,8 +275,8 @@ def _check_leftovers(fam, resolved, table, tensors, out, used, find, where) -> N
             role = "embeddings.target_tokens.weight" if "embeddings.target_tokens.weight" in out else "embeddings.tokens.weight"
             tied_aliases[src] = role
     for src, name in tied_aliases.items():
-        t = tensors[src]
-        if tuple(t.shape) == tuple(out[name].shape) and torch.equal(t.to(out[name].dtype), out[name]):
+        t, made = tensors[src], out[name]  # each read once: an embedding table can be a GB
+        if tuple(t.shape) == tuple(made.shape) and torch.equal(t.to(made.dtype), made):
             used.add(src)
         elif src.endswith(("lm_head.weight", "decoder.weight")):
             raise CheckpointError(f"{where}: {src} differs from the embedding table, but the config ties "

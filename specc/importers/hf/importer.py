@@ -36,7 +36,7 @@ def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str 
               force: bool = False) -> tuple[Path, Path]:
     """Write OUT.yaml and OUT.safetensors (beside it) for the checkpoint folder SRC; returns both
     paths. Nothing is written unless the import succeeds and the spec validates."""
-    from specc.weights.io import save_tensors  # imports torch
+    from specc.weights.io import write_safetensors  # imports torch
 
     src, out_spec = Path(src), Path(out_spec)
     if out_spec.suffix not in (".yaml", ".yml"):
@@ -66,7 +66,7 @@ def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str 
             raise CheckpointError(f"spec name {data['name']!r}: {named[0].message}") from None
         raise spec_error(exc, fam, config, where) from None
     params = convert_tensors(fam, config, tensors, resolved, where)
-    save_tensors(params, weights)
+    write_safetensors(params.entries, params.__getitem__, weights)  # one tensor in memory at a time
     try:
         write_atomic(out_spec, text)
     except BaseException:
