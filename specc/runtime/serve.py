@@ -24,8 +24,10 @@ LD_LIBRARY_PATH.
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import sys
 import sysconfig
 import threading
@@ -257,6 +259,7 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     from pytriton.model_config import DynamicBatcher, ModelConfig
     from pytriton.triton import Triton, TritonConfig
 
+    check_ports(host, {"http": http_port, "grpc": grpc_port, "metrics": metrics_port})
     session = Session(build_dir, providers=providers)
     info = session.info
     names = rule.model_names(info.name, info.graphs)
@@ -293,6 +296,28 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def check_ports(host: str, ports: dict[str, int]) -> None:
+    """Refuse, before anything starts, ports that Triton could not bind: one given twice, or one in
+    use (Triton would otherwise retry and wait, and the server never come up). `ports`: the
+    --NAME-port flag's NAME -> its port."""
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if port in seen:
+            raise ServeError(f"--{seen[port]}-port and --{name}-port are both {port}; give each its own port")
+        seen[port] = name
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        except socket.gaierror as exc:
+            raise ServeError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: a closing connection is no obstacle
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                why = "is in use (another server?)" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+                raise ServeError(f"port {port} on {host} {why}; choose another with --{name}-port") from None
 
 
 def describe(info: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ ATTENTION_MASK = "attention_mask"
 POSITION_IDS = "position_ids"
 TOKEN_TYPE_IDS = "token_type_ids"
 ENCODER_ATTENTION_MASK = "encoder_attention_mask"
+INPUT_NAMES = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, TOKEN_TYPE_IDS, ENCODER_ATTENTION_MASK)  # no output may take one
 # the encoder graph's hidden output, read by nothing but the encoder-decoder's own plumbing
 LAST_HIDDEN_STATE = "last_hidden_state"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator
 
 from specc.spec.derive import effective_outputs, head_dims, rotary_dims, stacks, tied_kinds
+from specc.spec.io import INPUT_NAMES
+from specc.spec.manifest import MANIFEST, WEIGHTS_FILE
 from specc.spec.schema import AttentionSpec, ModelSpec
 
 Path = tuple
@@ -130,6 +132,8 @@ def outputs_consistent(spec: ModelSpec) -> Iterable[Problem]:
     for i, out in enumerate(outs):
         if out.name in seen:
             yield ("outputs", i, "name"), f"output name {out.name!r} is already used by outputs[{seen[out.name]}]"
+        elif out.name in INPUT_NAMES:  # a graph whose output is named like its input cannot be exported
+            yield ("outputs", i, "name"), f"output name {out.name!r} is a graph input's name; choose another"
         seen.setdefault(out.name, i)
     if "tie_output" in spec.vocab.model_fields_set and spec.vocab.tie_output:
         if not any(o.kind in tied_kinds() for o in outs):
@@ -154,7 +158,15 @@ def vocab_consistent(spec: ModelSpec) -> Iterable[Problem]:
         yield ("tokens", "decoder_start"), "decoder_start is for encoder-decoder models"
 
 
+def name_is_not_an_artifact(spec: ModelSpec) -> Iterable[Problem]:
+    """A Triton repository (--target triton) holds a folder named after the spec beside the
+    build's own files: the name may not be one of theirs."""
+    if spec.name in (MANIFEST, WEIGHTS_FILE):
+        yield ("name",), f"name {spec.name!r} is the name of a file every build writes; choose another"
+
+
 RULES: tuple[Callable[[ModelSpec], Iterable[Problem]], ...] = (
+    name_is_not_an_artifact,
     stacks_match_architecture,
     cross_attention_only_in_encoder_decoder,
     head_dimensions,

@@ -55,6 +55,35 @@ def test_serve_refuses_a_directory_that_is_not_a_build(tmp_path):
     assert proc.returncode == 1 and "not a specc build" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_ports_triton_cannot_bind_are_refused_before_anything_starts():
+    from specc.runtime.serve import ServeError, check_ports
+
+    a, b, c = free_ports(3)
+    check_ports("127.0.0.1", {"http": a, "grpc": b, "metrics": c})  # free: no error
+    with pytest.raises(ServeError, match=f"--http-port and --metrics-port are both {a}"):
+        check_ports("127.0.0.1", {"http": a, "grpc": b, "metrics": a})
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", b))
+        held.listen()
+        with pytest.raises(ServeError, match=f"port {b} on 127.0.0.1 is in use .*--grpc-port"):
+            check_ports("127.0.0.1", {"http": a, "grpc": b, "metrics": c})
+
+
+@needs_serve_env
+def test_serve_on_a_taken_port_exits_at_once_naming_it(tmp_path):
+    build = specc.build("tiny-gpt2", tmp_path / "b").out_dir
+    http, grpc, metrics = free_ports(3)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", http))
+        held.listen()
+        t0 = time.monotonic()
+        proc = subprocess.run([str(SERVE_SPECC), "serve", str(build), "--http-port", str(http), "--grpc-port", str(grpc),
+                               "--metrics-port", str(metrics)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert f"port {http} on 127.0.0.1 is in use" in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - t0 < 60
+
+
 class Server:
     def __init__(self, build: Path):
         self.http, self.grpc, self.metrics = free_ports(3)

@@ -310,6 +310,22 @@ CASES = [
         "outputs_consistent",
     ),
     Case(
+        "output-named-like-an-input",
+        DEC + "outputs:\n  - {name: attention_mask, kind: lm}\n",
+        "outputs.0.name",
+        "{name: ^attention_mask, kind: lm}",
+        "output name 'attention_mask' is a graph input's name",
+        "outputs_consistent",
+    ),
+    Case(
+        "name-of-a-build-file",
+        DEC.replace("name: ", "name: model.safetensors # ", 1),
+        "name",
+        "name: ^model.safetensors",
+        "name 'model.safetensors' is the name of a file every build writes",
+        "name_is_not_an_artifact",
+    ),
+    Case(
         "no-outputs",
         DEC + "outputs: []\n",
         "outputs",

@@ -81,3 +81,21 @@ def test_import_memory_grows_with_the_largest_tensor_not_the_checkpoint(tmp_path
     # MiB) and the tied-alias and header work beside it
     assert grew < (size / 2**20) / 2, (grew, base, size / 2**20)
     assert grew < 3 * largest / 2**20, (grew, largest / 2**20)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc")
+def test_a_7b_shaped_checkpoint_imports_within_6_gib(tmp_path):
+    """Llama-2-7B's shape in bf16 (13.5 GB in 5 GB shards, as Hugging Face writes it), written a
+    tensor at a time, imported by a fresh process whose peak resident memory stays under the
+    streamed build's bound (the streamed-build issue: 6 GiB)."""
+    ckpt = tmp_path / "llama-2-7b"
+    size = shards.write_llama(ckpt, layers=32, d=4096, heads=32, kv_heads=32, ff=11008, vocab=32000,
+                              shard_bytes=5 << 30)
+    assert size > 13e9
+    peak = _peak_mib(f"from specc.importers.hf import import_hf; import_hf({str(ckpt)!r}, {str(tmp_path / 'm.yaml')!r})")
+    assert peak < 6 * 1024, peak
+    lazy = SafetensorsFile(tmp_path / "m.safetensors")
+    assert len(lazy) == 32 * 9 + 3 and lazy.meta("embeddings.tokens.weight").dtype == torch.bfloat16
+    assert torch.equal(lazy["decoder.layers.31.ffn.down.weight"],
+                       shards.tensor("model.layers.31.mlp.down_proj.weight", (4096, 11008), torch.bfloat16))
