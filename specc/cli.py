@@ -393,7 +393,9 @@ def export_weights_cmd(spec: str, out_file: str, seed: int) -> None:
 @click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider (repeat; default: the best available).")
-def serve(build_dir: str, host: str, http_port: int, grpc_port: int, metrics_port: int, providers: tuple[str, ...]) -> None:
+@click.option("--verbose", is_flag=True, help="Triton's own log on the terminal (verbose), instead of in a file.")
+def serve(build_dir: str, host: str, http_port: int, grpc_port: int, metrics_port: int, providers: tuple[str, ...],
+          verbose: bool) -> None:
     """Serve a build on a real Triton Inference Server (PyTriton), with dynamic batching from the
     spec's serving: shapes, until Ctrl-C. Needs the serve environment: `make install-serve`, then
     `.venv-serve/bin/specc serve DIR`."""
@@ -403,7 +405,7 @@ def serve(build_dir: str, host: str, http_port: int, grpc_port: int, metrics_por
         click.echo(describe(info), err=True)
 
     serve_build(build_dir, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                providers=list(providers) or None, on_ready=ready)
+                providers=list(providers) or None, on_ready=ready, verbose=verbose)
     click.echo("specc: server stopped", err=True)
 
 

@@ -25,11 +25,13 @@ LD_LIBRARY_PATH.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import socket
 import sys
 import sysconfig
+import tempfile
 import threading
 import traceback
 from contextlib import contextmanager
@@ -167,6 +169,21 @@ if "TritonPythonModel" in globals() and "_wrap_response" in globals():
 
 
 @contextmanager
+def _triton_output(verbose: bool):
+    """What the tritonserver process prints outside its log file (its log with --verbose; else
+    lines such as "Error: Failed to initialize NVML" on a machine without a GPU) reaches the
+    terminal only with `verbose`: PyTriton echoes it unless its TritonServer is made quiet."""
+    import pytriton.triton as triton_module
+
+    made = triton_module.TritonServer
+    triton_module.TritonServer = functools.partial(made, verbose=verbose)
+    try:
+        yield
+    finally:
+        triton_module.TritonServer = made
+
+
+@contextmanager
 def _one_line_refusals():
     """While serving, each model's model.py that PyTriton hands Triton ends with STUB_ADDITION:
     whether PyTriton writes it into a local model store (Model.generate_model) or sends its text
@@ -252,9 +269,11 @@ def _infer_fn(graph: Graph, limits: Limits) -> Callable:
 def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DEFAULT_HTTP_PORT,
           grpc_port: int = DEFAULT_GRPC_PORT, metrics_port: int = DEFAULT_METRICS_PORT,
           providers=None, on_ready: Callable[[dict], None] | None = None,
-          stop: threading.Event | None = None) -> None:
+          stop: threading.Event | None = None, verbose: bool = False) -> None:
     """Serve DIR on Triton until SIGINT / SIGTERM (or `stop` is set). `on_ready` gets
-    {"models": [...], "http": url, "grpc": address} once the server answers."""
+    {"models": [...], "http": url, "grpc": address, "provider": ..., "log": Triton's log file or
+    None} once the server answers. Triton's own log goes to a file (its path in "log"), or with
+    `verbose` to the terminal at verbose level 1."""
     require_pytriton()
     from pytriton.model_config import DynamicBatcher, ModelConfig
     from pytriton.triton import Triton, TritonConfig
@@ -265,14 +284,15 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     names = rule.model_names(info.name, info.graphs)
     batching = rule.dynamic_batching(info.batch.opt, info.batch.max)
     os.environ["LD_LIBRARY_PATH"] = _library_path()
+    log = None if verbose else Path(tempfile.gettempdir()) / f"specc-serve-{os.getpid()}.log"
     config = TritonConfig(http_address=host, http_port=http_port, grpc_address=host, grpc_port=grpc_port,
-                          metrics_port=metrics_port, allow_metrics=True, log_verbose=0)
+                          metrics_port=metrics_port, allow_metrics=True, log_verbose=1 if verbose else 0, log_file=log)
     stop = stop or threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)} \
         if threading.current_thread() is threading.main_thread() else {}
     models = []
     try:
-        with _one_line_refusals(), Triton(config=config) as triton:
+        with _one_line_refusals(), _triton_output(verbose), Triton(config=config) as triton:
             for graph_name, graph in session.graphs.items():
                 models.append(names[graph_name])
                 triton.bind(
@@ -290,7 +310,7 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
             triton.run()
             if on_ready is not None:
                 on_ready({"models": models, "http": f"http://{host}:{http_port}", "grpc": f"{host}:{grpc_port}",
-                          "provider": session.provider})
+                          "provider": session.provider, "log": str(log) if log else None})
             while not stop.wait(0.2):  # a short wait, so that signal handlers run promptly
                 pass
     finally:
@@ -321,5 +341,6 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
 
 
 def describe(info: dict[str, Any]) -> str:
+    log = f"Triton's log: {info['log']}; " if info.get("log") else ""
     return (f"serving {', '.join(info['models'])} ({info['provider']}) on {info['http']} (HTTP) and "
-            f"{info['grpc']} (gRPC); Ctrl-C stops")
+            f"{info['grpc']} (gRPC); {log}Ctrl-C stops")

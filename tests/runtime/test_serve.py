@@ -3,11 +3,13 @@ concurrent requests over HTTP and gRPC with tritonclient, answers checked agains
 specc.runtime.Session (what `specc run` prints), the server stopped cleanly with SIGINT."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -228,6 +230,19 @@ def test_serve_decoder_prefill_and_cached_step_over_http(tmp_path):
 
     server = Server(build)
     try:
+        # one line to start with, Triton's own log in the file it names
+        lines = server.output().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("serving tiny-gpt2 ") and "Triton's log: " in lines[0], lines
+        assert "server_version" in Path(lines[0].split("Triton's log: ")[1].split(";")[0]).read_text()
+        # the request docs/serving.md gives to paste answers as specc run does
+        doc = (ROOT / "docs" / "serving.md").read_text()
+        body = doc.split("<!-- request: tiny-gpt2 -->")[1].split("-d '")[1].split("'\n")[0]
+        req = urllib.request.Request(f"http://127.0.0.1:{server.http}/v2/models/tiny-gpt2/infer", data=body.encode())
+        with urllib.request.urlopen(req, timeout=60) as answer:
+            got = json.loads(answer.read())["outputs"][0]
+        assert got["name"] == "logits" and got["shape"] == [1, 3, 1000]
+        np.testing.assert_allclose(np.array(got["data"]).reshape(1, 3, 1000), session.run(input_ids=[[5, 9, 2]])["logits"],
+                                   rtol=1e-4, atol=1e-4)
         # the prefill sends no cache: the server supplies the empty one
         first = infer("http", server.http, session.spec["name"], feeds_for(ids, {}, 0), ["logits"] + present_names)
         want = session.run(**feeds_for(ids, {}, 0))
