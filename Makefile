@@ -56,10 +56,10 @@ install-real-models:
 
 # the spec fuzzers at length (make test runs them bounded): FUZZ_EXAMPLES generated specs built
 # and verified, ten times as many compiled, ten times as many catalog mutations, and hostile
-# config.json / index files for import hf
+# config.json / index files for import hf, and hostile run / serve inputs
 FUZZ_EXAMPLES ?= 300
 fuzz:
-	SPECC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s -p no:logging tests/reliability/test_fuzz_specs.py tests/reliability/test_mutations.py tests/reliability/test_fuzz_import.py $(PYTEST_ARGS)
+	SPECC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s -p no:logging tests/reliability/test_fuzz_specs.py tests/reliability/test_mutations.py tests/reliability/test_fuzz_import.py tests/reliability/test_fuzz_inputs.py $(PYTEST_ARGS)
 
 # the performance suite: its own environment (Optimum needs an older transformers than the tests),
 # then benchmarks/suite.py, which rewrites docs/benchmarks.md and docs/benchmarks_latency.png, and

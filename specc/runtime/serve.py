@@ -223,6 +223,9 @@ def request_feeds(graph: Graph, request: Mapping[str, np.ndarray], limits: Limit
     if INPUT_IDS in feeds:
         for name, value in empty_cache(graph, len(feeds[INPUT_IDS])).items():
             feeds.setdefault(name, value)
+    missing = [n for n in graph.inputs if n not in feeds]  # Triton refuses these first; a direct caller may not
+    if missing:
+        raise RunError(f"missing input(s): {', '.join(missing)}")
     return {n: feeds[n] for n in graph.inputs if n in feeds}
 
 
