@@ -58,13 +58,13 @@ def specc_variants(spec: str) -> dict[str, tuple[Path, dict]]:
         onnx.save(proto, str(path))
         out[name] = (path, fired)
     # the int8 build quantizes the graph the passes made: no pass against all of them
-    from specc.export.quantize import quantize
+    from specc.export.quantize import quantize_file
 
     for name in ("specc, no pass", list(choices)[-1]):  # the last choice: all passes (or the one)
         path, fired = out[name]
         q = path.with_name(path.stem + "-int8.onnx")
         q.write_bytes(path.read_bytes())
-        quantize(q, "int8", sig)
+        quantize_file(q, "int8", sig)
         out[name.replace("specc,", "specc int8,")] = (q, fired)
     return out
 

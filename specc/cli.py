@@ -263,6 +263,13 @@ class _StageDisplay:
                 self.status = self.console.status(f"{stage}...")
                 self.status.start()
             return
+        if state == "step":  # a streamed build making its layers, one at a time
+            text = f"{stage}: {facts['role']} layer {facts['layer'] + 1} of {facts['of']}"
+            if self.status is not None:
+                self.status.update(text + "...")
+            elif not self.console.is_terminal:
+                click.echo(f"specc: {text}", err=True)
+            return
         if self.status is not None:
             self.status.stop()
             self.status = None
@@ -302,11 +309,14 @@ class _StageDisplay:
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random initialisation (no weights given).")
 @click.option("--opset", type=int, default=None, help=f"ONNX opset (default {DEFAULT_OPSET}; see docs/export.md).")
 @click.option("--max-memory", type=_Bytes(), default=None, help="Memory the build may use (e.g. 16GiB); default: what is available.")
+@click.option("--stream/--no-stream", default=None,
+              help="Hold one layer at a time (a model larger than memory; see docs/build.md); default: streamed when the whole model does not fit.")
 @click.option("--force", is_flag=True, help="Rebuild even when DIR is up to date.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary; errors only.")
 @click.option("--json", "as_json", is_flag=True, help="The manifest's facts as one JSON document on stdout.")
 def build(spec: str, out_dir: str, target: str, precision: str | None, weights: str | None, seed: int,
-          opset: int | None, max_memory: int | None, force: bool, quiet: bool, as_json: bool) -> None:
+          opset: int | None, max_memory: int | None, stream: bool | None, force: bool, quiet: bool,
+          as_json: bool) -> None:
     """Build SPEC into DIR: export to ONNX, verify against PyTorch, write DIR/manifest.json.
 
     A verification failure exits 1 and leaves DIR as it was."""
@@ -318,7 +328,8 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     display = _StageDisplay(enabled=not (quiet or as_json))
     try:
         result = run_build(spec, out_dir, target=target, precision=precision, weights=weights, seed=seed,
-                           force=force, opset=DEFAULT_OPSET if opset is None else opset, max_memory=max_memory, progress=display)
+                           force=force, opset=DEFAULT_OPSET if opset is None else opset, max_memory=max_memory,
+                           stream=stream, progress=display)
     finally:
         display.close()
     if as_json:

@@ -1,34 +1,83 @@
 """Whether a build fits the machine, decided from the resolved spec before anything is allocated.
 
-The estimate: the fp32 weights held about four times (module, exported graph, onnxruntime
-session, weights file buffer), the activations of the longest verification case, and 1 GiB for
-the libraries; compared with the memory available (/proc/meminfo) or the limit given
-(`--max-memory`).
+The estimate of a build that holds the whole model: the fp32 weights held about four times
+(module, exported graph, onnxruntime session, weights file buffer), the activations of the
+longest verification case, and 1 GiB for the libraries. Of a streamed build (one layer of the
+deep stacks at a time, specc/nn/streamed.py): the larger of its two phases, building (the short
+module's fp32 weights, twice where the graph is exported in another dtype, and three layers
+made at once: the exporter's, the writer's and the reference run's) and verifying (onnxruntime's
+session holding the written graph's weights as stored, and the activations). Either is compared
+with the memory available (/proc/meminfo) or the limit given (`--max-memory`).
 """
 from __future__ import annotations
 
+import math
 import os
 
 from specc.errors import BuildError
+from specc.export.quantize import SCHEMES
+from specc.export.stitch import KEEP, streamable
 from specc.report import human_bytes
-from specc.spec.costs import inspect_spec
+from specc.spec.costs import inspect_spec, parameter_shapes
 from specc.spec.resolve import ResolvedSpec
+from specc.spec.targets import PRECISIONS
+
+LIBRARIES = 1024**3  # torch, onnxruntime, the exporter: what a build's process holds before any weight
+# A streamed build's verification cases stop at this many tokens (serving.length.max otherwise):
+# each case makes every layer again, and the long case's cost grows with the square of its length.
+# What that leaves unproved: docs/build.md, "Streamed builds".
+STREAMED_LONGEST = 128
 
 
 def estimate_memory(r: ResolvedSpec) -> dict:
-    """Bytes a build needs at its peak, from the spec alone: the fp32 weights held about four
-    times (module, exported graph, onnxruntime session, weights file buffer) plus the
-    verification activations at the longest case, plus a fixed 1 GiB for the libraries."""
+    """Bytes a build that holds the whole model needs at its peak, from the spec alone: the fp32
+    weights held about four times (module, exported graph, onnxruntime session, weights file
+    buffer) plus the verification activations at the longest case, plus LIBRARIES."""
     facts = inspect_spec(r)
     weights = facts["weight_bytes"]["fp32"]
-    length = r.serving.length.max
+    activations = _activations(r, r.serving.length.max)
+    total = 4 * weights + activations + LIBRARIES
+    return {"bytes": total, "weights": weights, "activations": activations}
+
+
+def estimate_streamed(r: ResolvedSpec) -> dict:
+    """Bytes a streamed build needs at its peak (see the module's doc)."""
+    precision = PRECISIONS[r.serving.precision]
+    scheme = SCHEMES.get(precision.name)
+    # bytes a linear weight takes as written: integer codes, a float scale and a code of zero point
+    # per block; at a float precision, its dtype
+    linear = scheme.bits / 8 + (4 + scheme.bits / 8) / scheme.block if scheme else precision.dtype_bytes
+    stored = 0  # the written graph's weights: linear weights as above, tables and vectors in the dtype
+    short = 0  # the short module's fp32 weights
+    per_layer: dict[str, int] = {}
+    for name, shape in parameter_shapes(r).items():
+        n = math.prod(shape)
+        table = name.startswith("embeddings.") or ".positions." in name or len(shape) != 2
+        stored += n * precision.dtype_bytes if table else math.ceil(n * linear)
+        parts = name.split(".")
+        if len(parts) > 3 and parts[1] == "layers" and parts[2].isdigit():
+            key = ".".join(parts[:3])
+            per_layer[key] = per_layer.get(key, 0) + 4 * n
+            if int(parts[2]) >= KEEP:
+                continue
+        short += 4 * n
+    layer = max(per_layer.values(), default=0)  # the largest layer's fp32 weights
+    export_copy = short if precision.dtype != "float32" else 0
+    building = short + export_copy + 3 * layer
+    activations = _activations(r, min(r.serving.length.max, STREAMED_LONGEST))
+    verifying = stored + activations
+    total = max(building, verifying) + LIBRARIES
+    return {"bytes": total, "building": building, "verifying": verifying, "stored": stored, "layer": layer,
+            "activations": activations}
+
+
+def _activations(r: ResolvedSpec, length: int) -> int:
+    """The verification activations at `length` tokens."""
     widest = max((l.ffn.d_ff for s in (r.encoder, r.decoder) if s for l in s.layers), default=r.d_model)
     heads = max((l.attention.heads for s in (r.encoder, r.decoder) if s for l in s.layers), default=1)
     vocab = max(s.vocab_size for s in (r.encoder, r.decoder) if s)  # the widest token table
     # per layer kept by ORT's arena at once: scores [H,T,T] and the widest activations, in fp32
-    activations = 4 * 4 * (heads * length * length + length * (4 * r.d_model + 2 * widest + vocab))
-    total = 4 * weights + activations + 1024**3
-    return {"bytes": total, "weights": weights, "activations": activations}
+    return 4 * 4 * (heads * length * length + length * (4 * r.d_model + 2 * widest + vocab))
 
 
 def available_memory() -> int | None:
@@ -46,14 +95,36 @@ def available_memory() -> int | None:
         return None
 
 
-def check_memory(r: ResolvedSpec, max_memory: int | None = None) -> None:
+def check_memory(r: ResolvedSpec, max_memory: int | None = None, streamed: bool = False) -> None:
     """Refuse up front a build that cannot fit, with the estimate."""
-    need = estimate_memory(r)
     have = max_memory if max_memory is not None else available_memory()
+    if streamed:
+        need = estimate_streamed(r)
+        if have is not None and need["bytes"] > have:
+            raise BuildError(
+                f"building {r.name} streamed needs about {human_bytes(need['bytes'])} "
+                f"({human_bytes(need['stored'])} of weights as {r.serving.precision} in onnxruntime during verification, "
+                f"{human_bytes(need['building'])} while building), but {human_bytes(have)} is available; "
+                "build a smaller precision (int4 holds the least), free memory, or raise the limit with --max-memory")
+        return
+    need = estimate_memory(r)
     if have is not None and need["bytes"] > have:
         raise BuildError(
             f"building {r.name} needs about {human_bytes(need['bytes'])} "
             f"({human_bytes(need['weights'])} of fp32 weights held ~4 times during export and verification, "
-            f"{human_bytes(need['activations'])} of activations), but {human_bytes(have)} is available; "
-            "free memory, build on a larger machine, or raise the limit with --max-memory"
+            f"{human_bytes(need['activations'])} of activations), but {human_bytes(have)} is available"
+            f"{_streamed_hint(r)}; free memory, build on a larger machine, or raise the limit with --max-memory"
         )
+
+
+def streamed_fits(r: ResolvedSpec, max_memory: int | None = None) -> bool:
+    have = max_memory if max_memory is not None else available_memory()
+    return have is None or estimate_streamed(r)["bytes"] <= have
+
+
+def _streamed_hint(r: ResolvedSpec) -> str:
+    """What a streamed build of this spec would need, where it can be streamed."""
+    if isinstance(streamable(r), str):
+        return ""
+    need = estimate_streamed(r)["bytes"]
+    return f" (built streamed, one layer at a time, it would need about {human_bytes(need)})"

@@ -15,6 +15,7 @@ import contextlib
 import copy
 import io
 import logging
+import math
 import os
 import shutil
 import time
@@ -25,19 +26,20 @@ from typing import Any, Callable
 
 from specc import build_manifest
 from specc.deps import require_onnxruntime, require_tensorrt
-from specc.errors import BuildError
+from specc.errors import BuildError, VerificationError
 from specc.export import triton
 from specc.export.outdir import Staging
 from specc.export.passes import PASSES
 from specc.export.passes import apply as apply_passes
 from specc.export.quantize import quantize
 from specc.export.reference import ReferenceJob
+from specc.export.stitch import KEEP, LAYER_OUTPUTS, streamable
 from specc.export.tensorrt import build_engines, engines_possible
 from specc.export.verify import verify
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
 from specc.malloc import trim
-from specc.memory import check_memory
+from specc.memory import STREAMED_LONGEST, check_memory, streamed_fits
 from specc.runtime.session import session_options
 from specc.spec.load import load_spec
 from specc.spec.manifest import WEIGHTS_FILE
@@ -85,6 +87,7 @@ class _Clock:
     times: dict[str, float] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)
     t0: float = field(default_factory=time.perf_counter)
+    current: str | None = None
 
     def so_far(self) -> dict[str, float]:
         """Finished stages' times plus the running ones' time so far."""
@@ -96,11 +99,17 @@ class _Clock:
         """so_far() and the total since the build began: the manifest's timings_s."""
         return {**self.so_far(), "total": round(time.perf_counter() - self.t0, 3)}
 
+    def step(self, **facts: Any) -> None:
+        """Progress inside the running stage (a streamed build's layers: role, layer, of)."""
+        if self.progress and self.current is not None:
+            self.progress(self.current, "step", facts)
+
     @contextlib.contextmanager
     def stage(self, name: str, **facts: Any):
         check_interrupt()
         if self.progress:
             self.progress(name, "start", facts)
+        self.current = name
         t0 = self.started[name] = time.perf_counter()
         done: dict[str, Any] = {}
         yield done
@@ -111,14 +120,16 @@ class _Clock:
 
 def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: str | None = None,
           weights: str | os.PathLike | None = None, seed: int = 0, force: bool = False,
-          opset: int = DEFAULT_OPSET, max_memory: int | None = None,
+          opset: int = DEFAULT_OPSET, max_memory: int | None = None, stream: bool | None = None,
           progress: Progress | None = None) -> BuildResult:
     """Build, verify and write a spec's artifacts to `out_dir` (see `specc build --help`).
 
     spec: a path, a catalog name, a ModelSpec or a ResolvedSpec. precision: the spec's
     serving.precision unless given. weights: a safetensors file, else the spec's `weights:`, else
     seeded random initialisation. max_memory: bytes this build may use (default: what the machine
-    has available). progress: called as progress(stage, "start" | "done", facts)."""
+    has available). stream: build streamed (one layer of the deep stacks in memory at a time,
+    specc/memory.py and docs/build.md), or not; by default streamed where the whole model does not
+    fit and the streamed build does. progress: called as progress(stage, "start" | "done", facts)."""
     _check_options(target, opset)
     clock = _Clock(progress)
     with clock.stage("load"):
@@ -137,25 +148,30 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         if progress:
             progress("cache", "done", {"out_dir": str(out)})
         return BuildResult(out.absolute(), hit, cached=True)
-    check_memory(r, max_memory)
+    streamed = choose_streamed(r, stream, max_memory)
 
     with Staging(out) as stage, watch_interrupts():
         from specc.export.onnx import preload
 
-        model, n_params = _build_module(clock, r, weights_file, seed, preload())
+        built = _build_module(clock, r, weights_file, seed, streamed, preload())
+        model, n_params = built.model, built.parameters
         # the module's outputs for every verification case, and its weights file: taken in a
         # forked process beside the export where that pays (specc/export/reference.py), else
         # here once the graph is saved; large outputs (a long case's logits) wait on disk, in the
         # staging directory, until compared
         spill = stage.tmp / ".references"
         spill.mkdir()
-        with ReferenceJob(r, model, seed, spill, stage.tmp / WEIGHTS_FILE) as references:
-            exported, optimizations = _export(clock, r, model, precision, opset)
+        longest = STREAMED_LONGEST if streamed else None
+        with ReferenceJob(r, built.reference, seed, spill, stage.tmp / WEIGHTS_FILE, longest=longest,
+                          n_params=n_params, write_weights=built.write_weights,
+                          prepare=_reference_weights(precision)) as references:
+            exported, optimizations = _export(clock, r, model, precision, opset, built.source)
             _optimize(clock, r, exported, made.passes, optimizations)
-            files = _save(clock, r, exported, precision, n_params, opset, stage.tmp)
-            _quantize(clock, r, files, precision, optimizations)
-            refs, report = _verify(clock, r, references, model, files, precision, seed)
-        del model
+            _quantize(clock, r, exported, precision, optimizations)
+            layer_outputs: dict = {}
+            files = _save(clock, r, exported, precision, n_params, opset, stage.tmp, layer_outputs)
+            refs, report = _verify(clock, r, references, built, files, precision, seed, longest, layer_outputs)
+        del model, built
         with clock.stage("write"):
             engine_report, plans = build_engines(r, refs, files, stage.tmp, precision, seed) if engines else (None, {})
             del refs
@@ -164,8 +180,8 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             listed = build_manifest.artifacts([*written, stage.tmp / WEIGHTS_FILE], stage.tmp)
             manifest = build_manifest.write(
                 stage.tmp, r, made, graph_files=graph_files, artifacts=listed, parameters=n_params,
-                optimizations=optimizations, verification=report.to_dict(), verification_tensorrt=engine_report,
-                timings=clock.timings())
+                optimizations=optimizations, verification={**report.to_dict(), **_protocol(streamed)},
+                verification_tensorrt=engine_report, timings=clock.timings())
             check_interrupt()  # the last moment a Ctrl-C still leaves DIR as it was
             stage.commit()
     return BuildResult(out.absolute(), manifest)
@@ -206,6 +222,60 @@ def _ort_passes(engines: bool) -> list[str]:
     return [] if engines else list(PASSES)
 
 
+def _streamed_roles(r: ResolvedSpec) -> tuple[str, ...]:
+    roles = streamable(r)
+    if isinstance(roles, str):
+        raise BuildError(f"{r.name} cannot be built streamed: {roles}")
+    return roles
+
+
+def choose_streamed(r: ResolvedSpec, stream: bool | None, max_memory: int | None) -> bool:
+    """Whether this build is streamed: `stream` where given (refused when the spec cannot be, or
+    the build cannot fit), else streamed where the whole model does not fit and the streamed
+    build does. Refuses, with the estimate, what fits neither way."""
+    if stream is False:
+        check_memory(r, max_memory)
+        return False
+    if stream:
+        _streamed_roles(r)
+        check_memory(r, max_memory, streamed=True)
+        return True
+    try:
+        check_memory(r, max_memory)
+        return False
+    except BuildError as whole:
+        if isinstance(streamable(r), str) or not streamed_fits(r, max_memory):
+            raise whole from None
+        return True
+
+
+def _reference_weights(precision: str):
+    """What the reference run computes with: the model's own weights, or at an integer precision
+    the weights the graph holds (each Linear weight packed and unpacked as quantize packs it,
+    specc/export/quantize.py), so that verification compares the graph with the model it is, not
+    with its quantization noise on top (docs/build.md, "Verifying integer builds")."""
+    if not PRECISIONS[precision].quantized:
+        return None
+
+    def prepare(model) -> None:
+        from specc.export.quantize import dequantize_linears
+        from specc.nn.streamed import transform_layers
+
+        dequantize_linears(model, precision)
+        transform_layers(model, lambda layer: dequantize_linears(layer, precision))
+
+    return prepare
+
+
+def _protocol(streamed: bool) -> dict:
+    """The manifest's word on how a streamed build was verified (docs/build.md)."""
+    if not streamed:
+        return {}
+    return {"streamed": {"longest": STREAMED_LONGEST,
+                         "reference": "torch, the whole model's forward with its layers made one at a time",
+                         "graph": "the written graph, run whole by onnxruntime from its external data"}}
+
+
 # --- stages ------------------------------------------------------------------------------------
 
 
@@ -234,23 +304,74 @@ def _resolve(spec, precision: str | None, target: str) -> ResolvedSpec:
     return spec
 
 
-def _build_module(clock: _Clock, r: ResolvedSpec, weights_file: Path | None, seed: int, preloading=None):
+@dataclass
+class _Module:
+    """What the build module stage makes. model: what is traced (a streamed build's short module);
+    reference: what the reference run runs (the whole model's forward); source: where the
+    stitched copies' weights come from when written (None: `model` holds them all);
+    write_weights(path): model.safetensors' writer (None: save_module of `model`)."""
+
+    model: Any
+    parameters: int
+    reference: Any
+    source: Any = None
+    write_weights: Callable[[Path], None] | None = None
+    remake: Callable[[], Any] | None = None  # a streamed build's reference again, once released
+
+    def release(self) -> None:
+        _release(self.model)
+        if self.source is not None:
+            self.source.release()
+
+
+def _build_module(clock: _Clock, r: ResolvedSpec, weights_file: Path | None, seed: int, streamed: bool,
+                  preloading=None) -> _Module:
     """The module, while `preloading` (specc.export.onnx.preload) imports the exporter beside it:
-    the stage ends when both are done, before the reference run is forked."""
+    the stage ends when both are done, before the reference run is forked. Streamed: the short
+    module and the source of the other layers (specc/nn/streamed.py)."""
     with clock.stage("build module") as facts:
         from specc.nn import to_torch
 
-        model = to_torch(r, weights=weights_file, seed=seed)
-        n_params = sum(p.numel() for p in model.parameters())
-        facts["parameters"] = n_params
+        if streamed:
+            from specc.nn import streamed as st
+            from specc.spec.costs import parameter_shapes
+
+            def make():
+                short = st.short_model(r, roles, KEEP, seed)
+                source = st.StreamedWeights(r, short, roles, KEEP, seed=seed, weights=weights_file)
+                if weights_file is not None:
+                    import torch
+
+                    with torch.no_grad():
+                        for name, p in short.named_parameters():
+                            p.copy_(source.file[name].to(p.dtype))
+                return short, source
+
+            roles = _streamed_roles(r)
+            short, source = make()
+            # progress from this process only: a forked reference run makes its own layers, and its
+            # display (a terminal's spinner thread) was not forked with it
+            pid = os.getpid()
+            source.on_layer = lambda role, index, of: os.getpid() == pid and clock.step(role=role, layer=index, of=of)
+            n_params = sum(math.prod(shape) for shape in parameter_shapes(r).values())
+            built = _Module(short, n_params, st.streamed_model(short, source), source,
+                            lambda path: st.write_weights(source, path),
+                            remake=lambda: st.streamed_model(*make()))
+        else:
+            model = to_torch(r, weights=weights_file, seed=seed)
+            built = _Module(model, sum(p.numel() for p in model.parameters()), model)
+        facts["parameters"] = built.parameters
+        if streamed:
+            facts["streamed"] = True
         if preloading is not None:
             preloading.join()
-    return model, n_params
+    return built
 
 
-def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int) -> tuple[dict, list[dict]]:
+def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int, source=None) -> tuple[dict, list[dict]]:
     """Every graph of the IO signature exported. Returns ({graph: (program, prefolded)},
-    optimizations: the stitching facts of the graphs that were stitched)."""
+    optimizations: the stitching facts of the graphs that were stitched). `source`: a streamed
+    build's StreamedWeights (the copies' weights made when written)."""
     from specc.export import onnx as onnx_export
 
     export_model = _for_precision(model, precision)
@@ -259,7 +380,7 @@ def _export(clock: _Clock, r: ResolvedSpec, model, precision: str, opset: int) -
         for sig in r.graphs:
             example = onnx_export.example_inputs(r, sig)
             with _quiet():
-                program, stitched = onnx_export.export_stitched(export_model, r, sig, example, opset)
+                program, stitched = onnx_export.export_stitched(export_model, r, sig, example, opset, source=source)
             exported[sig.name] = (program, stitched is not None and stitched.get("prefolded", False))
             if stitched is not None:
                 optimizations.append(stitched)
@@ -285,8 +406,9 @@ def _optimize(clock: _Clock, r: ResolvedSpec, exported: dict, ort_passes: list[s
 
 
 def _save(clock: _Clock, r: ResolvedSpec, exported: dict, precision: str, n_params: int, opset: int,
-          tmp: Path) -> dict[str, list[Path]]:
-    """Each graph written into tmp, and let go of once written. Returns {graph: [files]}."""
+          tmp: Path, layer_outputs: dict) -> dict[str, list[Path]]:
+    """Each graph written into tmp, and let go of once written. Returns {graph: [files]};
+    `layer_outputs` gets {graph: {role: [each layer's output name]}} where the stitch recorded them."""
     from specc.export import onnx as onnx_export
 
     weight_bytes = n_params * PRECISIONS[precision].dtype_bytes
@@ -294,30 +416,34 @@ def _save(clock: _Clock, r: ResolvedSpec, exported: dict, precision: str, n_para
     with clock.stage("save"):
         for sig in r.graphs:
             program, _ = exported.pop(sig.name)
+            graph = program.model.graph
+            layers = graph.meta.get(LAYER_OUTPUTS, {})
+            # each layer's output, where it is still in the graph as it is written (for diagnose)
+            layer_outputs[sig.name] = {role: [v.name for v in values] for role, values in layers.items()
+                                       if all(v.producer() is not None and v.producer().graph is graph for v in values)}
             with _quiet():
                 files[sig.name] = onnx_export.save(program, sig, tmp / f"{sig.name}.onnx", weight_bytes, opset)
             del program
     return files
 
 
-def _quantize(clock: _Clock, r: ResolvedSpec, files: dict[str, list[Path]], precision: str,
-              optimizations: list[dict]) -> None:
-    """An integer precision's quantizer on each saved fp32 graph (specc/export/quantize.py)."""
+def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, precision: str, optimizations: list[dict]) -> None:
+    """An integer precision's quantizer on each optimized fp32 graph, before it is written
+    (specc/export/quantize.py)."""
     if not PRECISIONS[precision].quantized:
         return
     with clock.stage("quantize") as facts:
         for sig in r.graphs:
-            if len(files[sig.name]) > 1:
-                raise BuildError(f"{precision} builds of graphs past 2 GB (external data) are not supported yet")
-            with _quiet():
-                optimizations.append(quantize(files[sig.name][0], precision, sig))
+            program, _ = exported[sig.name]
+            optimizations.append(quantize(program.model, precision, sig))
         facts["quantized"] = [o for o in optimizations if "precision" in o]
 
 
-def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, model, files: dict[str, list[Path]],
-            precision: str, seed: int):
+def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Module, files: dict[str, list[Path]],
+            precision: str, seed: int, longest: int | None, layer_outputs: dict):
     """The torch outputs (waited for where the reference run was forked), the module released,
-    then each written graph run by onnxruntime and compared. Returns (the torch outputs, the report)."""
+    then each written graph run by onnxruntime and compared. Returns (the torch outputs, the report).
+    A streamed build that fails says which layer is wrong first, where it can (specc/export/diagnose.py)."""
     with clock.stage("verify") as facts:
         waited = time.perf_counter()
         refs = references.result()
@@ -326,13 +452,39 @@ def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, model, fil
             facts["reference_wait_s"] = round(time.perf_counter() - waited, 3)
         # then the module is released: the graph is loaded and run without a second copy of the
         # weights beside it
-        _release(model)
+        built.release()
         trim()  # the module's freed memory back to the system before onnxruntime loads its own copy
         sessions = {name: _session(paths[0], name) for name, paths in files.items()}
-        report = verify(r, refs, sessions, "onnx", precision, seed=seed)  # the ONNX graph, by onnxruntime
+        try:
+            report = verify(r, refs, sessions, "onnx", precision, seed=seed, longest=longest)  # the ONNX graph, by onnxruntime
+        except VerificationError as failed:
+            del sessions
+            where = _first_wrong_layer(r, built, files, layer_outputs, precision, seed, longest)
+            if where is None:
+                raise
+            raise VerificationError(f"{failed}; the first layer off: {where}") from None
         del sessions
         facts["max_abs_diff"] = report.max_abs
     return refs, report
+
+
+def _first_wrong_layer(r: ResolvedSpec, built: _Module, files: dict[str, list[Path]], layer_outputs: dict,
+                      precision: str, seed: int, longest: int | None) -> str | None:
+    """diagnose.first_wrong_layer for a streamed build's single graph; None for any other build."""
+    from specc.export.diagnose import first_wrong_layer
+
+    names = layer_outputs.get("model")
+    if built.remake is None or not names or set(files) != {"model"}:
+        return None
+    reference = built.remake()
+    prepare = _reference_weights(precision)
+    if prepare is not None:
+        prepare(reference)
+    try:
+        return first_wrong_layer(r, files["model"][0], names, reference, lambda path: _session(path, "model"),
+                                 precision, seed, longest)
+    finally:
+        _release(reference)
 
 
 # --- write steps: the targets table's `write` -> its code in export/ ---------------------------

@@ -83,15 +83,18 @@ def preload() -> threading.Thread:
 
 
 def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch.Tensor],
-                    opset: int = DEFAULT_OPSET, prefolded: bool = True):
+                    opset: int = DEFAULT_OPSET, prefolded: bool = True, source=None):
     """The graph as export_graph gives it, traced with two layers of each deep stack whose layers
     are alike and the rest written in as copies (specc/export/stitch.py), or traced whole where
     that cannot be done. Returns (program, facts): facts is the manifest's optimization entry
     ({"pass": "specc.stitch", ...}: the layers traced and the nodes before and after, or why the
     graph was traced whole), or None when no stack was deep enough to try. A stitched graph's
     traced layers are prefolded before they are copied (facts["prefolded"]; see prefold), unless
-    `prefolded` is False."""
+    `prefolded` is False. `source`: where the copies' weights come from, read when written (a
+    streamed build's StreamedWeights, specc/nn/streamed.py; `model` is then its short module and
+    the graph must stitch); by default `model` itself, read now."""
     from specc.export import stitch as st
+    from specc.nn.streamed import ModuleWeights
 
     plan = st.stitch_plan(r, sig)
     if not plan:
@@ -106,9 +109,11 @@ def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch
     before = len(graph)
     facts = {"graph": sig.name, "pass": "specc.stitch", "layers": plan, "layers_traced": st.KEEP}
     try:
-        st.stitch(graph, model, plan)
+        st.stitch(graph, source or ModuleWeights(model), plan, lazy=source is not None)
         st.order_io(graph, sig)
     except st.NotStitchable as why:  # the graph may be half-changed: trace the whole model
+        if source is not None:  # a streamed build has no whole model to trace
+            raise BuildError(f"the {sig.name} graph cannot be built streamed: {why}") from None
         del program, graph
         program = export_graph(model, sig, example, opset)
         n = len(program.model.graph)
@@ -158,6 +163,7 @@ def optimize(program, prefolded: bool = False) -> dict:
     only what prefold left out. Returns the node counts before and after."""
     before = len(program.model.graph)
     if prefolded:
+        fold_weight_transposes(program.model.graph)
         _finish(program.model)
     else:
         program.optimize()
@@ -181,6 +187,38 @@ def prefold(model) -> None:
     for _ in range(2):  # the optimizer's iterations (it stops early only where a second changes nothing)
         optimizer.fold_constants_ir(model, onnx_shape_inference=True)
         rewriter.rewrite(model)
+
+
+def fold_weight_transposes(graph) -> int:
+    """Every Transpose of an initializer that nothing else reads (a Linear's weight: the exporter
+    writes x @ W^T) becomes an initializer named after its output whose value is transposed when
+    it is read (written), in graph order. The optimizer's constant folding would make the same
+    values at once, one transposed copy of every weight held beside the weights (and a streamed
+    build's weights made all together). Returns how many."""
+    import onnx_ir as ir
+
+    folded = 0
+    for node in list(graph):
+        if node.op_type != "Transpose" or node.domain != "" or len(node.inputs) != 1:
+            continue
+        (source,), (out,) = node.inputs, node.outputs
+        if (source is None or source.name not in graph.initializers or source.const_value is None
+                or len(source.uses()) != 1 or out.is_graph_output()):
+            continue
+        tensor = source.const_value
+        perm = node.attributes.get_ints("perm") or list(range(len(tensor.shape)))[::-1]
+        name = out.name
+        shape = ir.Shape([tensor.shape[i] for i in perm])
+        lazy = ir.LazyTensor(lambda t=tensor, p=tuple(perm), n=name: ir.tensor(np.ascontiguousarray(np.transpose(t.numpy(), p)), name=n),
+                             dtype=tensor.dtype, shape=shape, name=name)
+        value = ir.Value(name=None, shape=shape, type=ir.TensorType(tensor.dtype), const_value=lazy)
+        out.replace_all_uses_with(value)
+        graph.remove(node, safe=True)
+        graph.initializers.pop(source.name)
+        value.name = name
+        graph.register_initializer(value)
+        folded += 1
+    return folded
 
 
 def _finish(model) -> None:

@@ -80,31 +80,34 @@ def pack(w: np.ndarray, scheme: Scheme, offsets: bool = False) -> Packed:
     The offset form spans the block's own [min, max] with codes from its minimum, which stays a
     float (llama.cpp's Q4_1 has this form): exact for weights that already sit on such a grid,
     as those of a checkpoint distributed as Q4_1 do."""
+    import torch  # its kernels use every core where numpy's use one (a 7B build packs 6.5e9 weights)
+
+    if scheme.bits not in (4, 8):
+        raise BuildError(f"no {scheme.bits}-bit packing")
     k, n = w.shape
     blocks = -(-k // scheme.block)
-    cols = np.zeros((n, blocks * scheme.block), dtype=np.float32)
-    cols[:, :k] = w.T
+    cols = torch.zeros((n, blocks * scheme.block), dtype=torch.float32)
+    cols[:, :k] = torch.from_numpy(np.asarray(w, dtype=np.float32)).T
     cols = cols.reshape(n, blocks, scheme.block)
-    lo, hi = cols.min(axis=2), cols.max(axis=2)
+    lo, hi = cols.amin(dim=2), cols.amax(dim=2)
     if not offsets:
-        lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+        lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
     scale = (hi - lo) / scheme.top
     scale[scale == 0] = 1.0  # a constant block: any scale, codes all at the zero point (or the offset)
     if offsets:
-        zero = np.zeros((n, blocks), np.uint8)
-        codes = np.clip(np.rint((cols - lo[..., None]) / scale[..., None]), 0, scheme.top).astype(np.uint8)
+        zero = torch.zeros((n, blocks), dtype=torch.uint8)
+        codes = cols.sub_(lo[..., None]).div_(scale[..., None]).round_().clamp_(0, scheme.top).to(torch.uint8)
     else:
-        zero = np.clip(np.rint(-lo / scale), 0, scheme.top).astype(np.uint8)
-        codes = np.clip(np.rint(cols / scale[..., None]) + zero[..., None], 0, scheme.top).astype(np.uint8)
+        zero = (-lo / scale).round_().clamp_(0, scheme.top).to(torch.uint8)
+        codes = cols.div_(scale[..., None]).round_().add_(zero[..., None]).clamp_(0, scheme.top).to(torch.uint8)
+    del cols
     if scheme.bits == 4:  # two codes a byte, the first in the low nibble; zero points likewise, a row padded to bytes
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
         if blocks % 2:
-            zero = np.concatenate([zero, np.zeros((n, 1), np.uint8)], axis=1)
+            zero = torch.cat([zero, torch.zeros((n, 1), dtype=torch.uint8)], dim=1)
         zero = zero[:, 0::2] | (zero[:, 1::2] << 4)
-    elif scheme.bits != 8:
-        raise BuildError(f"no {scheme.bits}-bit packing")
-    return Packed(np.ascontiguousarray(codes), scale.astype(np.float32).reshape(-1), np.ascontiguousarray(zero).reshape(-1),
-                  np.ascontiguousarray(lo.T, dtype=np.float32) if offsets else None)
+    return Packed(codes.contiguous().numpy(), scale.reshape(-1).numpy(), zero.contiguous().reshape(-1).numpy(),
+                  lo.T.contiguous().numpy() if offsets else None)
 
 
 def unpack(p: Packed, scheme: Scheme, k: int) -> np.ndarray:
@@ -127,95 +130,191 @@ def block_sums(k: int, block: int) -> np.ndarray:
     return np.kron(np.eye(blocks, dtype=np.float32), np.ones((block, 1), np.float32))[:k]
 
 
+SAMPLE_COLUMNS = 256  # columns of a weight its form is chosen on (every k-th, k = ceil(N / 256))
+
+
 def choose(w: np.ndarray, scheme: Scheme) -> Packed:
-    """The offset form where it at least halves the weight's quantization error (it costs two more
-    nodes a MatMul and a float per block), else the integer form. Only 4-bit codes are worth it:
-    at 8 bits both forms are within rounding of the weight."""
-    plain = pack(w, scheme)
+    """w packed in the form offset_form() chooses."""
+    return pack(w, scheme, offsets=offset_form(w, scheme))
+
+
+def offset_form(w: np.ndarray, scheme: Scheme) -> bool:
+    """Whether the offset form at least halves the weight's quantization error (it costs two
+    more nodes a MatMul and a float per block), judged on an even sample of SAMPLE_COLUMNS of its
+    columns (a weight on Q4_1's grid is exact in it, a gaussian one as good in either: the
+    sample tells them apart at a fraction of packing the whole weight twice). Only 4-bit codes
+    are worth it: at 8 bits both forms are within rounding of the weight."""
     if scheme.bits > 4:
-        return plain
-    k = w.shape[0]
-    offset = pack(w, scheme, offsets=True)
-    err = lambda p: float(np.square(unpack(p, scheme, k) - w).sum())  # noqa: E731
-    return offset if err(offset) * 2 <= err(plain) else plain
+        return False
+    step = -(-w.shape[1] // SAMPLE_COLUMNS)
+    sample = np.ascontiguousarray(w[:, ::step], dtype=np.float32)
+    plain, offset = pack(sample, scheme), pack(sample, scheme, offsets=True)
+    return _squared_error(offset, scheme, sample) * 2 <= _squared_error(plain, scheme, sample)
 
 
-def quantize(path: Path, precision: str, sig) -> dict:
-    """Quantize the graph at `path` in place; returns facts for the manifest."""
-    import onnx
+def _squared_error(p: Packed, scheme: Scheme, w: np.ndarray) -> float:
+    """sum((unpack(p) - w)^2), in torch (all cores) and summed in float64."""
+    import torch
 
-    from specc.export.onnx import _normalize
+    deq = _unpacked_rows(p, scheme, w.shape[0])
+    return float(deq.sub_(torch.from_numpy(np.asarray(w, dtype=np.float32)).T).square_().sum(dtype=torch.float64))
 
+
+def _unpacked_rows(p: Packed, scheme: Scheme, k: int):
+    """unpack(p).T as a torch float32 tensor [N, K] (a Linear's [out, in] layout), in torch."""
+    import torch
+
+    n, blocks = p.codes.shape[:2]
+    codes, zero = torch.from_numpy(p.codes), torch.from_numpy(p.zero_points).reshape(n, -1)
+    if scheme.bits == 4:
+        codes = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(n, blocks, scheme.block)
+        zero = torch.stack([zero & 15, zero >> 4], dim=-1).reshape(n, -1)[:, :blocks]
+    deq = (codes.float() - zero[..., None].float()).mul_(torch.from_numpy(p.scales).reshape(n, blocks)[..., None])
+    if p.offsets is not None:
+        deq += torch.from_numpy(p.offsets).T[..., None]
+    return deq.reshape(n, -1)[:, :k]
+
+
+def dequantized(weight, precision: str):
+    """The [out, in] torch weight of a Linear as an integer build's MatMulNBits multiplies by it:
+    the graph reads it as its transpose [in, out], packed in the form offset_form() chooses."""
+    scheme = SCHEMES[precision]
+    w = weight.detach().float().T.contiguous().numpy()
+    return _unpacked_rows(pack(w, scheme, offsets=offset_form(w, scheme)), scheme, w.shape[0]).contiguous()
+
+
+def dequantize_linears(module, precision: str) -> None:
+    """Every Linear weight of `module` that an integer build quantizes replaced, in place, by
+    dequantized(): torch then computes with the weights the build's graph holds (what
+    verification compares it with). Not quantized: the Linears of a pooled head (Head.pooled_linears:
+    the exporter writes those as Gemm)."""
+    from torch import nn
+
+    pooled = {id(m) for sub in module.modules() for m in getattr(sub, "pooled_linears", [])}
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear) and id(sub) not in pooled:
+            sub.weight.data = dequantized(sub.weight, precision)
+
+
+def quantize(model, precision: str, sig) -> dict:
+    """Quantize an onnx_ir Model's MatMul weights in place (before it is saved); returns facts for
+    the manifest. The packed tensors are lazy: each weight is packed when the graph is written
+    (and once here, to choose its form), so no more than one weight's codes exist at a time."""
     scheme = SCHEMES.get(precision)
     if scheme is None:
         raise BuildError(f"no quantizer for precision {precision!r}")
-    proto = onnx.load(str(path))
     try:
-        count, offset_count = _rewrite(proto.graph, scheme)
+        count, offset_count = _rewrite(model.graph, scheme)
     except BuildError:
         raise
-    except Exception as exc:  # onnx's and numpy's own errors on a graph this module does not expect
+    except Exception as exc:  # onnx_ir's and numpy's own errors on a graph this module does not expect
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BuildError(f"quantizing the {sig.name} graph to {precision} failed: {first}") from None
-    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
-        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-    _normalize(proto, sig)
-    onnx.save(proto, str(path))
+    model.opset_imports.setdefault("com.microsoft", 1)
     ops: dict[str, int] = {}
-    for n in proto.graph.node:
+    for n in model.graph:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
     return {"graph": sig.name, "precision": precision, "float_matmuls_left": ops.get("MatMul", 0),
             "quantized_ops": {"MatMulNBits": count}, "offset_form": offset_count, "bits": scheme.bits,
             "block": scheme.block, "accuracy_level": scheme.accuracy_level}
 
 
+def quantize_file(path: Path, precision: str, sig) -> dict:
+    """quantize() on the graph saved at `path`, written back in place (benchmarks/passes.py)."""
+    import onnx_ir as ir
+
+    from specc.export.onnx import _normalize, write_streaming
+
+    model = ir.load(str(path))
+    facts = quantize(model, precision, sig)
+    write_streaming(model, path, lambda proto: _normalize(proto, sig))
+    return facts
+
+
+class _Packs:
+    """Each weight's Packed, made when first asked for and kept until another weight's is: the
+    lazy codes, scales, zero points (and offsets) of one weight are written one after another."""
+
+    def __init__(self, scheme: Scheme):
+        self.scheme = scheme
+        self.offsets: dict[str, bool] = {}  # weight -> whether it takes the offset form
+        self._last: tuple[str, Packed] | None = None
+
+    def choose(self, weight) -> tuple[bool, dict[str, tuple]]:
+        """The weight's form, and the dtype and shape of each of its packed tensors."""
+        w = weight.const_value.numpy()
+        offsets = self.offsets[weight.name] = offset_form(w, self.scheme)
+        k, n = w.shape
+        blocks = -(-k // self.scheme.block)
+        shapes = {"codes": (np.uint8, (n, blocks, self.scheme.block * self.scheme.bits // 8)),
+                  "scales": (np.float32, (n * blocks,)),
+                  "zero_points": (np.uint8, (n * -(-blocks * self.scheme.bits // 8),))}
+        if offsets:
+            shapes["offsets"] = (np.float32, (blocks, n))
+        return offsets, shapes
+
+    def get(self, weight) -> Packed:
+        if self._last is None or self._last[0] != weight.name:
+            self._last = None
+            self._last = (weight.name, pack(weight.const_value.numpy(), self.scheme, offsets=self.offsets[weight.name]))
+        return self._last[1]
+
+
+def _lazy(packs: _Packs, weight, field: str, dtype, shape: tuple, name: str):
+    """An initializer holding `field` of the weight's Packed, made when it is written."""
+    import onnx_ir as ir
+
+    tensor = ir.LazyTensor(lambda: ir.tensor(getattr(packs.get(weight), field), name=name),
+                           dtype=ir.DataType.from_numpy(np.dtype(dtype)), shape=ir.Shape(shape), name=name)
+    return ir.Value(name=name, shape=ir.Shape(shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
+
+
 def _rewrite(graph, scheme: Scheme) -> tuple[int, int]:
     """Every MatMul with a constant 2-D fp32 weight becomes MatMulNBits; returns how many, and how
     many of them are in the offset form. A weight that no other node reads is dropped from the graph."""
-    from onnx import TensorProto, helper, numpy_helper
+    import onnx_ir as ir
 
-    inits = {t.name: t for t in graph.initializer}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    nodes, count, offset_count, dropped, packed, summed = [], 0, 0, set(), {}, set()
-    for node in graph.node:
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        if weight is None or weight.data_type != TensorProto.FLOAT or len(weight.dims) != 2:
-            nodes.append(node)
+    packs = _Packs(scheme)
+    count, offset_count, packed, summed = 0, 0, {}, {}
+    for node in list(graph):
+        weight = node.inputs[1] if node.op_type == "MatMul" and node.domain == "" and len(node.inputs) == 2 else None
+        if (weight is None or weight.name not in graph.initializers or weight.const_value is None
+                or weight.const_value.dtype != ir.DataType.FLOAT or len(weight.const_value.shape) != 2):
             continue
-        k, n = weight.dims
-        base = f"{node.input[1]}_q{scheme.bits}"
+        k, n = weight.const_value.shape
+        base = f"{weight.name}_q{scheme.bits}"
         if base not in packed:  # a weight two MatMuls read is packed once
-            p = choose(numpy_helper.to_array(weight), scheme)
-            for suffix, array in (("codes", p.codes), ("scales", p.scales), ("zero_points", p.zero_points),
-                                  ("offsets", p.offsets)):
-                if array is not None:
-                    graph.initializer.append(numpy_helper.from_array(array, f"{base}.{suffix}"))
-            packed[base] = p.offsets is not None
-        x, (y,) = node.input[0], node.output
-        offsets = packed[base]
-        nodes.append(helper.make_node(
-            "MatMulNBits", [x, f"{base}.codes", f"{base}.scales", f"{base}.zero_points"], [f"{y}.codes" if offsets else y],
-            name=node.name, domain="com.microsoft", K=k, N=n, bits=scheme.bits, block_size=scheme.block,
-            accuracy_level=scheme.accuracy_level))
-        if offsets:  # y = x @ (scale * codes) + (block sums of x) @ minima
-            sums = f"{x}.block_sums{k}"
-            if sums not in summed:  # once per input: the projections that read one input share it
-                graph.initializer.append(numpy_helper.from_array(block_sums(k, scheme.block), f"{sums}.ones"))
-                nodes.append(helper.make_node("MatMul", [x, f"{sums}.ones"], [sums], name=f"{node.name}.block_sums"))
-                summed.add(sums)
-            nodes.append(helper.make_node("MatMul", [sums, f"{base}.offsets"], [f"{y}.offsets"], name=f"{node.name}.offsets"))
-            nodes.append(helper.make_node("Add", [f"{y}.codes", f"{y}.offsets"], [y], name=f"{node.name}.add"))
+            _, shapes = packs.choose(weight)
+            values = {}
+            for field, (dtype, shape) in shapes.items():
+                values[field] = _lazy(packs, weight, field, dtype, shape, f"{base}.{field}")
+                graph.register_initializer(values[field])
+            packed[base] = values
+        values = packed[base]
+        x, y = node.inputs[0], node.outputs[0]
+        matmul = ir.node("MatMulNBits", [x, values["codes"], values["scales"], values["zero_points"]],
+                         attributes={"K": k, "N": n, "bits": scheme.bits, "block_size": scheme.block,
+                                     "accuracy_level": scheme.accuracy_level},
+                         domain="com.microsoft", name=node.name)
+        new = [matmul]
+        if "offsets" in values:  # y = x @ (scale * codes) + (block sums of x) @ minima
+            matmul.outputs[0].name = f"{y.name}.codes"
+            sums = summed.get((x.name, k))
+            if sums is None:  # once per input: the projections that read one input share it
+                ones = ir.Value(name=f"{x.name}.block_sums{k}.ones", const_value=ir.tensor(block_sums(k, scheme.block)))
+                ones.shape, ones.type = ones.const_value.shape, ir.TensorType(ir.DataType.FLOAT)
+                graph.register_initializer(ones)
+                total = ir.node("MatMul", [x, ones], name=f"{node.name}.block_sums")
+                total.outputs[0].name = f"{x.name}.block_sums{k}"
+                new.append(total)
+                sums = summed[(x.name, k)] = total.outputs[0]
+            offsets = ir.node("MatMul", [sums, values["offsets"]], name=f"{node.name}.offsets")
+            offsets.outputs[0].name = f"{y.name}.offsets"
+            add = ir.node("Add", [matmul.outputs[0], offsets.outputs[0]], name=f"{node.name}.add")
+            new += [offsets, add]
             offset_count += 1
+        ir.convenience.replace_nodes_and_values(graph, node, [node], new, [y], [new[-1].outputs[0]])
         count += 1
-        readers[node.input[1]] -= 1
-        if readers[node.input[1]] == 0:
-            dropped.add(node.input[1])
-    del graph.node[:]
-    graph.node.extend(nodes)
-    kept = [t for t in graph.initializer if t.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+        if not weight.uses():
+            graph.initializers.pop(weight.name)
     return count, offset_count

@@ -68,13 +68,22 @@ class ReferenceJob:
     save_module(model, weights_file): forked at once where `forks()` says so, else run by
     result(). Use as a context manager: leaving it kills a child still running."""
 
-    def __init__(self, r, model, seed: int, spill: Path, weights_file: Path, fork: bool | None = None):
-        self.r, self.model, self.seed = r, model, seed
+    def __init__(self, r, model, seed: int, spill: Path, weights_file: Path, fork: bool | None = None, *,
+                 longest: int | None = None, n_params: int | None = None, write_weights=None, prepare=None):
+        """longest: the cases' cap (verify.cases). n_params and write_weights(path): the model's
+        parameter count and its weights file's writer where `model` does not hold its weights (a
+        streamed build's, specc/nn/streamed.py); by default counted and save_module().
+        prepare(model): changes the model after its weights file is written and before the
+        reference run (an integer build's dequantized weights, pipeline._reference_weights)."""
+        self.r, self.model, self.seed, self.longest, self.prepare = r, model, seed, longest, prepare
         self.spill, self.weights_file = Path(spill), Path(weights_file)
+        self.write_weights = write_weights or self._save_module
         self.pid: int | None = None
         self.seconds: float | None = None  # the child's own time, where it ran forked
+        if n_params is None:
+            n_params = sum(p.numel() for p in model.parameters())
         if fork is None:
-            fork = forks(sum(p.numel() for p in model.parameters()), r.serving.length.max)
+            fork = forks(n_params, min(longest or r.serving.length.max, r.serving.length.max))
         if fork:
             self._fork()
 
@@ -102,18 +111,22 @@ class ReferenceJob:
     def result(self) -> dict:
         """The reference outputs, (graph, case) -> {output: array or Spilled}; model.safetensors is
         written when this returns. Waits for the child where there is one."""
-        from specc.weights import save_module  # torch
-
         if self.pid is None:
-            refs = verify.reference_outputs(self.r, self.model, self.seed, spill=self.spill)
-            save_module(self.model, self.weights_file)
-            return refs
+            self.write_weights(self.weights_file)
+            if self.prepare is not None:
+                self.prepare(self.model)
+            return verify.reference_outputs(self.r, self.model, self.seed, spill=self.spill, longest=self.longest)
         pid = self.pid
         status = _reap(pid)
         self.pid = None
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
             return self._read_index()
         raise self._failure(status)
+
+    def _save_module(self, path: Path) -> None:
+        from specc.weights import save_module  # torch
+
+        save_module(self.model, path)
 
     # --- the child ---------------------------------------------------------------------------------
 
@@ -146,14 +159,15 @@ class ReferenceJob:
         try:
             import torch
 
-            from specc.weights import save_module
-
             # one thread beside the export's one; torch's thread pool is not forked with the
             # process, and one thread never asks for it
             torch.set_num_threads(1)
             t0 = time.perf_counter()
-            refs = verify.reference_outputs(self.r, self.model, self.seed, spill=self.spill, spill_all=True)
-            save_module(self.model, self.weights_file)
+            self.write_weights(self.weights_file)
+            if self.prepare is not None:
+                self.prepare(self.model)
+            refs = verify.reference_outputs(self.r, self.model, self.seed, spill=self.spill, spill_all=True,
+                                            longest=self.longest)
             index = {"seconds": round(time.perf_counter() - t0, 3),
                      "cases": [{"graph": g, "case": c, "outputs": {k: _entry(v, self.spill) for k, v in outs.items()}}
                                for (g, c), outs in refs.items()]}

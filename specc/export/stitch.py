@@ -27,11 +27,13 @@ import copy
 from dataclasses import replace
 
 import numpy as np
-from torch import nn
 
 from specc.spec.io import parse_cache
 
 KEEP = 2  # layers traced per stitched stack: layer 0, and layer 1 as the pattern of the rest
+# graph.meta key (not written): {role: [each layer's output value]} where one value goes from
+# layer to layer, for saying which layer of a failed streamed build is wrong (specc/export/diagnose.py)
+LAYER_OUTPUTS = "specc.layer_outputs"
 
 
 class NotStitchable(Exception):
@@ -53,9 +55,27 @@ def stitch_plan(r, sig) -> dict[str, int]:
     return plan
 
 
-def truncated(model: nn.Module, roles) -> nn.Module:
+def streamable(r) -> tuple[str, ...] | str:
+    """The stacks a streamed build makes one layer at a time, or why the spec cannot be built
+    streamed: every stack deeper than KEEP layers must be stitched in every graph that runs it
+    (stitch_plan), which an encoder-decoder's encoder graph is not."""
+    if r.architecture == "encoder-decoder":
+        return "an encoder-decoder's encoder graph makes the decoder layers' cross-attention keys and values"
+    deep = [s.role for s in (r.encoder, r.decoder) if s is not None and len(s.layers) > KEEP]
+    if not deep:
+        return f"no stack has more than {KEEP} layers"
+    for sig in r.graphs:
+        missing = [role for role in deep if role not in stitch_plan(r, sig)]
+        if missing:
+            return f"the layers of the {missing[0]} stack are not all alike (a per-layer pattern)"
+    return tuple(deep)
+
+
+def truncated(model, roles):
     """A shallow copy of a SpeccModel whose `roles` stacks hold their first KEEP layers (the same
     module objects: no parameter is copied)."""
+    from torch import nn
+
     short = copy.copy(model)
     short._modules = dict(model._modules)
     for role in roles:
@@ -191,14 +211,16 @@ class _Layer:
         return producer is not None and id(producer) in self.ids
 
 
-def stitch(graph, model: nn.Module, plan: dict[str, int], root: str = "model.") -> dict[str, int]:
+def stitch(graph, source, plan: dict[str, int], root: str = "model.", lazy: bool = False) -> dict[str, int]:
     """Repeat layer 1 of each planned stack in `graph` (an onnx_ir Graph traced from
-    truncated(model, plan)) until the stack has its full depth. `model` is the whole model whose
-    weights the copies read; `root` is the prefix of its parameter names in the graph.
+    truncated(model, plan)) until the stack has its full depth. `source` gives the whole model's
+    tensors by module path (specc/nn/streamed.py: the module itself, or a streamed build's layers
+    made one at a time); `root` is the prefix of its parameter names in the graph. `lazy`: the
+    copies' weights are asked of the source only when they are read (written), not now.
     Returns {role: nodes added}. Raises NotStitchable when the traced layers do not match (see
     the module's doc); the graph may then be partly changed, so the caller traces again."""
     checked = {role: _check(graph, role, root) for role in plan}  # every stack first: all or nothing
-    added = {role: _repeat(graph, model, role, plan[role], root, *checked[role]) for role in plan}
+    added = {role: _repeat(graph, source, lazy, role, plan[role], root, *checked[role]) for role in plan}
     names = [v.name for v in graph.inputs] + list(graph.initializers) + [o.name for n in graph for o in n.outputs]
     if len(names) != len(set(names)):
         raise NotStitchable("a copied value's name is taken")
@@ -309,10 +331,11 @@ def _inputs_expression(xs, ys, l0, l1, depth: int):
     return per_layer, nodes
 
 
-def _repeat(graph, model: nn.Module, role: str, layers: int, root: str, l1, pair, chain, extra) -> int:
+def _repeat(graph, weights, lazy: bool, role: str, layers: int, root: str, l1, pair, chain, extra) -> int:
     import onnx_ir as ir
 
     prev: dict = {}  # layer k-1's copy of each layer 1 value (layer 1: the values themselves)
+    copies: list[dict] = []
     new_nodes, new_inputs, new_outputs = [], {}, {}
     outputs = {id(v): i for i, v in enumerate(graph.outputs)}
     last = l1.nodes[-1]
@@ -333,7 +356,7 @@ def _repeat(graph, model: nn.Module, role: str, layers: int, root: str, l1, pair
                 if name is None:
                     return b
                 if name not in graph.initializers:
-                    graph.register_initializer(_weight(model, b, name, root))
+                    graph.register_initializer(_weight(weights, lazy, b, name, root))
                 return graph.initializers[name]
             if b.is_graph_input() and _io_name(b.name, k) is not None:
                 name = _io_name(b.name, k)
@@ -358,7 +381,11 @@ def _repeat(graph, model: nn.Module, role: str, layers: int, root: str, l1, pair
                     new_outputs[io] = new
             new_nodes.append(node)
         prev = copy
+        copies.append(copy)
     graph.insert_after(last, new_nodes)
+    if len(chain) == 1:  # one value goes from layer to layer (the residual stream): each layer's output
+        (b,) = chain
+        graph.meta.setdefault(LAYER_OUTPUTS, {})[role] = [b, pair[b], *[c[pair[b]] for c in copies]]
     # what read layer 1's output after the stack now reads the last copy's
     added = {id(n) for n in new_nodes}
     for old, new in prev.items():
@@ -377,22 +404,27 @@ def _repeat(graph, model: nn.Module, role: str, layers: int, root: str, l1, pair
     return len(new_nodes)
 
 
-def _weight(model: nn.Module, template, name: str, root: str):
-    """An initializer for `name` (a parameter or buffer of `model`, by its path after `root`),
-    shaped and typed as `template`, holding the model's own tensor (not a copy)."""
+def _weight(source, lazy: bool, template, name: str, root: str):
+    """An initializer for `name` (a parameter or buffer of the model, by its path after `root`),
+    shaped and typed as `template`: the source's own tensor (no copy) in template's dtype, or with
+    `lazy`, a tensor that asks the source for it each time it is read."""
     import onnx_ir as ir
 
     path = name[len(root):]
-    try:
-        tensor = model.get_parameter(path)
-    except AttributeError:
+    kind = type(template.const_value)  # the exporter's own tensor kind, over a torch tensor
+    dtype = template.const_value.raw.dtype
+    shape = tuple(template.shape.numpy())
+
+    def tensor():
         try:
-            tensor = model.get_buffer(path)
+            t = source.tensor(path)
         except AttributeError:
             raise NotStitchable(f"{name} is not a parameter or buffer of the model") from None
-    if tuple(tensor.shape) != tuple(template.shape.numpy()):
-        raise NotStitchable(f"{name} is {tuple(tensor.shape)}, layer 1's is {template.shape}")
-    value = type(template.const_value)(tensor.detach(), name=name)  # the exporter's own tensor kind
+        if tuple(t.shape) != shape:
+            raise NotStitchable(f"{name} is {tuple(t.shape)}, layer 1's is {shape}")
+        return kind(t.detach().to(dtype), name=name)
+
+    value = ir.LazyTensor(tensor, dtype=template.const_value.dtype, shape=template.shape.copy(), name=name) if lazy else tensor()
     return ir.Value(name=name, shape=template.shape.copy(), type=template.type, const_value=value)
 
 

@@ -9,8 +9,9 @@ difference.
 A difference passes when  max|ort - torch| <= atol + rtol * max|torch|  (per output and case);
 max_rel in the figures is max|ort - torch| / max|torch|.
 
-An integer build's graph differs from torch by its quantization noise, whose size depends on the
-model, so it is judged by what the outputs mean instead (QUALITY_BARS): the cosine similarity of
+An integer build's graph is compared with torch computing with the graph's own dequantized
+weights (the reference run's `prepare`, specc/pipeline.py), within what the kernel's int8
+arithmetic leaves, and judged by what the outputs mean (QUALITY_BARS): the cosine similarity of
 each row (a token's hidden state, a cache entry, a logit vector centered) with torch's, and for
 scores the KL divergence of their softmax and the argmax agreement (a figure, not a bar).
 """
@@ -70,10 +71,11 @@ class Case:
     source: str | None = None
 
 
-def cases(r: ResolvedSpec) -> list[Case]:
+def cases(r: ResolvedSpec, longest: int | None = None) -> list[Case]:
     """The verification cases for the spec's graphs, in the order they must run. No case runs
-    past serving.length.max (a prefill and its decode step together included)."""
-    longest = r.serving.length.max
+    past serving.length.max (a prefill and its decode step together included), nor past
+    `longest` where given (a streamed build's cap, specc/pipeline.py)."""
+    longest = r.serving.length.max if longest is None else min(longest, r.serving.length.max)
     short = min(9, longest)
     pad = min(3, short - 1)  # the padded row keeps at least one real token
     if r.architecture == "encoder":
@@ -305,13 +307,13 @@ class _Step:
         return f"{self.case.graph} graph, case {self.case.name} ({', '.join(f'{k} {v}' for k, v in self.shapes.items())})"
 
 
-def _steps(r: ResolvedSpec, seed: int) -> list[_Step]:
+def _steps(r: ResolvedSpec, seed: int, longest: int | None = None) -> list[_Step]:
     """Every case's inputs, the same for the reference and for the graph under test."""
     sigs = {g.name: g for g in r.graphs}
     masks: dict[tuple[str, str], np.ndarray] = {}  # each case's attention_mask
     totals: dict[tuple[str, str], int] = {}  # each case's past + new tokens
     steps = []
-    for i, case in enumerate(cases(r)):
+    for i, case in enumerate(cases(r, longest)):
         sig = sigs[case.graph]
         key = (case.graph, case.name)
         prev = (case.graph, case.after) if case.after else None
@@ -335,7 +337,7 @@ def _continued(steps: list[_Step]) -> set[tuple[str, str]]:
 
 
 def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | None = None,
-                      spill_all: bool = False) -> dict[tuple[str, str], dict[str, np.ndarray | Spilled]]:
+                      spill_all: bool = False, longest: int | None = None) -> dict[tuple[str, str], dict[str, np.ndarray | Spilled]]:
     """The reference's outputs for every case, (graph, case) -> {output: array}: `reference` is
     the fp32 SpeccModel in eval mode, its caches fed from its own earlier outputs. A build takes
     these first, so that the module can be released before the graph is loaded for comparison.
@@ -345,7 +347,7 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
     (the outputs of a forked reference run, specc/export/reference.py)."""
     import torch
 
-    steps = _steps(r, seed)
+    steps = _steps(r, seed, longest)
     continued = _continued(steps)
     out: dict[tuple[str, str], dict[str, np.ndarray | Spilled]] = {}
     for step in steps:
@@ -377,17 +379,17 @@ def _spill(out: dict, key: tuple[str, str], spill: Path) -> None:
 
 
 def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", precision: str = "fp32",
-           seed: int = 0) -> Report:
+           seed: int = 0, longest: int | None = None) -> Report:
     """Run every case through `sessions` (graph name -> onnxruntime.InferenceSession or anything
     with the same run()) and compare with `reference`: the fp32 SpeccModel in eval mode, or its
     reference_outputs() taken before."""
-    refs = reference if isinstance(reference, dict) else reference_outputs(r, reference, seed)
+    refs = reference if isinstance(reference, dict) else reference_outputs(r, reference, seed, longest=longest)
     # the onnx target's graphs are what integer builds verify (a TensorRT engine is never integer)
     bar = QUALITY_BARS.get(precision) if target == "onnx" and precision in PRECISIONS and PRECISIONS[precision].quantized else None
     atol, rtol = tolerance(target, precision) if bar is None else (0.0, 0.0)
     report = Report(target, precision, atol, rtol, bar=bar)
     scores = {o.name for o in r.outputs if o.kind in SCORE_KINDS}
-    steps = _steps(r, seed)
+    steps = _steps(r, seed, longest)
     # outputs are kept only for the cases a later case continues from (a long case's logits are large)
     needed = _continued(steps)
     kept: dict[tuple[str, str], dict] = {}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from specc.nn.blocks import default_init_skipped, init_weights
+from specc.nn.blocks import default_init_skipped, init_weights, stack_depths
 from specc.nn.model import SpeccModel
 from specc.spec.load import load_spec
 from specc.spec.resolve import ResolvedSpec, resolve
@@ -25,7 +25,7 @@ def to_torch(spec, *, weights: str | os.PathLike | None = None, seed: int = 0) -
     r = as_resolved(spec)
     with default_init_skipped():
         model = SpeccModel(r)
-    init_weights(model, seed)
+    init_weights(model, seed, depth=stack_depths(r))
     path = weights if weights is not None else r.weights_path
     if path is not None:
         from specc.weights import load_into

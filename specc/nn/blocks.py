@@ -9,6 +9,7 @@ A layer wires each sublayer f (self-attention, cross-attention, FFN) by the norm
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 
 import torch
@@ -174,15 +175,25 @@ class Stack(nn.Module):
         return x, presents, cross_presents
 
 
-def init_weights(module: nn.Module, seed: int) -> None:
-    """Seeded initialisation, independent of construction order: parameters in name order, each
-    from one generator. Linear and embedding weights ~ N(0, 0.02) (GPT-2 / BERT), biases 0,
-    norm weights 1 (and biases 0), bilinear W ~ I + N(0, 0.02), linformer E ~ N(0, 1/k)."""
-    gen = torch.Generator().manual_seed(seed)
+RESIDUAL_OUTPUTS = ("attention.o.weight", "cross_attention.o.weight", "ffn.down.weight")  # what a sublayer adds to the stream
+
+
+def init_weights(module: nn.Module, seed: int, prefix: str = "", depth: dict[str, int] | None = None) -> None:
+    """Seeded initialisation, independent of construction order and of which other parameters
+    exist: each parameter is drawn from its own generator, seeded by (seed, its full name:
+    `prefix` + its name in `module`), so a layer built alone (a streamed build, specc/nn/streamed.py)
+    gets the values it has inside the whole model. Linear and embedding weights ~ N(0, 0.02)
+    (GPT-2 / BERT), biases 0, norm weights 1 (and biases 0), bilinear W ~ I + N(0, 0.02),
+    linformer E ~ N(0, 1/k). The projections whose output is added to the residual stream
+    (RESIDUAL_OUTPUTS) of a stack of N layers (`depth`: {role: N}, the whole model's) ~ N(0,
+    0.02 / sqrt(2N)), GPT-2's scaled initialisation (Radford et al. 2019, section 2.3): without it
+    a deep random model is chaotic, and an int4 build of a correct 32-layer one misses the
+    quality bars (docs/build.md, "Streamed builds")."""
     with torch.no_grad():
-        for name, p in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+        for name, p in module.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
             owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+            gen = torch.Generator().manual_seed(param_seed(seed, prefix + name))
             if isinstance(owner, (nn.LayerNorm, RMSNorm)):
                 p.fill_(1.0 if leaf == "weight" else 0.0)
             elif leaf == "bias":
@@ -192,7 +203,29 @@ def init_weights(module: nn.Module, seed: int) -> None:
             elif leaf == "score_w" and p.dim() == 3:
                 _randn_into(p, gen).mul_(0.02).add_(torch.eye(p.shape[-1]))
             else:
-                _randn_into(p, gen).mul_(0.02)
+                _randn_into(p, gen).mul_(0.02 / math.sqrt(2 * _depth(prefix + name, depth)) if _residual(prefix + name) else 0.02)
+
+
+def stack_depths(r: ResolvedSpec) -> dict[str, int]:
+    """{role: layers} of the spec's stacks: init_weights' `depth`."""
+    return {s.role: len(s.layers) for s in (r.encoder, r.decoder) if s is not None}
+
+
+def _residual(name: str) -> bool:
+    parts = name.split(".", 3)
+    return len(parts) == 4 and parts[1] == "layers" and parts[3] in RESIDUAL_OUTPUTS
+
+
+def _depth(name: str, depth: dict[str, int] | None) -> int:
+    role = name.split(".", 1)[0]
+    if depth is None or role not in depth:
+        raise ValueError(f"init_weights: the depth of the {role} stack is needed for {name}")
+    return depth[role]
+
+
+def param_seed(seed: int, name: str) -> int:
+    """The seed of the generator a parameter is drawn from: 64 bits of sha256("seed/name")."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little")
 
 
 def _randn_into(p: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

@@ -86,6 +86,14 @@ class Head(nn.Module):
             self.proj = nn.Linear(d, out.classes)
             self.drop = Dropout(r.dropout.hidden)
 
+    @property
+    def pooled_linears(self) -> list[nn.Linear]:
+        """The Linear layers applied to a pooled [B, D] row (the exporter writes them as Gemm,
+        which an integer build leaves in fp32) rather than to every token (MatMul)."""
+        if self.kind not in ("classifier", "pooled"):
+            return []
+        return [m for m in (self.pooler, self.proj) if isinstance(m, nn.Linear)]
+
     def forward(self, h: Tensor, tied_weight: Tensor, mask: Tensor) -> Tensor:
         """h [B,T,D]; tied_weight [V,D]: the embedding table; mask [B,T]: 1 for real tokens."""
         if self.kind == "hidden":

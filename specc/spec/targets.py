@@ -93,15 +93,18 @@ class QualityBar:
     kl_mean: float  # scores: mean KL(softmax(torch) || softmax(onnxruntime)) per row, in nats, at most
 
 
-# Set by measurement on the verification cases (random token ids; docs/build.md, "Verifying
-# integer builds"): the ordinary noise of each precision, on tiny random models and on two
-# trained checkpoints, passes with a margin; a wrong scale or misplaced blocks in one layer fail
-# (tests/export/test_quantize.py). Measured worst figures, int8: mean cosine 0.9986, worst row
-# 0.9963, KL 0.0038 (SmolLM2-135M); int4: mean 0.956, worst row 0.894 (all-MiniLM-L6-v2's hidden
-# states), KL 0.0003.
+# An integer build's graph is compared with torch computing with the graph's own weights (each
+# Linear weight packed and unpacked as the quantizer packs it; specc/pipeline.py
+# _reference_weights), so what is left is MatMulNBits computing in int8 (its activations
+# quantized per block) and the order of float sums: the bar is that noise's, not the weights'.
+# Measured worst figures over every output and case (docs/build.md, "Verifying integer builds"):
+# tiny-llama, tiny-gpt2, tiny-transformer and 32-layer seeded decoders of d_model 256 and 512 at
+# cosine 1.0000 (five places), tiny-bert int4 0.996 mean and worst row. A wrong scale or
+# misplaced blocks in one layer fail (tests/export/test_quantize.py), and so does a negated FFN
+# projection that the old bar, against fp32, let through (tests/export/test_streamed.py).
 QUALITY_BARS: dict[str, QualityBar] = {
-    "int8": QualityBar(cosine_mean=0.995, cosine_min=0.98, kl_mean=0.02),
-    "int4": QualityBar(cosine_mean=0.94, cosine_min=0.85, kl_mean=0.1),
+    "int8": QualityBar(cosine_mean=0.999, cosine_min=0.99, kl_mean=0.005),
+    "int4": QualityBar(cosine_mean=0.999, cosine_min=0.99, kl_mean=0.005),
 }
 
 # views of the table

@@ -52,7 +52,8 @@ def test_tolerance_table_is_keyed_by_target_and_precision():
                 assert ("onnx" if target == "triton" else target, precision) in TOLERANCES
     for bar in QUALITY_BARS.values():
         assert 0 < bar.cosine_min <= bar.cosine_mean < 1 and 0 < bar.kl_mean < 1
-    assert QUALITY_BARS["int8"].cosine_mean > QUALITY_BARS["int4"].cosine_mean
+    # both are compared with torch on the graph's own dequantized weights: the same noise is left
+    assert QUALITY_BARS["int8"] == QUALITY_BARS["int4"]
     assert all(a >= b for a, b in zip(TOLERANCES[("onnx", "fp16")], TOLERANCES[("onnx", "fp32")]))
 
 

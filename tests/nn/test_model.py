@@ -2,6 +2,9 @@
 cache reproduces a full pass; weights load strictly; padding does not leak; training works."""
 from __future__ import annotations
 
+import hashlib
+import math
+
 import pytest
 import torch
 
@@ -93,16 +96,20 @@ def test_same_seed_same_weights_other_seed_other_weights():
 
 
 def test_seeded_weights_follow_the_documented_draws():
-    """init_weights, independently: parameters in name order from one generator, N(0, 0.02) for
-    weights, zeros for biases, ones for norm weights. The default torch initialisation that
-    construction skips leaves nothing behind."""
+    """init_weights, independently: each parameter from its own generator seeded by 64 bits of
+    sha256("seed/name"), N(0, 0.02) for weights (0.02 / sqrt(2 x layers) for the projections
+    added to the residual stream), zeros for biases, ones for norm weights. The
+    default torch initialisation that construction skips leaves nothing behind."""
     model = specc.to_torch(tiny(), seed=11)
-    gen = torch.Generator().manual_seed(11)
     for name, p in sorted(model.named_parameters()):
+        gen = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(f"11/{name}".encode()).digest()[:8], "little"))
         if "norm." in name:
             assert torch.equal(p, torch.full_like(p, 1.0 if name.endswith(".weight") else 0.0)), name
         elif name.endswith(".bias"):
             assert torch.equal(p, torch.zeros_like(p)), name
+        elif name.endswith(("attention.o.weight", "ffn.down.weight")):  # GPT-2's scaled residual init
+            layers = len(getattr(model, name.split(".")[0]).layers)
+            assert torch.equal(p, 0.02 / math.sqrt(2 * layers) * torch.randn(p.shape, generator=gen)), name
         else:
             assert torch.equal(p, 0.02 * torch.randn(p.shape, generator=gen)), name
 

@@ -1,0 +1,204 @@
+"""A model too large to hold: its deep stacks' layers made one at a time (a streamed build).
+
+- short_spec(r, roles, keep): the resolved spec with those stacks cut to their first `keep` layers,
+  what a streamed build constructs and traces (the rest are copies in the graph, specc/export/stitch.py).
+- WeightSource: any parameter or buffer of the whole model by its module path. ModuleWeights reads a
+  module that holds them all; StreamedWeights makes the layers of the cut stacks one at a time,
+  seeded (init_weights with the layer's own name prefix: the values the whole model has) or read
+  tensor by tensor from a safetensors file, and keeps the last layer it made (the exporter and
+  the writers ask for a layer's tensors together).
+- streamed_model(short, source, roles): the short module whose cut stacks iterate over all their
+  layers, each made from the source when reached and let go of after: the whole model's forward
+  (the same Layer code, the same weights) holding one layer at a time. What a streamed build's
+  reference run and weights file come from.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specc.errors import WeightsError
+from specc.nn.blocks import Layer, default_init_skipped, init_weights, stack_depths
+from specc.nn.model import SpeccModel
+from specc.spec.costs import parameter_shapes
+from specc.spec.resolve import ResolvedSpec
+
+
+def short_spec(r: ResolvedSpec, roles, keep: int) -> ResolvedSpec:
+    """r with the stacks named in `roles` holding their first `keep` layers."""
+    update = {}
+    for role in roles:
+        stack = getattr(r, role)
+        update[role] = stack.model_copy(update={"layers": tuple(stack.layers[:keep])})
+    return r.model_copy(update=update)
+
+
+def short_model(r: ResolvedSpec, roles, keep: int, seed: int = 0) -> SpeccModel:
+    """The module of short_spec(r, roles, keep) in eval mode, seeded (the whole model's values for
+    the parameters it has); weights from a file are copied in by the caller."""
+    with default_init_skipped():
+        model = SpeccModel(short_spec(r, roles, keep))
+    init_weights(model, seed, depth=stack_depths(r))  # the whole model's depths
+    return model.eval()
+
+
+def layer_index(name: str, roles) -> tuple[str, int] | None:
+    """(role, layer) of a parameter path such as decoder.layers.7.ffn.up.weight, for the `roles`
+    stacks; None for anything else."""
+    parts = name.split(".", 3)
+    if len(parts) >= 3 and parts[0] in roles and parts[1] == "layers" and parts[2].isdigit():
+        return parts[0], int(parts[2])
+    return None
+
+
+class ModuleWeights:
+    """The tensors of a module that holds them all (an in-memory build)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def tensor(self, name: str) -> torch.Tensor:
+        try:
+            return self.model.get_parameter(name).detach()
+        except AttributeError:
+            return self.model.get_buffer(name)
+
+
+class StreamedWeights:
+    """The whole model's tensors with the `roles` stacks' layers past `keep` made one layer at a
+    time: seeded from `seed`, or read from `weights` (a safetensors file in specc's parameter
+    names, every name and shape checked against the spec before anything is made). `short` is the
+    short module (short_spec), whose own tensors are read from it."""
+
+    def __init__(self, r: ResolvedSpec, short: nn.Module, roles, keep: int, seed: int = 0,
+                 weights: str | os.PathLike | None = None):
+        self.r, self.short, self.roles, self.keep, self.seed = r, short, tuple(roles), keep, seed
+        self.file = None
+        if weights is not None:
+            from specc.weights.io import SafetensorsFile
+
+            self.file = SafetensorsFile(weights)
+            _check_file(self.file, parameter_shapes(r))
+        self._held: tuple[tuple[str, int], nn.Module] | None = None
+        self.on_layer = None  # on_layer(role, index, layers in the stack): called as each layer is made
+        # transform(layer): applied to each layer as it is made; with one, layers below `keep` are
+        # made too rather than the short module's own changed (a forked process shares those)
+        self.transform = None
+
+    def layer(self, role: str, index: int) -> nn.Module:
+        """Layer `index` of stack `role` in eval mode, fp32: the short module's own below `keep`,
+        else made (or the one made last, if it is that layer)."""
+        if index < self.keep and self.transform is None:
+            return getattr(self.short, role).layers[index]
+        if self._held is not None and self._held[0] == (role, index):
+            return self._held[1]
+        self._held = None  # the last layer goes before the next is made
+        stack = getattr(self.r, role)
+        if self.on_layer is not None:
+            self.on_layer(role, index, len(stack.layers))
+        with default_init_skipped():
+            layer = Layer(stack.layers[index], self.r)
+        prefix = f"{role}.layers.{index}."
+        if self.file is None:
+            init_weights(layer, self.seed, prefix=prefix, depth=stack_depths(self.r))
+        else:
+            with torch.no_grad():
+                for name, p in layer.named_parameters():
+                    p.copy_(self.file[prefix + name].to(p.dtype))
+        layer.eval()
+        if self.transform is not None:
+            self.transform(layer)
+        self._held = ((role, index), layer)
+        return layer
+
+    def tensor(self, name: str) -> torch.Tensor:
+        where = layer_index(name, self.roles)
+        if where is None or where[1] < self.keep:
+            return ModuleWeights(self.short).tensor(name)
+        layer = self.layer(*where)
+        rest = name.split(".", 3)[3]
+        return ModuleWeights(layer).tensor(rest)
+
+    def release(self) -> None:
+        self._held = None
+
+    def names(self) -> dict[str, torch.Tensor]:
+        """Every parameter of the whole model, name -> a meta tensor of its dtype and shape (the
+        header of its weights file)."""
+        return {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(self.r).items()}
+
+
+def _check_file(file, shapes: dict[str, tuple[int, ...]]) -> None:
+    """What load_into checks, from the header alone: every name there, none extra, shapes and
+    float dtypes right."""
+    missing = sorted(set(shapes) - set(file))
+    unexpected = sorted(set(file) - set(shapes))
+    wrong = [f"{n}: file {tuple(file.meta(n).shape)}, model {shapes[n]}" for n in shapes
+             if n in file and tuple(file.meta(n).shape) != tuple(shapes[n])]
+    not_float = [n for n in shapes if n in file and not file.meta(n).dtype.is_floating_point]
+    problems = [f"{title}: {', '.join(items[:8])}" + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
+                for title, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong),
+                                     ("not a float dtype", not_float)) if items]
+    if problems:
+        raise WeightsError(f"{file.path}: weights do not match the spec's parameters; " + "; ".join(problems))
+
+
+class StreamedLayers(nn.Module):
+    """Stands for a stack's `layers` ModuleList: iterating it yields every layer of the whole
+    stack, each made from the source when reached. With `record` a list, each layer's output
+    hidden state is appended to it as it runs (specc/export/diagnose.py)."""
+
+    def __init__(self, source: StreamedWeights, role: str, count: int):
+        super().__init__()
+        self._source, self._role, self._count = source, role, count
+        self.record: list | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        for index in range(self._count):
+            layer = self._source.layer(self._role, index)
+            if self.record is None:
+                yield layer
+                continue
+            hook = layer.register_forward_hook(lambda _m, _i, out: self.record.append(out[0].float().numpy().copy()))
+            try:
+                yield layer
+            finally:
+                hook.remove()
+
+    def __getitem__(self, index: int) -> nn.Module:
+        return self._source.layer(self._role, range(self._count)[index])
+
+
+def streamed_model(short: SpeccModel, source: StreamedWeights) -> SpeccModel:
+    """A shallow copy of `short` whose cut stacks run all their layers (StreamedLayers)."""
+    model = copy.copy(short)
+    model._modules = dict(short._modules)
+    for role in source.roles:
+        stack = copy.copy(short._modules[role])
+        stack._modules = dict(stack._modules)
+        stack._modules["layers"] = StreamedLayers(source, role, len(getattr(source.r, role).layers))
+        model._modules[role] = stack
+    return model
+
+
+def transform_layers(model: nn.Module, transform) -> None:
+    """Every layer a streamed model makes from now on gets transform(layer) (StreamedWeights.transform)."""
+    for module in model.modules():
+        if isinstance(module, StreamedLayers):
+            module._source.transform = transform
+
+
+def write_weights(source: StreamedWeights, path: Path) -> None:
+    """The whole model's weights file (what save_module writes of an in-memory build, the same
+    bytes), made and written one tensor at a time."""
+    from specc.weights.io import write_safetensors
+
+    write_safetensors(source.names(), lambda name: source.tensor(name).float(), path)
