@@ -242,19 +242,12 @@ def save(program, sig: GraphSig, path: Path, weight_bytes: int, opset: int | Non
     Returns the files written. With `opset`, the file must declare exactly that opset (the
     exporter's down-conversion can fail and silently keep its own). The program is spent
     afterwards: its constants are detached (see _drop_weights)."""
-    import onnx
-
     def prepare(proto) -> None:
         _check_opset(proto, sig, opset)
         _normalize(proto, sig)
 
     if weight_bytes >= EXTERNAL_DATA_BYTES:
-        program.save(str(path), external_data=True)
-        proto = onnx.load(str(path), load_external_data=False)
-        prepare(proto)
-        # the exporter names the data file after the model file; keep that relative name
-        onnx.save(proto, str(path), save_as_external_data=False)
-        files = [path, path.with_name(path.name + ".data")]
+        files = write_external(program.model, path, prepare)
     else:
         write_streaming(program.model, path, prepare)
         files = [path]
@@ -293,6 +286,55 @@ def write_streaming(model, path: Path, prepare=None) -> None:
         for value in weights.values():
             for piece in _initializer_record(value):
                 f.write(piece)
+
+
+DATA_ALIGN = 4096  # each weight's offset in NAME.onnx.data: a page, so onnxruntime can map it where it lies
+INLINE_BYTES = 1024  # smaller initializers stay in the model file (onnx's own threshold)
+
+
+def write_external(model, path: Path, prepare=None) -> list[Path]:
+    """Write an onnx_ir Model as `path` and its weights as `path`.data (ONNX external data, named
+    relative to the model file), one weight at a time, each made (a lazy tensor) and written once,
+    at a page-aligned offset; those under INLINE_BYTES stay in the model file. `prepare(proto)` may edit the weightless ModelProto first. Returns
+    the two files."""
+    import onnx
+    import onnx_ir as ir
+
+    data = path.with_name(path.name + ".data")
+    weights = dict(model.graph.initializers)
+    model.graph.initializers.clear()
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        model.graph.initializers.update(weights)
+    if prepare is not None:
+        prepare(proto)
+    offset = 0
+    with open(data, "wb") as f:
+        for value in weights.values():
+            tensor = value.const_value
+            if tensor is None:
+                raise BuildError(f"initializer {value.name!r} has no value")
+            if tensor.nbytes < INLINE_BYTES:  # a shape or a scalar: inline, where shape inference reads it
+                proto.graph.initializer.append(ir.serde.serialize_tensor(tensor))
+                proto.graph.initializer[-1].name = value.name
+                del proto.graph.initializer[-1].metadata_props[:]
+                continue
+            f.write(b"\0" * (-offset % DATA_ALIGN))
+            offset += -offset % DATA_ALIGN
+            raw = _raw_data(tensor)
+            f.write(raw)
+            entry = onnx.TensorProto(name=value.name, dims=list(tensor.shape.numpy()), data_type=int(tensor.dtype),
+                                     data_location=onnx.TensorProto.EXTERNAL)
+            for key, val in (("location", data.name), ("offset", str(offset)), ("length", str(len(raw)))):
+                item = entry.external_data.add()
+                item.key, item.value = key, val
+            proto.graph.initializer.append(entry)
+            offset += len(raw)
+            del raw
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+    return [path, data]
 
 
 def _check_opset(proto, sig: GraphSig, opset: int | None) -> None:

@@ -49,6 +49,26 @@ def test_streamed_and_in_memory_builds_write_the_same_bytes(tmp_path, precision)
     assert figures(whole) == figures(streamed)
 
 
+def test_external_data_is_written_once_per_weight_and_page_aligned(tmp_path, monkeypatch):
+    """Past the protobuf limit (here: always), weights go to model.onnx.data, each at a page-aligned
+    offset, small ones inline; streamed and not, the same bytes, and onnxruntime runs it (the
+    build verifies it)."""
+    import onnx
+
+    from specc.export import onnx as onnx_export
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
+    spec = _deep()
+    specc.build(spec, tmp_path / "whole", precision="int4", stream=False)
+    specc.build(spec, tmp_path / "streamed", precision="int4", stream=True)
+    assert _hashes(tmp_path / "whole") == _hashes(tmp_path / "streamed")
+    proto = onnx.load(str(tmp_path / "streamed" / "model.onnx"), load_external_data=False)
+    external = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert external and all(int(dict((e.key, e.value) for e in t.external_data)["offset"]) % onnx_export.DATA_ALIGN == 0
+                            for t in external)
+    assert all(len(t.raw_data) < onnx_export.INLINE_BYTES for t in proto.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL)
+
+
 def test_a_streamed_build_from_a_weights_file_matches_the_in_memory_one(tmp_path):
     spec = _deep()
     first = specc.build(spec, tmp_path / "seeded", seed=3, stream=False)
