@@ -31,7 +31,8 @@ from specc.export import triton
 from specc.export.outdir import Staging
 from specc.export.passes import PASSES
 from specc.export.passes import apply as apply_passes
-from specc.export.quantize import quantize
+from specc.export.diagnose import first_wrong_layer
+from specc.export.quantize import dequantize_linears, quantize
 from specc.export.reference import ReferenceJob
 from specc.export.stitch import KEEP, LAYER_OUTPUTS, streamable
 from specc.export.tensorrt import build_engines, engines_possible
@@ -41,6 +42,7 @@ from specc.interrupts import watch as watch_interrupts
 from specc.malloc import trim
 from specc.memory import STREAMED_LONGEST, check_memory, streamed_fits
 from specc.runtime.session import session_options
+from specc.spec.costs import parameter_shapes
 from specc.spec.load import load_spec
 from specc.spec.manifest import WEIGHTS_FILE
 from specc.spec.resolve import ResolvedSpec, resolve
@@ -258,7 +260,6 @@ def _reference_weights(precision: str):
         return None
 
     def prepare(model) -> None:
-        from specc.export.quantize import dequantize_linears
         from specc.nn.streamed import transform_layers
 
         dequantize_linears(model, precision)
@@ -334,7 +335,6 @@ def _build_module(clock: _Clock, r: ResolvedSpec, weights_file: Path | None, see
 
         if streamed:
             from specc.nn import streamed as st
-            from specc.spec.costs import parameter_shapes
 
             def make():
                 short = st.short_model(r, roles, KEEP, seed)
@@ -471,8 +471,6 @@ def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Mo
 def _first_wrong_layer(r: ResolvedSpec, built: _Module, files: dict[str, list[Path]], layer_outputs: dict,
                       precision: str, seed: int, longest: int | None) -> str | None:
     """diagnose.first_wrong_layer for a streamed build's single graph; None for any other build."""
-    from specc.export.diagnose import first_wrong_layer
-
     names = layer_outputs.get("model")
     if built.remake is None or not names or set(files) != {"model"}:
         return None

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from specc.errors import BuildError
+from specc.export import stitch as st
 from specc.spec.io import BATCH, ENC_SEQ, INPUT_IDS, PAST, POSITION_IDS, SEQ, TOKEN_TYPE_IDS, TOTAL, concrete_dims
 from specc.spec.resolve import GraphSig
 from specc.spec.targets import DEFAULT_OPSET
@@ -93,8 +94,6 @@ def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch
     `prefolded` is False. `source`: where the copies' weights come from, read when written (a
     streamed build's StreamedWeights, specc/nn/streamed.py; `model` is then its short module and
     the graph must stitch); by default `model` itself, read now."""
-    from specc.export import stitch as st
-    from specc.nn.streamed import ModuleWeights
 
     plan = st.stitch_plan(r, sig)
     if not plan:
@@ -109,7 +108,7 @@ def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch
     before = len(graph)
     facts = {"graph": sig.name, "pass": "specc.stitch", "layers": plan, "layers_traced": st.KEEP}
     try:
-        st.stitch(graph, source or ModuleWeights(model), plan, lazy=source is not None)
+        st.stitch(graph, source or st.ModuleWeights(model), plan, lazy=source is not None)
         st.order_io(graph, sig)
     except st.NotStitchable as why:  # the graph may be half-changed: trace the whole model
         if source is not None:  # a streamed build has no whole model to trace

@@ -211,6 +211,19 @@ class _Layer:
         return producer is not None and id(producer) in self.ids
 
 
+class ModuleWeights:
+    """A module's own tensors by module path: the source of an in-memory build's copies."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def tensor(self, name: str):
+        try:
+            return self.model.get_parameter(name).detach()
+        except AttributeError:
+            return self.model.get_buffer(name)
+
+
 def stitch(graph, source, plan: dict[str, int], root: str = "model.", lazy: bool = False) -> dict[str, int]:
     """Repeat layer 1 of each planned stack in `graph` (an onnx_ir Graph traced from
     truncated(model, plan)) until the stack has its full depth. `source` gives the whole model's

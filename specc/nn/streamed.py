@@ -2,8 +2,8 @@
 
 - short_spec(r, roles, keep): the resolved spec with those stacks cut to their first `keep` layers,
   what a streamed build constructs and traces (the rest are copies in the graph, specc/export/stitch.py).
-- WeightSource: any parameter or buffer of the whole model by its module path. ModuleWeights reads a
-  module that holds them all; StreamedWeights makes the layers of the cut stacks one at a time,
+- StreamedWeights: any parameter or buffer of the whole model by its module path, the layers of
+  the cut stacks made one at a time,
   seeded (init_weights with the layer's own name prefix: the values the whole model has) or read
   tensor by tensor from a safetensors file, and keeps the last layer it made (the exporter and
   the writers ask for a layer's tensors together).
@@ -56,17 +56,12 @@ def layer_index(name: str, roles) -> tuple[str, int] | None:
     return None
 
 
-class ModuleWeights:
-    """The tensors of a module that holds them all (an in-memory build)."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-
-    def tensor(self, name: str) -> torch.Tensor:
-        try:
-            return self.model.get_parameter(name).detach()
-        except AttributeError:
-            return self.model.get_buffer(name)
+def module_tensor(module: nn.Module, name: str) -> torch.Tensor:
+    """A parameter (detached) or buffer of `module` by its path."""
+    try:
+        return module.get_parameter(name).detach()
+    except AttributeError:
+        return module.get_buffer(name)
 
 
 class StreamedWeights:
@@ -119,10 +114,10 @@ class StreamedWeights:
     def tensor(self, name: str) -> torch.Tensor:
         where = layer_index(name, self.roles)
         if where is None or where[1] < self.keep:
-            return ModuleWeights(self.short).tensor(name)
+            return module_tensor(self.short, name)
         layer = self.layer(*where)
         rest = name.split(".", 3)[3]
-        return ModuleWeights(layer).tensor(rest)
+        return module_tensor(layer, rest)
 
     def release(self) -> None:
         self._held = None

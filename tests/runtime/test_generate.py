@@ -250,8 +250,8 @@ def test_default_eos_is_the_spec_eos(built):
     assert s.tokens["eos"] == 999
     # a one-token prompt whose greedy next token is 999 (runs of serving.batch.max rows: run() takes no more)
     step = s.info.batch.max
-    firsts = np.concatenate([s.run(input_ids=np.arange(i, min(i + step, 999))[:, None])["logits"][:, -1].argmax(-1)
-                             for i in range(0, 999, step)])
+    firsts = np.concatenate([s.run(input_ids=np.arange(i, min(i + step, 1000))[:, None])["logits"][:, -1].argmax(-1)
+                             for i in range(0, 1000, step)])
     prompt = [int(np.nonzero(firsts == 999)[0][0])]
     other = [5, 6, 7]
     g = s.generate([prompt, other], max_new_tokens=6)
