@@ -166,13 +166,14 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         longest = STREAMED_LONGEST if streamed else None
         with ReferenceJob(r, built.reference, seed, spill, stage.tmp / WEIGHTS_FILE, longest=longest,
                           n_params=n_params, write_weights=built.write_weights,
-                          prepare=_reference_weights(precision)) as references:
+                          prepare=_reference_weights(precision, weights_file)) as references:
             exported, optimizations = _export(clock, r, model, precision, opset, built.source)
             _optimize(clock, r, exported, made.passes, optimizations)
             _quantize(clock, r, exported, precision, optimizations)
             layer_outputs: dict = {}
             files = _save(clock, r, exported, precision, n_params, opset, stage.tmp, layer_outputs)
-            refs, report = _verify(clock, r, references, built, files, precision, seed, longest, layer_outputs)
+            refs, report = _verify(clock, r, references, built, files, precision, seed, longest, layer_outputs,
+                                   weights_file)
         del model, built
         with clock.stage("write"):
             engine_report, plans = build_engines(r, refs, files, stage.tmp, precision, seed) if engines else (None, {})
@@ -251,12 +252,14 @@ def choose_streamed(r: ResolvedSpec, stream: bool | None, max_memory: int | None
         return True
 
 
-def _reference_weights(precision: str):
-    """What the reference run computes with: the model's own weights, or at an integer precision
-    the weights the graph holds (each Linear weight packed and unpacked as quantize packs it,
-    specc/export/quantize.py), so that verification compares the graph with the model it is, not
-    with its quantization noise on top (docs/build.md, "Verifying integer builds")."""
-    if not PRECISIONS[precision].quantized:
+def _reference_weights(precision: str, weights_file: Path | None):
+    """What the reference run computes with: the model's own weights, or for an integer build of
+    seeded weights the weights the graph holds (each Linear weight packed and unpacked as quantize
+    packs it, specc/export/quantize.py): a deep random model amplifies its quantization noise past
+    any bar that means something for a trained one, so there verification compares the graph with
+    the model it is (docs/build.md, "Verifying integer builds"). A build of trained weights is
+    compared with its fp32 model, quantization noise included (QUALITY_BARS)."""
+    if not PRECISIONS[precision].quantized or weights_file is not None:
         return None
 
     def prepare(model) -> None:
@@ -440,7 +443,7 @@ def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, precision: str, op
 
 
 def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Module, files: dict[str, list[Path]],
-            precision: str, seed: int, longest: int | None, layer_outputs: dict):
+            precision: str, seed: int, longest: int | None, layer_outputs: dict, weights_file: Path | None):
     """The torch outputs (waited for where the reference run was forked), the module released,
     then each written graph run by onnxruntime and compared. Returns (the torch outputs, the report).
     A streamed build that fails says which layer is wrong first, where it can (specc/export/diagnose.py)."""
@@ -456,10 +459,11 @@ def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Mo
         trim()  # the module's freed memory back to the system before onnxruntime loads its own copy
         sessions = {name: _session(paths[0], name) for name, paths in files.items()}
         try:
-            report = verify(r, refs, sessions, "onnx", precision, seed=seed, longest=longest)  # the ONNX graph, by onnxruntime
+            report = verify(r, refs, sessions, "onnx", precision, seed=seed, longest=longest,  # the ONNX graph, by onnxruntime
+                            dequantized=_reference_weights(precision, weights_file) is not None)
         except VerificationError as failed:
             del sessions
-            where = _first_wrong_layer(r, built, files, layer_outputs, precision, seed, longest)
+            where = _first_wrong_layer(r, built, files, layer_outputs, precision, seed, longest, weights_file)
             if where is None:
                 raise
             raise VerificationError(f"{failed}; the first layer off: {where}") from None
@@ -469,13 +473,13 @@ def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Mo
 
 
 def _first_wrong_layer(r: ResolvedSpec, built: _Module, files: dict[str, list[Path]], layer_outputs: dict,
-                      precision: str, seed: int, longest: int | None) -> str | None:
+                      precision: str, seed: int, longest: int | None, weights_file: Path | None) -> str | None:
     """diagnose.first_wrong_layer for a streamed build's single graph; None for any other build."""
     names = layer_outputs.get("model")
     if built.remake is None or not names or set(files) != {"model"}:
         return None
     reference = built.remake()
-    prepare = _reference_weights(precision)
+    prepare = _reference_weights(precision, weights_file)
     if prepare is not None:
         prepare(reference)
     try:

@@ -9,9 +9,10 @@ difference.
 A difference passes when  max|ort - torch| <= atol + rtol * max|torch|  (per output and case);
 max_rel in the figures is max|ort - torch| / max|torch|.
 
-An integer build's graph is compared with torch computing with the graph's own dequantized
-weights (the reference run's `prepare`, specc/pipeline.py), within what the kernel's int8
-arithmetic leaves, and judged by what the outputs mean (QUALITY_BARS): the cosine similarity of
+An integer build's graph differs from its fp32 model by its quantization noise: with trained
+weights it is compared with the fp32 model within the precision's QUALITY_BARS; with seeded ones
+with torch computing with the graph's own dequantized weights (the reference run's `prepare`,
+specc/pipeline.py) within DEQUANTIZED_BAR. Both judge by what the outputs mean: the cosine similarity of
 each row (a token's hidden state, a cache entry, a logit vector centered) with torch's, and for
 scores the KL divergence of their softmax and the argmax agreement (a figure, not a bar).
 """
@@ -42,7 +43,7 @@ from specc.spec.io import (
     positions_from_mask,
 )
 from specc.spec.resolve import GraphSig, ResolvedSpec
-from specc.spec.targets import PRECISIONS, QUALITY_BARS, QualityBar
+from specc.spec.targets import DEQUANTIZED_BAR, PRECISIONS, QUALITY_BARS, QualityBar
 from specc.spec.targets import TOLERANCES  # (target, precision) -> (atol, rtol), from the targets table
 
 SCORE_KINDS = ("lm", "mlm", "classifier", "token_classifier")  # outputs whose rows are logits over classes
@@ -103,13 +104,15 @@ class Report:
     rtol: float
     cases: list[dict] = field(default_factory=list)
     bar: QualityBar | None = None  # an integer precision's, instead of atol and rtol
+    dequantized: bool = False  # the reference computed with the graph's dequantized weights
 
     @property
     def max_abs(self) -> float:
         return max((o["max_abs"] for c in self.cases for o in c["outputs"].values()), default=0.0)
 
     def to_dict(self) -> dict:
-        judged = ({"quality_bar": vars(self.bar)} if self.bar is not None
+        judged = ({"quality_bar": vars(self.bar), "compared_with": "dequantized" if self.dequantized else "fp32"}
+                  if self.bar is not None
                   else {"tolerance": {"atol": self.atol, "rtol": self.rtol}})
         return {"target": self.target, "precision": self.precision, **judged,
                 "passed": True, "max_abs_diff": self.max_abs, "cases": self.cases}
@@ -379,15 +382,17 @@ def _spill(out: dict, key: tuple[str, str], spill: Path) -> None:
 
 
 def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", precision: str = "fp32",
-           seed: int = 0, longest: int | None = None) -> Report:
+           seed: int = 0, longest: int | None = None, dequantized: bool = False) -> Report:
     """Run every case through `sessions` (graph name -> onnxruntime.InferenceSession or anything
     with the same run()) and compare with `reference`: the fp32 SpeccModel in eval mode, or its
     reference_outputs() taken before."""
     refs = reference if isinstance(reference, dict) else reference_outputs(r, reference, seed, longest=longest)
     # the onnx target's graphs are what integer builds verify (a TensorRT engine is never integer)
-    bar = QUALITY_BARS.get(precision) if target == "onnx" and precision in PRECISIONS and PRECISIONS[precision].quantized else None
+    # `dequantized`: the reference computed with the graph's own integer weights (seeded builds)
+    integer = target == "onnx" and precision in PRECISIONS and PRECISIONS[precision].quantized
+    bar = (DEQUANTIZED_BAR if dequantized else QUALITY_BARS.get(precision)) if integer else None
     atol, rtol = tolerance(target, precision) if bar is None else (0.0, 0.0)
-    report = Report(target, precision, atol, rtol, bar=bar)
+    report = Report(target, precision, atol, rtol, bar=bar, dequantized=dequantized and bar is not None)
     scores = {o.name for o in r.outputs if o.kind in SCORE_KINDS}
     steps = _steps(r, seed, longest)
     # outputs are kept only for the cases a later case continues from (a long case's logits are large)

@@ -93,24 +93,26 @@ class QualityBar:
     kl_mean: float  # scores: mean KL(softmax(torch) || softmax(onnxruntime)) per row, in nats, at most
 
 
-# An integer build's graph is compared with torch computing with the graph's own weights (each
-# Linear weight packed and unpacked as the quantizer packs it; specc/pipeline.py
-# _reference_weights), so what is left is MatMulNBits computing in int8 (its activations
-# quantized per block) and the order of float sums: the bar is that noise's, not the weights'.
-# Measured worst figures over every output and case (docs/build.md, "Verifying integer builds"):
-# tiny-llama, tiny-gpt2, tiny-transformer and 32-layer seeded decoders of d_model 256 and 512 at
-# cosine 1.0000 (five places), tiny-bert int4 0.996 mean and worst row. A wrong scale or
-# misplaced blocks in one layer fail (tests/export/test_quantize.py), and so does a negated FFN
-# projection that the old bar, against fp32, let through (tests/export/test_streamed.py).
+# An integer build with trained weights (a weights file) is compared with its fp32 model: set by
+# measurement on the verification cases (random token ids; docs/build.md, "Verifying integer
+# builds"), the ordinary noise of each precision on two trained checkpoints passes with a margin
+# (measured worst, int8: mean cosine 0.9986, worst row 0.9963, KL 0.0038 on SmolLM2-135M; int4:
+# mean 0.956, worst row 0.894 on all-MiniLM-L6-v2's hidden states, KL 0.0003).
 QUALITY_BARS: dict[str, QualityBar] = {
-    "int8": QualityBar(cosine_mean=0.999, cosine_min=0.99, kl_mean=0.005),
-    "int4": QualityBar(cosine_mean=0.999, cosine_min=0.99, kl_mean=0.005),
+    "int8": QualityBar(cosine_mean=0.995, cosine_min=0.98, kl_mean=0.02),
+    "int4": QualityBar(cosine_mean=0.94, cosine_min=0.85, kl_mean=0.1),
 }
+# With seeded weights, whose quantization noise a deep random model amplifies (a correct
+# llama-2-7b int4 graph: 0.71 logits cosine from fp32), it is compared with torch computing with
+# the graph's own dequantized weights (specc/pipeline.py, _reference_weights): what is left is
+# the kernel's arithmetic. Measured worst: 1.0000 to five places (tiny-llama, tiny-gpt2,
+# tiny-bert, tiny-transformer, 32-layer seeded decoders of d_model 256 and 512, int8 and int4).
+DEQUANTIZED_BAR = QualityBar(cosine_mean=0.999, cosine_min=0.99, kl_mean=0.005)
 
 # views of the table
 BUILT_PRECISIONS: dict[str, tuple[str, ...]] = {name: t.precisions for name, t in TARGETS.items()}
 TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     (name, precision): tol for name, t in TARGETS.items() for precision, tol in t.tolerances.items()}
 
-__all__ = ["BUILT_PRECISIONS", "DEFAULT_OPSET", "PRECISIONS", "QUALITY_BARS", "SUPPORTED_OPSETS", "TARGETS",
+__all__ = ["BUILT_PRECISIONS", "DEFAULT_OPSET", "DEQUANTIZED_BAR", "PRECISIONS", "QUALITY_BARS", "SUPPORTED_OPSETS", "TARGETS",
            "TOLERANCES", "Precision", "PrecisionName", "QualityBar", "Target"]

@@ -14,7 +14,7 @@ import pytest
 import specc
 from specc.errors import VerificationError
 from specc.export import quantize as q
-from specc.spec.targets import QUALITY_BARS
+from specc.spec.targets import DEQUANTIZED_BAR
 from specc.runtime import Session
 
 
@@ -103,10 +103,11 @@ def test_int8_quantizes_every_matmul_weight_and_verifies(builds, spec):
         assert (res.out_dir / g["file"]).stat().st_size < (fp32.out_dir / g["file"]).stat().st_size
     v = res.manifest["verification"]
     assert v["precision"] == "int8" and v["max_abs_diff"] > 0  # it did change the numbers
-    assert v["quality_bar"] == vars(QUALITY_BARS["int8"]) and "tolerance" not in v
+    # seeded weights: compared with torch on the graph's own dequantized weights
+    assert v["quality_bar"] == vars(DEQUANTIZED_BAR) and v["compared_with"] == "dequantized" and "tolerance" not in v
     for case in v["cases"]:
         for out in case["outputs"].values():
-            assert QUALITY_BARS["int8"].cosine_min <= out["cosine_min"] <= out["cosine_mean"] <= 1 + 1e-9
+            assert DEQUANTIZED_BAR.cosine_min <= out["cosine_min"] <= out["cosine_mean"] <= 1 + 1e-9
 
 
 @pytest.mark.parametrize("spec", ["tiny-gpt2", "tiny-llama"])
