@@ -84,6 +84,10 @@ def optimization_text(o: dict[str, Any], fusions: bool = False) -> str:
         if o.get("skipped"):
             return f"{graph} traced whole ({layers} layers: {o['skipped']})"
         return f"{graph} {layers} layers from {o.get('layers_traced')} traced (specc.stitch)"
+    if "precision" in o and "quantized_ops" in o:  # specc/export/quantize.py's facts
+        ops = ", ".join(f"{n} {op}" for op, n in o["quantized_ops"].items())
+        offset = f", {o['offset_form']} in the offset form" if o.get("offset_form") else ""
+        return f"{graph} {o['precision']}: {ops} ({o.get('bits')}-bit blocks of {o.get('block')}{offset})"
     if fusions and "fusions" in o:
         return f"{graph} " + (", ".join(f"{k} x{v}" for k, v in o["fusions"].items()) or "no fusions")
     return (f"{graph} {o.get('nodes_before', '?')} -> {o.get('nodes_after', '?')} nodes"
@@ -107,10 +111,21 @@ def case_max_abs(case: dict[str, Any]) -> float:
     return max((o["max_abs"] for o in (case.get("outputs") or {}).values()), default=0.0)
 
 
+def _judged(v: dict[str, Any]) -> str:
+    """What a build's outputs were held to: a float precision's tolerance, or an integer one's
+    quality bar and what it compared with (specc/export/verify.py)."""
+    if "tolerance" in v:
+        return f"tolerance {v['tolerance']['atol']:g} + {v['tolerance']['rtol']:g} x |torch|"
+    bar = v["quality_bar"]
+    against = "the graph's dequantized weights" if v.get("compared_with") == "dequantized" else "fp32"
+    return (f"row cosine mean >= {bar['cosine_mean']:g}, worst >= {bar['cosine_min']:g}, "
+            f"KL <= {bar['kl_mean']:g}, against {against}")
+
+
 def build_report(manifest: dict[str, Any], out_dir: str, cached: bool = False) -> list[Block]:
     """The summary printed at the end of `specc build`, from the manifest."""
     v = manifest["verification"]
-    tol = v["tolerance"]
+    judged = _judged(v)
     blocks: list[Block] = [Table(
         f"{manifest['name']} -> {out_dir}" + (" (cached)" if cached else ""),
         ["artifact", "size", "sha256"],
@@ -118,12 +133,11 @@ def build_report(manifest: dict[str, Any], out_dir: str, cached: bool = False) -
     )]
     blocks.append(f"parameters: {manifest['parameters']:,}")
     blocks.append(f"verified: {len(v['cases'])} cases, max |onnxruntime - torch| {v['max_abs_diff']:.2e} "
-                  f"(tolerance {tol['atol']:g} + {tol['rtol']:g} x |torch|, {v['target']} {v['precision']})")
+                  f"({judged}, {v['target']} {v['precision']})")
     cases = [c for c in v["cases"] if isinstance(c, dict)]
     if cases:
-        blocks.append(Table("verification", ["graph", "case", "max abs diff", "tolerance"], [
-            [str(c.get("graph", "")), str(c.get("case", "")), f"{case_max_abs(c):.2e}",
-             f"{tol['atol']:g} + {tol['rtol']:g} x |torch|"] for c in cases]))
+        blocks.append(Table("verification", ["graph", "case", "max abs diff", "judged by"], [
+            [str(c.get("graph", "")), str(c.get("case", "")), f"{case_max_abs(c):.2e}", judged] for c in cases]))
     timings = manifest.get("timings_s") or {}
     if timings:
         blocks.append(Table("timings", ["stage", "seconds"], [[s, f"{t:.2f}"] for s, t in timings.items()]))

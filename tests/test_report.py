@@ -162,3 +162,18 @@ def test_build_summary_on_a_terminal_is_a_rich_table(built):
 def test_plain_table_pads_to_the_widest_cell():
     t = Table("t", ["name", "n"], [["a", "1"], ["longer name", "12,345"]])
     assert t.plain() == ["t", "name              n", "a                 1", "longer name  12,345"]
+
+
+@pytest.mark.parametrize("compared_with, says", [("dequantized", "against the graph's dequantized weights"), ("fp32", "against fp32")])
+def test_build_summary_of_an_integer_build_names_its_quality_bar(built, compared_with, says):
+    """An integer build's verification has a quality bar instead of a tolerance (the summary of a
+    7B int4 build stopped on a KeyError before)."""
+    from rich.console import Console
+
+    _, manifest, out_dir = built
+    v = {k: val for k, val in manifest["verification"].items() if k != "tolerance"}
+    v.update(precision="int4", quality_bar={"cosine_mean": 0.999, "cosine_min": 0.99, "kl_mean": 0.005},
+             compared_with=compared_with)
+    buf = io.StringIO()
+    render(build_report({**manifest, "verification": v}, str(out_dir)), Console(file=buf, force_terminal=False))
+    assert f"row cosine mean >= 0.999, worst >= 0.99, KL <= 0.005, {says}, onnx int4" in buf.getvalue()

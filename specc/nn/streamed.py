@@ -92,7 +92,7 @@ class StreamedWeights:
             return getattr(self.short, role).layers[index]
         if self._held is not None and self._held[0] == (role, index):
             return self._held[1]
-        self._held = None  # the last layer goes before the next is made
+        self.release()  # the last layer goes before the next is made
         stack = getattr(self.r, role)
         if self.on_layer is not None:
             self.on_layer(role, index, len(stack.layers))
@@ -120,6 +120,12 @@ class StreamedWeights:
         return module_tensor(layer, rest)
 
     def release(self) -> None:
+        """Let go of the layer made last, its tensors at once: a forward loop still holds the
+        module until the next layer runs (a tensor already handed out keeps its own memory)."""
+        if self._held is not None:
+            with torch.no_grad():
+                for t in (*self._held[1].parameters(), *self._held[1].buffers()):
+                    t.data = torch.empty(0, dtype=t.dtype)
         self._held = None
 
     def names(self) -> dict[str, torch.Tensor]:

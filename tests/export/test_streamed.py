@@ -79,9 +79,9 @@ def test_a_streamed_build_from_a_weights_file_matches_the_in_memory_one(tmp_path
 
 
 def test_a_streamed_build_holds_one_made_layer_at_a_time(tmp_path, monkeypatch):
-    """Every layer past the traced two is made by StreamedWeights, and no more than two are alive
-    at once (a forward loop still holds the layer it ran while the next is made; the reference
-    run in this process: SPECC_REFERENCE_PROCESS=inline)."""
+    """Every layer past the traced two is made by StreamedWeights, and no more than one holds its
+    weights at once (a forward loop still holds the module it ran while the next is made, whose
+    tensors are let go of by then; the reference run in this process: SPECC_REFERENCE_PROCESS=inline)."""
     monkeypatch.setenv("SPECC_REFERENCE_PROCESS", "inline")
     alive, most, made = weakref.WeakSet(), [0], []
     real = st.StreamedWeights.layer
@@ -91,13 +91,14 @@ def test_a_streamed_build_holds_one_made_layer_at_a_time(tmp_path, monkeypatch):
         if index >= stitch.KEEP and module not in alive:
             alive.add(module)
             made.append(index)
-            most[0] = max(most[0], len(alive))
+        holding = [m for m in alive if any(p.numel() for p in m.parameters())]
+        most[0] = max(most[0], len(holding))
         return module
 
     monkeypatch.setattr(st.StreamedWeights, "layer", layer)
     specc.build(_deep(layers=6), tmp_path / "out", precision="int4", stream=True)
     assert sorted(set(made)) == [2, 3, 4, 5]
-    assert most[0] == 2
+    assert most[0] == 1
 
 
 # int4: a norm's gain, since at a tiny seeded model's scale a wrong FFN projection hides under
