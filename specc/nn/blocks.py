@@ -189,21 +189,28 @@ def init_weights(module: nn.Module, seed: int, prefix: str = "", depth: dict[str
     0.02 / sqrt(2N)), GPT-2's scaled initialisation (Radford et al. 2019, section 2.3): without it
     a deep random model is chaotic, and an int4 build of a correct 32-layer one misses the
     quality bars (docs/build.md, "Streamed builds")."""
+    for name, p in module.named_parameters():
+        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+        init_parameter(p, prefix + name, owner, seed, depth)
+
+
+def init_parameter(p: torch.Tensor, name: str, owner: nn.Module, seed: int, depth: dict[str, int] | None) -> None:
+    """One parameter's seeded values (init_weights' rules), in place: `name` is its full name,
+    `owner` the module that holds it (a parameter made alone, specc/nn/streamed.py, takes its
+    owner's kind from a layer of the same stack)."""
+    leaf = name.rsplit(".", 1)[-1]
+    gen = torch.Generator().manual_seed(param_seed(seed, name))
     with torch.no_grad():
-        for name, p in module.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
-            owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
-            gen = torch.Generator().manual_seed(param_seed(seed, prefix + name))
-            if isinstance(owner, (nn.LayerNorm, RMSNorm)):
-                p.fill_(1.0 if leaf == "weight" else 0.0)
-            elif leaf == "bias":
-                p.zero_()
-            elif leaf in ("proj_k", "proj_v"):
-                _randn_into(p, gen).div_(math.sqrt(p.shape[0]))
-            elif leaf == "score_w" and p.dim() == 3:
-                _randn_into(p, gen).mul_(0.02).add_(torch.eye(p.shape[-1]))
-            else:
-                _randn_into(p, gen).mul_(0.02 / math.sqrt(2 * _depth(prefix + name, depth)) if _residual(prefix + name) else 0.02)
+        if isinstance(owner, (nn.LayerNorm, RMSNorm)):
+            p.fill_(1.0 if leaf == "weight" else 0.0)
+        elif leaf == "bias":
+            p.zero_()
+        elif leaf in ("proj_k", "proj_v"):
+            _randn_into(p, gen).div_(math.sqrt(p.shape[0]))
+        elif leaf == "score_w" and p.dim() == 3:
+            _randn_into(p, gen).mul_(0.02).add_(torch.eye(p.shape[-1]))
+        else:
+            _randn_into(p, gen).mul_(0.02 / math.sqrt(2 * _depth(name, depth)) if _residual(name) else 0.02)
 
 
 def stack_depths(r: ResolvedSpec) -> dict[str, int]:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from specc.errors import WeightsError
-from specc.nn.blocks import Layer, default_init_skipped, init_weights, stack_depths
+from specc.nn.blocks import Layer, default_init_skipped, init_parameter, init_weights, stack_depths
 from specc.nn.model import SpeccModel
 from specc.spec.costs import parameter_shapes
 from specc.spec.resolve import ResolvedSpec
@@ -112,12 +112,27 @@ class StreamedWeights:
         return layer
 
     def tensor(self, name: str) -> torch.Tensor:
+        """The tensor at `name`: a parameter of a made layer is made alone (read from the file, or
+        drawn as init_weights draws it), unless its layer is the one held; anything else from the
+        short module or its layer."""
         where = layer_index(name, self.roles)
         if where is None or where[1] < self.keep:
             return module_tensor(self.short, name)
-        layer = self.layer(*where)
         rest = name.split(".", 3)[3]
-        return module_tensor(layer, rest)
+        if self._held is None or self._held[0] != where:
+            template = getattr(self.short, where[0]).layers[self.keep - 1]  # a layer of the same stack: kinds, shapes
+            try:
+                like = template.get_parameter(rest)
+            except AttributeError:
+                like = None  # a buffer: its layer is made
+            if like is not None:
+                if self.file is not None:
+                    return self.file[name].to(like.dtype)
+                p = torch.empty_like(like)
+                owner = template.get_submodule(rest.rsplit(".", 1)[0]) if "." in rest else template
+                init_parameter(p, name, owner, self.seed, stack_depths(self.r))
+                return p
+        return module_tensor(self.layer(*where), rest)
 
     def release(self) -> None:
         """Let go of the layer made last, its tensors at once: a forward loop still holds the

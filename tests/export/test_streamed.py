@@ -132,6 +132,7 @@ def test_seeded_layers_made_alone_have_the_whole_models_values():
     source = st.StreamedWeights(r, short, ("decoder",), stitch.KEEP, seed=5)
     for name, p in whole.named_parameters():
         assert torch.equal(source.tensor(name), p), name
+    assert source._held is None  # each parameter drawn alone: no layer was made for them
     ids = torch.randint(0, r.vocab.size, (2, 7))
     with torch.no_grad():
         assert torch.equal(st.streamed_model(short, source)(input_ids=ids)["logits"], whole(input_ids=ids)["logits"])
