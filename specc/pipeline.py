@@ -28,7 +28,7 @@ from specc import build_manifest
 from specc.deps import require_onnxruntime, require_tensorrt
 from specc.errors import BuildError, VerificationError
 from specc.export import triton
-from specc.export.outdir import Staging
+from specc.export.outdir import Staging, clean_leftovers
 from specc.export.passes import PASSES
 from specc.export.passes import apply as apply_passes
 from specc.export.diagnose import first_wrong_layer
@@ -147,6 +147,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
     out = Path(out_dir)
     hit = None if force else build_manifest.cached(out, made.cache_key)
     if hit is not None:
+        clean_leftovers(out)
         if progress:
             progress("cache", "done", {"out_dir": str(out)})
         return BuildResult(out.absolute(), hit, cached=True)

@@ -162,6 +162,24 @@ class Staging:
             _remove(p)
 
 
+def clean_leftovers(out: Path) -> None:
+    """What killed builds into `out` left (Staging._clean_leftovers), where no build holds its
+    lock now; a build that is up to date does this instead of staging. A build killed between
+    exchanging DIR and removing the previous build leaves that previous build as a staging
+    directory beside a complete DIR, which the next build, a cache hit, would otherwise keep."""
+    staging = Staging(out)
+    if not any(staging.out.parent.glob(f".{glob.escape(staging.out.name)}.specc-*")):
+        return
+    try:
+        staging._lock()
+    except BuildError:  # a live build holds it: its staging is its own
+        return
+    try:
+        staging._clean_leftovers()
+    finally:
+        staging._unlock()
+
+
 def check_replaceable(out: Path) -> None:
     """DIR may be absent, an empty directory, or a specc build; nothing else is written into."""
     kept_paths(out)

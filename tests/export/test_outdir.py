@@ -402,3 +402,19 @@ def test_a_previous_build_caught_between_two_renames_comes_back(tmp_path):
         stage.commit()
     assert snapshot(out).keys() == {MANIFEST, "model.onnx", "NOTES.md"}
     assert hidden(tmp_path) == []
+
+
+def test_an_up_to_date_build_removes_what_killed_builds_left(tmp_path):
+    """A build killed between exchanging DIR and removing the previous build leaves that build as
+    a staging directory beside a complete DIR; the next build of the same inputs is a cache hit
+    and removes it (it used to keep it: tests/reliability/test_interrupt.py saw it under load)."""
+    import specc
+
+    out = tmp_path / "out"
+    specc.build("tiny-gpt2", out)
+    left = tmp_path / ".out.specc-tmp-killed"
+    left.mkdir()
+    (left / "model.onnx").write_bytes(b"the previous build")
+    assert specc.build("tiny-gpt2", out).cached
+    assert not left.exists() and (out / "manifest.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
