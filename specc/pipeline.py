@@ -340,18 +340,11 @@ def _build_module(clock: _Clock, r: ResolvedSpec, weights_file: Path | None, see
         if streamed:
             from specc.nn import streamed as st
 
-            def make():
-                short = st.short_model(r, roles, KEEP, seed)
-                source = st.StreamedWeights(r, short, roles, KEEP, seed=seed, weights=weights_file)
-                if weights_file is not None:
-                    import torch
-
-                    with torch.no_grad():
-                        for name, p in short.named_parameters():
-                            p.copy_(source.file[name].to(p.dtype))
-                return short, source
-
             roles = _streamed_roles(r)
+
+            def make():
+                return st.short_and_source(r, roles, KEEP, seed, weights_file)
+
             short, source = make()
             # progress from this process only: a forked reference run makes its own layers, and its
             # display (a terminal's spinner thread) was not forked with it

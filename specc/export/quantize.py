@@ -112,15 +112,7 @@ def pack(w: np.ndarray, scheme: Scheme, offsets: bool = False) -> Packed:
 
 def unpack(p: Packed, scheme: Scheme, k: int) -> np.ndarray:
     """The [K, N] weight a Packed dequantizes to (what MatMulNBits multiplies by)."""
-    n, blocks = p.codes.shape[:2]
-    codes, zero = p.codes, p.zero_points.reshape(n, -1)
-    if scheme.bits == 4:
-        codes = np.stack([codes & 15, codes >> 4], axis=-1).reshape(n, blocks, scheme.block)
-        zero = np.stack([zero & 15, zero >> 4], axis=-1).reshape(n, -1)[:, :blocks]
-    w = (codes.astype(np.float32) - zero[..., None]) * p.scales.reshape(n, blocks)[..., None]
-    if p.offsets is not None:
-        w += p.offsets.T[..., None]
-    return w.reshape(n, -1)[:, :k].T
+    return _unpacked_rows(p, scheme, k).T.numpy()
 
 
 def block_sums(k: int, block: int) -> np.ndarray:

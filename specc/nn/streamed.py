@@ -47,6 +47,19 @@ def short_model(r: ResolvedSpec, roles, keep: int, seed: int = 0) -> SpeccModel:
     return model.eval()
 
 
+def short_and_source(r: ResolvedSpec, roles, keep: int, seed: int = 0,
+                     weights: str | os.PathLike | None = None) -> tuple[SpeccModel, StreamedWeights]:
+    """A streamed build's short module (its own parameters from `weights` where given, seeded
+    otherwise) and the source of every other layer."""
+    short = short_model(r, roles, keep, seed)
+    source = StreamedWeights(r, short, roles, keep, seed=seed, weights=weights)
+    if source.file is not None:
+        with torch.no_grad():
+            for name, p in short.named_parameters():
+                p.copy_(source.file[name].to(p.dtype))
+    return short, source
+
+
 def layer_index(name: str, roles) -> tuple[str, int] | None:
     """(role, layer) of a parameter path such as decoder.layers.7.ffn.up.weight, for the `roles`
     stacks; None for anything else."""
