@@ -88,6 +88,38 @@ def test_offset_form_is_exact_on_a_q4_1_grid_and_chosen_only_there():
     assert q.choose(grid, q.SCHEMES["int8"]).offsets is None
 
 
+def test_offset_form_costs_no_more_than_its_weights_under_int8_activations():
+    """At accuracy level 4 the kernel rounds the input to int8 per block, an error e that reaches
+    the output as e @ (what the kernel's codes hold). With codes about the middle of the range
+    (zero point 8, the centre added back as the offset), that is the weight less its block's
+    centre; codes from the minimum would carry the whole block's offset, about twice the error.
+    Reference: the exact product and numpy's own per-block int8 rounding of the input
+    (amax / 127 steps), times the true weight, as llama.cpp's Q4_1 x Q8_1 dot product does."""
+    scheme = q.SCHEMES["int4"]
+    rng = np.random.default_rng(1)
+    k, n = 256, 64
+    d = rng.uniform(0.01, 0.02, size=(k // 32, n)).astype(np.float32)
+    codes = rng.integers(0, 16, size=(k // 32, 32, n))
+    codes[:, 0], codes[:, 1] = 0, 15
+    w = (codes * d[:, None] - 7.5 * d[:, None]).reshape(k, n).astype(np.float32)  # blocks about 0
+    p = q.pack(w, scheme, offsets=True)
+    x = rng.standard_normal((16, k)).astype(np.float32)
+    x[:, 5] *= 30  # an outlier channel, as trained models have
+    blocks = x.reshape(16, k // 32, 32)
+    step = np.abs(blocks).max(-1, keepdims=True) / 127
+    rounding = (np.round(blocks / step) * step).reshape(16, k) - x
+    expected = np.sqrt(np.mean((rounding @ w) ** 2))
+    y = _matmul_nbits_offsets(p, k, n, scheme, x)
+    got = np.sqrt(np.mean((y - x @ w) ** 2))
+    assert got < 1.5 * expected, (got, expected)
+
+
+def _matmul_nbits_offsets(p: q.Packed, k: int, n: int, scheme: q.Scheme, x: np.ndarray) -> np.ndarray:
+    """The offset form as the build writes it: MatMulNBits (accuracy level 4) plus the input's
+    block sums times the offsets."""
+    y = _matmul_nbits(p, k, n, scheme, accuracy_level=4).run(None, {"X": x})[0]
+    return y + (x @ q.block_sums(k, scheme.block)) @ p.offsets
+
 @pytest.mark.parametrize("spec", ["tiny-bert", "tiny-gpt2", "tiny-transformer"])
 def test_int8_quantizes_every_matmul_weight_and_verifies(builds, spec):
     res = builds(spec, "int8")
