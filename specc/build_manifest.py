@@ -18,9 +18,8 @@ from typing import Any
 
 from specc import __version__
 from specc.export.quantize import describe as quantization
-from specc.fileio import write_atomic
 from specc.spec.dump import spec_to_data
-from specc.fileio import file_sha256, sha256s
+from specc.fileio import INDEX_SUFFIX, file_sha256, sha256s, write_atomic
 from specc.spec.manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE, NotAManifest, read_manifest
 from specc.spec.resolve import ResolvedSpec
 from specc.spec.targets import PRECISIONS
@@ -57,10 +56,16 @@ class Inputs:
 
 def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights: Path | None, seed: int,
            passes: list[str]) -> Inputs:
-    """The build's inputs: `weights` a safetensors file (hashed), else the seeded initialisation."""
+    """The build's inputs: `weights` a safetensors file or a sharded one's index (hashed, and each
+    shard), else the seeded initialisation."""
     source: dict[str, Any] = {"source": "seed", "seed": seed}
     if weights is not None:
         source = {"source": "file", "file": weights.name, "sha256": file_sha256(weights)}
+        if weights.name.endswith(INDEX_SUFFIX):
+            from specc.weights.io import ShardedSafetensors  # imports torch
+
+            shards = ShardedSafetensors(weights).files[1:]
+            source["shards"] = dict(zip((p.name for p in shards), sha256s(shards)))
     spec = spec_to_data(r.spec)
     options = {"target": target, "precision": precision, "opset": opset, "weights": source}
     if PRECISIONS[precision].quantized:

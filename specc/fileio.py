@@ -12,6 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
+INDEX_SUFFIX = ".safetensors.index.json"  # a sharded weights file's index, as Hugging Face names it
+
+
 def umask() -> int:
     """The process umask (reading it means setting it; it is set straight back)."""
     mask = os.umask(0)

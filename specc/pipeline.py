@@ -165,8 +165,10 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         spill = stage.tmp / ".references"
         spill.mkdir()
         longest = STREAMED_LONGEST if streamed else None
+        # a streamed build's reference run waits for the save (run by result(), not forked): its
+        # layers made beside the save's were such a build's peak (docs/build.md)
         with ReferenceJob(r, built.reference, seed, spill, stage.tmp / WEIGHTS_FILE, longest=longest,
-                          n_params=n_params, write_weights=built.write_weights,
+                          fork=False if streamed else None, n_params=n_params, write_weights=built.write_weights,
                           prepare=_reference_weights(precision, weights_file)) as references:
             exported, optimizations = _export(clock, r, model, precision, opset, built.source)
             _optimize(clock, r, exported, made.passes, optimizations)

@@ -58,6 +58,9 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
     "weights-missing": ({"bad.yaml": GPT + "weights: trained.safetensors\n"}, "build -q bad.yaml -o build/bad", 1),
     "weights-not-safetensors": ({"bad.yaml": GPT, "w.safetensors": "not a safetensors file"},
                                 "build -q bad.yaml -o build/bad --weights w.safetensors", 1),
+    "weights-shard-missing": ({"bad.yaml": GPT, "w.safetensors.index.json":
+                               '{"weight_map": {"decoder.final_norm.weight": "w-00002-of-00002.safetensors"}}'},
+                              "build -q bad.yaml -o build/bad --weights w.safetensors.index.json", 1),
     "memory": ({}, "build -q tiny-gpt2 -o build/tiny --max-memory 1MiB", 1),
     "memory-streamed": ({"deep.yaml": GPT.replace("bad", "deep") + "decoder: {layers: 4}\n"},
                         "build -q deep.yaml -o build/deep --max-memory 1MiB", 1),

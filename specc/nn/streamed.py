@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specc.errors import WeightsError
 from specc.nn.blocks import Layer, default_init_skipped, init_parameter, init_weights, stack_depths
 from specc.nn.model import SpeccModel
 from specc.spec.costs import parameter_shapes
@@ -88,10 +87,10 @@ class StreamedWeights:
         self.r, self.short, self.roles, self.keep, self.seed = r, short, tuple(roles), keep, seed
         self.file = None
         if weights is not None:
-            from specc.weights.io import SafetensorsFile
+            from specc.weights.io import check_weights, open_weights
 
-            self.file = SafetensorsFile(weights)
-            _check_file(self.file, parameter_shapes(r))
+            self.file = open_weights(weights)
+            check_weights(self.file, parameter_shapes(r))
         self._held: tuple[tuple[str, int], nn.Module] | None = None
         self.on_layer = None  # on_layer(role, index, layers in the stack): called as each layer is made
         # transform(layer): applied to each layer as it is made; with one, layers below `keep` are
@@ -160,21 +159,6 @@ class StreamedWeights:
         """Every parameter of the whole model, name -> a meta tensor of its dtype and shape (the
         header of its weights file)."""
         return {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(self.r).items()}
-
-
-def _check_file(file, shapes: dict[str, tuple[int, ...]]) -> None:
-    """What load_into checks, from the header alone: every name there, none extra, shapes and
-    float dtypes right."""
-    missing = sorted(set(shapes) - set(file))
-    unexpected = sorted(set(file) - set(shapes))
-    wrong = [f"{n}: file {tuple(file.meta(n).shape)}, model {shapes[n]}" for n in shapes
-             if n in file and tuple(file.meta(n).shape) != tuple(shapes[n])]
-    not_float = [n for n in shapes if n in file and not file.meta(n).dtype.is_floating_point]
-    problems = [f"{title}: {', '.join(items[:8])}" + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
-                for title, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong),
-                                     ("not a float dtype", not_float)) if items]
-    if problems:
-        raise WeightsError(f"{file.path}: weights do not match the spec's parameters; " + "; ".join(problems))
 
 
 class StreamedLayers(nn.Module):

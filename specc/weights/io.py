@@ -9,7 +9,7 @@ import json
 import os
 import struct
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors import SafetensorError
@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specc.errors import WeightsError
-from specc.fileio import umask
+from specc.fileio import INDEX_SUFFIX, read_bounded, umask
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -87,7 +87,7 @@ class SafetensorsFile(Mapping):
                 raise WeightsError(f"{self.path}: tensor {name!r} has a malformed or unknown header entry") from None
             nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
             if b - a != nbytes or start + b > end:
-                raise WeightsError(f"{self.path}: tensor {name!r}'s bytes [{a}, {b}) do not hold its {e['dtype']} "
+                raise WeightsError(f"{self.path}: cannot read safetensors: tensor {name!r}'s bytes [{a}, {b}) do not hold its {e['dtype']} "
                                    f"{list(shape)} inside the file; it may be truncated")
             self._entries[name] = (dtype, shape, start + a, nbytes)
 
@@ -116,6 +116,96 @@ class SafetensorsFile(Mapping):
         """The tensor's dtype and shape, as an empty tensor on torch's meta device."""
         dtype, shape, _, _ = self._entries[name]
         return torch.empty(shape, dtype=dtype, device="meta")
+
+
+INDEX_LIMIT = 64 * 2**20  # bytes: a real index is a few MB (thousands of names); refused past this
+
+
+def index_files(weight_map, where: str, error: type[Exception] = WeightsError) -> list[str]:
+    """The shard file names an index's `weight_map` ({tensor: file}) names, sorted, each a relative
+    name that stays inside the index's folder; raises `error` naming `where` (the index) and the
+    entry otherwise."""
+    if not isinstance(weight_map, dict):
+        raise error(f"{where}: not a weights index (no weight_map object)")
+    for tensor, entry in weight_map.items():
+        what = f"{where}: weight_map[{json.dumps(tensor)[:80]}] = {json.dumps(entry)[:80]}"
+        if type(entry) is not str or not entry:
+            raise error(f"{what}: expected a file name")
+        name = PurePosixPath(entry)
+        if "\0" in entry or name.is_absolute() or ".." in name.parts:
+            raise error(f"{what}: not a file name inside the checkpoint folder; refused")
+    return sorted(set(weight_map.values()))
+
+
+class ShardedSafetensors(Mapping):
+    """A sharded weights file read as one SafetensorsFile: NAME.safetensors.index.json
+    ({"weight_map": {tensor: shard}}, as Hugging Face writes a large checkpoint) and the shards it
+    names beside it. Each tensor is read from the shard the map names, when asked for; a map that
+    names a tensor its shard lacks, or a shard holding tensors the map does not give it, is refused."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            data = json.loads(read_bounded(self.path, INDEX_LIMIT).decode("utf-8"))
+        except FileNotFoundError:
+            raise WeightsError(f"{self.path}: no such weights file") from None
+        except (OSError, ValueError, RecursionError) as exc:  # NotARegularFile is an OSError; json's are ValueErrors
+            raise WeightsError(f"{self.path}: cannot read the weights index ({str(exc)[:200]})") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        folder = self.path.parent
+        self._shards = {}
+        for f in index_files(weight_map, str(self.path)):
+            try:
+                self._shards[f] = SafetensorsFile(folder / f)
+            except WeightsError as exc:
+                raise WeightsError(f"{exc} (named by {self.path})") from None
+        self._map: dict[str, str] = dict(weight_map)
+        for f, shard in self._shards.items():
+            named = {t for t, where in self._map.items() if where == f}
+            lacking, extra = sorted(named - set(shard)), sorted(set(shard) - named)
+            if lacking or extra:
+                what = (f"lacks {', '.join(lacking[:4])}" if lacking else
+                        f"holds {', '.join(extra[:4])}, which the index does not give it")
+                raise WeightsError(f"{self.path}: shard {f} {what}")
+
+    @property
+    def files(self) -> list[Path]:
+        """The index, then each shard."""
+        return [self.path, *(shard.path for shard in self._shards.values())]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._shards[self._map[name]][name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def meta(self, name: str) -> torch.Tensor:
+        return self._shards[self._map[name]].meta(name)
+
+
+def open_weights(path: str | os.PathLike) -> SafetensorsFile | ShardedSafetensors:
+    """A weights file (.safetensors) or a sharded one (its .safetensors.index.json), read a tensor
+    at a time."""
+    path = Path(path)
+    return ShardedSafetensors(path) if path.name.endswith(INDEX_SUFFIX) else SafetensorsFile(path)
+
+
+def check_weights(file, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """The weights file's header against a model's parameters: every name there and none extra,
+    the shapes right, float dtypes; nothing is read past the headers."""
+    missing = sorted(set(shapes) - set(file))
+    unexpected = sorted(set(file) - set(shapes))
+    wrong = [f"{n}: file {tuple(file.meta(n).shape)}, model {tuple(shapes[n])}" for n in shapes
+             if n in file and tuple(file.meta(n).shape) != tuple(shapes[n])]
+    not_float = [f"{n}: {file.meta(n).dtype}" for n in shapes if n in file and file.meta(n).dtype not in _FLOATS]
+    problems = [f"{title}: {', '.join(items[:8])}" + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
+                for title, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong),
+                                     ("not a float dtype", not_float)) if items]
+    if problems:
+        raise WeightsError(f"{file.path}: weights do not match the spec's parameters; " + "; ".join(problems))
 
 
 def write_safetensors(entries: Mapping[str, torch.Tensor], tensor_of: Callable[[str], torch.Tensor],
@@ -158,24 +248,11 @@ def write_safetensors(entries: Mapping[str, torch.Tensor], tensor_of: Callable[[
 
 
 def load_into(module: nn.Module, path: str | os.PathLike) -> None:
-    """Copy a safetensors file into the module's parameters; every name and shape must match."""
-    tensors = read_safetensors(path)
+    """Copy a weights file (or a sharded one) into the module's parameters, a tensor at a time;
+    every name and shape must match (check_weights)."""
+    tensors = open_weights(path)
     params = dict(module.named_parameters())
-    missing = sorted(set(params) - set(tensors))
-    unexpected = sorted(set(tensors) - set(params))
-    wrong = [
-        f"{n}: file {tuple(tensors[n].shape)}, model {tuple(p.shape)}"
-        for n, p in params.items()
-        if n in tensors and tuple(tensors[n].shape) != tuple(p.shape)
-    ]
-    bad_dtype = [f"{n}: {tensors[n].dtype}" for n in params if n in tensors and tensors[n].dtype not in _FLOATS]
-    problems = []
-    for title, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong), ("not a float dtype", bad_dtype)):
-        if items:
-            shown = ", ".join(items[:8]) + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
-            problems.append(f"{title}: {shown}")
-    if problems:
-        raise WeightsError(f"{path}: weights do not match the spec's parameters; " + "; ".join(problems))
+    check_weights(tensors, {n: tuple(p.shape) for n, p in params.items()})
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(tensors[n].to(p.dtype))

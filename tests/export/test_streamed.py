@@ -160,3 +160,67 @@ def test_the_estimates_choose_streaming_only_where_the_whole_model_does_not_fit(
         specc.build(spec, tmp_path / "no", max_memory=limit, stream=False)
     with pytest.raises(BuildError, match="streamed needs about"):
         specc.build(spec, tmp_path / "tiny", max_memory=1024, stream=True)
+
+
+def _shard(weights, folder, parts: int = 2):
+    """`weights` written again as `parts` shards and an index, as Hugging Face writes a large
+    checkpoint; returns the index."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(weights))
+    names = sorted(tensors)
+    weight_map = {}
+    for i in range(parts):
+        shard = f"model-{i + 1:05d}-of-{parts:05d}.safetensors"
+        mine = names[i::parts]
+        save_file({n: tensors[n] for n in mine}, str(folder / shard))
+        weight_map.update({n: shard for n in mine})
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return index
+
+
+def test_a_sharded_weights_file_builds_what_the_single_file_does(tmp_path):
+    """--weights NAME.safetensors.index.json: the same graphs as the single file, streamed and
+    not; each shard is hashed into the build's inputs, so a changed shard is a new build."""
+    spec = _deep()
+    weights = specc.build(spec, tmp_path / "seeded", seed=3, stream=False).out_dir / "model.safetensors"
+    (tmp_path / "sharded").mkdir()
+    index = _shard(weights, tmp_path / "sharded")
+    single = specc.build(spec, tmp_path / "single", weights=weights, stream=False)
+    whole = specc.build(spec, tmp_path / "whole", weights=index, stream=False)
+    assert specc.build(spec, tmp_path / "streamed", weights=index, stream=True).verification["streamed"]
+    assert _hashes(tmp_path / "single") == _hashes(tmp_path / "whole") == _hashes(tmp_path / "streamed")
+    source = whole.manifest["options"]["weights"]
+    assert source["file"] == index.name and sorted(source["shards"]) == ["model-00001-of-00002.safetensors",
+                                                                         "model-00002-of-00002.safetensors"]
+    assert specc.build(spec, tmp_path / "whole", weights=index, stream=False).cached
+    shard = tmp_path / "sharded" / "model-00002-of-00002.safetensors"
+    from safetensors.torch import load_file, save_file
+
+    changed = load_file(str(shard))
+    first = sorted(changed)[0]
+    changed[first] = changed[first] + 1
+    save_file(changed, str(shard))
+    assert not specc.build(spec, tmp_path / "whole", weights=index, stream=False).cached
+    assert single.manifest["options"]["weights"]["sha256"] != source["sha256"]  # the index's, not the file's
+
+
+def test_a_sharded_weights_file_whose_shards_disagree_with_its_index_is_refused(tmp_path):
+    from specc.errors import WeightsError
+    from specc.weights.io import ShardedSafetensors
+
+    spec = _deep()
+    weights = specc.build(spec, tmp_path / "seeded", stream=False).out_dir / "model.safetensors"
+    index = _shard(weights, tmp_path)
+    data = json.loads(index.read_text())
+    moved = sorted(data["weight_map"])[0]
+    data["weight_map"][moved] = "model-00002-of-00002.safetensors"  # not where it is
+    index.write_text(json.dumps(data))
+    with pytest.raises(WeightsError, match=r"model-0000\d-of-00002.safetensors (lacks|holds) .*" + moved.replace(".", r"\.")):
+        ShardedSafetensors(index)
+    data["weight_map"][moved] = "../model-00001-of-00002.safetensors"
+    index.write_text(json.dumps(data))
+    with pytest.raises(WeightsError, match="not a file name inside"):
+        specc.build(spec, tmp_path / "out", weights=index)
+    assert not (tmp_path / "out").exists()

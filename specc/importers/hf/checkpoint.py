@@ -22,7 +22,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from specc.errors import SpeccError, WeightsError
@@ -116,22 +116,12 @@ def _inside(src: Path, path: Path, what: str, note: str = "") -> Path:
 
 def _shards(src: Path, index: Path) -> list[Path]:
     """The files an index's weight_map names, each a relative name inside SRC."""
+    from specc.weights.io import index_files  # imports torch
+
     data = _read_json(index)
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict):
-        raise CheckpointError(f"{index}: not a weights index (no weight_map object)")
-    for tensor, entry in weight_map.items():
-        what = f"{index}: weight_map[{json.dumps(tensor)[:80]}] = {json.dumps(entry)[:80]}"
-        if type(entry) is not str or not entry:
-            raise CheckpointError(f"{what}: expected a file name")
-        name = PurePosixPath(entry)
-        if "\0" in entry or name.is_absolute() or ".." in name.parts:
-            raise CheckpointError(f"{what}: not a file name inside the checkpoint folder; refused")
-    files = []
-    for entry in sorted(set(weight_map.values())):
-        what = f"{index}: weight_map entry {json.dumps(entry)[:80]}"
-        files.append(_inside(src, src / entry, what, f" (named by {index.name})"))
-    return files
+    names = index_files(data.get("weight_map") if isinstance(data, dict) else None, str(index), CheckpointError)
+    return [_inside(src, src / entry, f"{index}: weight_map entry {json.dumps(entry)[:80]}", f" (named by {index.name})")
+            for entry in names]
 
 
 class Checkpoint(Mapping):
