@@ -4,8 +4,11 @@ decoders from gpt2-small to llama-3-8b. Each build runs in its own process
 (suite.run_measured); its build folder is deleted after it is measured (a 7B build writes
 27 GB of fp32 weights file). Writes docs/benchmarks_streamed.md.
 
-    .venv/bin/python benchmarks/streamed_build.py                        # the default rows (hours)
-    .venv/bin/python benchmarks/streamed_build.py --rows gpt2-small:fp32:whole llama-2-7b:int4:stream
+    .venv-bench/bin/python benchmarks/streamed_build.py                  # the default rows (hours)
+    .venv-bench/bin/python benchmarks/streamed_build.py --rows gpt2-small:fp32:whole llama-2-7b:int4:stream
+
+`optimum` rows (SPEC:fp32:optimum) export a Hugging Face checkpoint of the same shape with
+Optimum's main_export (the bench environment has it); they are where it fits in memory.
 """
 from __future__ import annotations
 
@@ -19,12 +22,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from specc.fileio import write_atomic  # noqa: E402
+from specc.nn import as_resolved  # noqa: E402
+from specc.spec.costs import inspect_spec  # noqa: E402
 from suite import WORK, _cpu, run_measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1024**3
-ROWS = ["gpt2-small:fp32:whole", "gpt2-small:fp32:stream", "gpt2-medium:fp32:stream", "llama-style-1b:int4:whole",
-        "llama-style-1b:int4:stream", "llama-2-7b:int4:stream", "llama-2-7b:fp16:stream", "llama-3-8b:int4:stream"]
+ROWS = ["gpt2-small:fp32:whole", "gpt2-small:fp32:stream", "gpt2-small:fp32:optimum", "gpt2-medium:fp32:stream",
+        "gpt2-medium:fp32:optimum", "llama-style-1b:int4:whole", "llama-style-1b:int4:stream",
+        "llama-style-1b:fp32:optimum", "open-llama-3b:int4:stream", "llama-2-7b:int4:stream", "llama-2-7b:fp16:stream",
+        "llama-3-8b:int4:stream"]
 
 
 def measure(spec: str, precision: str, how: str) -> dict:
@@ -44,6 +51,51 @@ def measure(spec: str, precision: str, how: str) -> dict:
         shutil.rmtree(out, ignore_errors=True)
 
 
+def hf_checkpoint(spec: str) -> Path:
+    """A Hugging Face checkpoint of the spec's shape (random weights, saved once), for Optimum's
+    export: GPT-2 and LLaMA shapes."""
+    import torch
+    import transformers as T
+
+    path = WORK / f"hf-{spec}"
+    if (path / "config.json").exists():
+        return path
+    r = as_resolved(spec)
+    stack = r.decoder
+    layer = stack.layers[0]
+    if r.position.kind == "learned":
+        config = T.GPT2Config(n_embd=r.d_model, n_layer=len(stack.layers), n_head=layer.attention.heads,
+                              n_positions=r.position.max_length, vocab_size=stack.vocab_size)
+        cls = T.GPT2LMHeadModel
+    else:
+        config = T.LlamaConfig(hidden_size=r.d_model, intermediate_size=layer.ffn.d_ff,
+                               num_hidden_layers=len(stack.layers), num_attention_heads=layer.attention.heads,
+                               num_key_value_heads=layer.attention.kv_heads, vocab_size=stack.vocab_size,
+                               max_position_embeddings=r.position.max_length, rope_theta=r.position.base)
+        cls = T.LlamaForCausalLM
+    torch.manual_seed(0)
+    cls(config).save_pretrained(path)
+    return path
+
+
+def measure_optimum(spec: str) -> dict:
+    """Optimum's ONNX export (fp32, with its KV cache graph and its own validation) of the same
+    shape, in its own process."""
+    out = WORK / f"streamed-optimum-{spec}"
+    code = ("from optimum.exporters.onnx import main_export; "
+            f"main_export({str(hf_checkpoint(spec))!r}, {str(out)!r}, task='text-generation-with-past', "
+            "local_files_only=True)")
+    print(f"[streamed_build] optimum {spec}", file=sys.stderr, flush=True)
+    try:
+        seconds, peak = run_measured([sys.executable, "-c", code])
+        return {"seconds": seconds, "peak": peak, "timings": {}, "error": None,
+                "parameters": inspect_spec(as_resolved(spec))["parameters"]}
+    except SystemExit as failed:
+        return {"error": str(failed).strip().splitlines()[-1]}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", nargs="+", default=ROWS, help="SPEC:PRECISION:whole|stream")
@@ -53,7 +105,7 @@ def main() -> None:
     rows = []
     for row in args.rows:
         spec, precision, how = row.split(":")
-        rows.append((spec, precision, how, measure(spec, precision, how)))
+        rows.append((spec, precision, how, measure_optimum(spec) if how == "optimum" else measure(spec, precision, how)))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Build memory against model size",
@@ -61,9 +113,11 @@ def main() -> None:
         "Written by `benchmarks/streamed_build.py`; do not edit by hand. Peak memory of the build's whole "
         "process tree (its own RSS, plus the private memory of the reference run it forks) and wall time, "
         "one build per process, seeded weights. `whole`: the build holds the model (`--no-stream`); "
-        "`stream`: one layer of each deep stack at a time (`--stream`; docs/build.md).",
+        "`stream`: one layer of each deep stack at a time (`--stream`; docs/build.md); `optimum`: Optimum's "
+        "`main_export` (fp32, with its KV-cache graph and its own validation) of a Hugging Face checkpoint of "
+        "the same shape, random weights.",
         "",
-        f"Run {date} on {platform.machine()}, {_cpu()}; command: `.venv/bin/python benchmarks/streamed_build.py "
+        f"Run {date} on {platform.machine()}, {_cpu()}; command: `.venv-bench/bin/python benchmarks/streamed_build.py "
         f"--rows {' '.join(args.rows)}`.",
         "",
         "| model | parameters | precision | how | wall | peak | peak / fp32 weights | quantize / save / verify |",

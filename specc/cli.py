@@ -263,8 +263,8 @@ class _StageDisplay:
                 self.status = self.console.status(f"{stage}...")
                 self.status.start()
             return
-        if state == "step":  # a streamed build making its layers, one at a time
-            text = f"{stage}: {facts['role']} layer {facts['layer'] + 1} of {facts['of']}"
+        if state == "step":  # a streamed build making its layers, or verifying its segments, one at a time
+            text = f"{stage}: " + (facts.get("what") or f"{facts['role']} layer {facts['layer'] + 1} of {facts['of']}")
             if self.status is not None:
                 self.status.update(text + "...")
             elif not self.console.is_terminal:

@@ -4,15 +4,19 @@ The estimate of a build that holds the whole model: the fp32 weights held about 
 (module, exported graph, onnxruntime session, weights file buffer), the activations of the
 longest verification case, and 1 GiB for the libraries. Of a streamed build (one layer of the
 deep stacks at a time, specc/nn/streamed.py): the larger of its two phases, building (the short
-module's fp32 weights, twice where the graph is exported in another dtype, and three layers
+module's fp32 weights, and a copy in the dtype the graph is exported in where that is not fp32, and three layers
 made at once: the exporter's, the writer's and the reference run's) and verifying (onnxruntime's
-session holding the written graph's weights as stored, and the activations). Either is compared
+session holding the written graph's weights as stored where that is no more than building holds,
+else a segment at a time: one layer's written weights and those outside the layers, see
+specc/export/segments.py; plus the activations). Either is compared
 with the memory available (/proc/meminfo) or the limit given (`--max-memory`).
 """
 from __future__ import annotations
 
 import math
 import os
+import shutil
+from pathlib import Path
 
 from specc.errors import BuildError
 from specc.export.quantize import SCHEMES
@@ -48,27 +52,44 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     # per block; at a float precision, its dtype
     linear = scheme.bits / 8 + (4 + scheme.bits / 8) / scheme.block if scheme else precision.dtype_bytes
     stored = 0  # the written graph's weights: linear weights as above, tables and vectors in the dtype
+    outside = 0  # of those, the ones in no layer (embeddings, heads, final norms)
     short = 0  # the short module's fp32 weights
-    per_layer: dict[str, int] = {}
+    per_layer: dict[str, int] = {}  # each layer's fp32 weights
+    stored_layer: dict[str, int] = {}  # each layer's weights as written
     for name, shape in parameter_shapes(r).items():
         n = math.prod(shape)
         table = name.startswith("embeddings.") or ".positions." in name or len(shape) != 2
-        stored += n * precision.dtype_bytes if table else math.ceil(n * linear)
+        written = n * precision.dtype_bytes if table else math.ceil(n * linear)
+        stored += written
         parts = name.split(".")
         if len(parts) > 3 and parts[1] == "layers" and parts[2].isdigit():
             key = ".".join(parts[:3])
             per_layer[key] = per_layer.get(key, 0) + 4 * n
+            stored_layer[key] = stored_layer.get(key, 0) + written
             if int(parts[2]) >= KEEP:
                 continue
+        else:
+            outside += written
         short += 4 * n
     layer = max(per_layer.values(), default=0)  # the largest layer's fp32 weights
-    export_copy = short if precision.dtype != "float32" else 0
+    export_copy = short * precision.dtype_bytes // 4 if precision.dtype != "float32" else 0  # the traced copy
     building = short + export_copy + 3 * layer
     activations = _activations(r, min(r.serving.length.max, STREAMED_LONGEST))
-    verifying = stored + activations
+    # verified whole where onnxruntime holding every written weight needs no more than building
+    # does (or than the libraries: a small model is never cut), else a segment at a time: at most
+    # one layer and the weights outside the layers
+    whole = stored <= max(building, LIBRARIES)
+    verifying = (stored if whole else outside + max(stored_layer.values(), default=0)) + activations
     total = max(building, verifying) + LIBRARIES
     return {"bytes": total, "building": building, "verifying": verifying, "stored": stored, "layer": layer,
-            "activations": activations}
+            "activations": activations, "whole": whole}
+
+
+def verifies_whole(r: ResolvedSpec) -> bool:
+    """Whether a streamed build's graph is verified whole by onnxruntime (every written weight
+    held at once), rather than a layer at a time (specc/export/segments.py): where that needs no
+    more memory than building it does, or than LIBRARIES."""
+    return estimate_streamed(r)["whole"]
 
 
 def _activations(r: ResolvedSpec, length: int) -> int:
@@ -115,6 +136,28 @@ def check_memory(r: ResolvedSpec, max_memory: int | None = None, streamed: bool 
             f"{human_bytes(need['activations'])} of activations), but {human_bytes(have)} is available"
             f"{_streamed_hint(r)}; free memory, build on a larger machine, or raise the limit with --max-memory"
         )
+
+
+DISK_MARGIN = 256 * 1024**2  # the graph skeletons, the manifest, the verification's spilled outputs
+
+
+def check_disk(r: ResolvedSpec, out_dir: Path) -> None:
+    """Refuse up front a build whose files cannot fit on the disk that will hold DIR: the graph's
+    weights as written, plus model.safetensors (every parameter in fp32), plus DISK_MARGIN. The
+    build is staged beside DIR (specc/export/outdir.py), so a previous build there still counts."""
+    need = estimate_streamed(r)["stored"] + 4 * sum(math.prod(s) for s in parameter_shapes(r).values()) + DISK_MARGIN
+    where = Path(out_dir).absolute()
+    try:
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        usage = shutil.disk_usage(where)
+    except OSError:
+        return  # nothing to go by (a name too long, no permission): the build's own writes will say
+    free = usage.free
+    if usage.total and need > free:  # a filesystem of no size (/proc) says nothing either
+        raise BuildError(f"building {r.name} writes about {human_bytes(need)} (the graph's weights as "
+                         f"{r.serving.precision} and model.safetensors in fp32), but {where} has {human_bytes(free)} "
+                         "free; free disk space or build into another directory (-o)")
 
 
 def streamed_fits(r: ResolvedSpec, max_memory: int | None = None) -> bool:

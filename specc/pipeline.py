@@ -34,13 +34,14 @@ from specc.export.passes import apply as apply_passes
 from specc.export.diagnose import first_wrong_layer
 from specc.export.quantize import dequantize_linears, quantize
 from specc.export.reference import ReferenceJob
+from specc.export.segments import verify_segments
 from specc.export.stitch import KEEP, LAYER_OUTPUTS, streamable
 from specc.export.tensorrt import build_engines, engines_possible
-from specc.export.verify import verify
+from specc.export.verify import new_report, verify
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
 from specc.malloc import trim
-from specc.memory import STREAMED_LONGEST, check_memory, streamed_fits
+from specc.memory import STREAMED_LONGEST, check_disk, check_memory, streamed_fits, verifies_whole
 from specc.runtime.session import session_options
 from specc.spec.costs import parameter_shapes
 from specc.spec.load import load_spec
@@ -152,6 +153,8 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             progress("cache", "done", {"out_dir": str(out)})
         return BuildResult(out.absolute(), hit, cached=True)
     streamed = choose_streamed(r, stream, max_memory)
+    check_disk(r, out)
+    segmented = streamed and not verifies_whole(r)  # verified a layer at a time (specc/export/segments.py)
 
     with Staging(out) as stage, watch_interrupts():
         from specc.export.onnx import preload
@@ -169,14 +172,15 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         # layers made beside the save's were such a build's peak (docs/build.md)
         with ReferenceJob(r, built.reference, seed, spill, stage.tmp / WEIGHTS_FILE, longest=longest,
                           fork=False if streamed else None, n_params=n_params, write_weights=built.write_weights,
-                          prepare=_reference_weights(precision, weights_file)) as references:
+                          prepare=_reference_weights(precision, weights_file),
+                          layers=_streamed_roles(r) if segmented else ()) as references:
             exported, optimizations = _export(clock, r, model, precision, opset, built.source)
             _optimize(clock, r, exported, made.passes, optimizations)
             _quantize(clock, r, exported, precision, optimizations)
             layer_outputs: dict = {}
             files = _save(clock, r, exported, precision, n_params, opset, stage.tmp, layer_outputs)
             refs, report = _verify(clock, r, references, built, files, precision, seed, longest, layer_outputs,
-                                   weights_file)
+                                   weights_file, segmented)
         del model, built
         with clock.stage("write"):
             engine_report, plans = build_engines(r, refs, files, stage.tmp, precision, seed) if engines else (None, {})
@@ -186,7 +190,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             listed = build_manifest.artifacts([*written, stage.tmp / WEIGHTS_FILE], stage.tmp)
             manifest = build_manifest.write(
                 stage.tmp, r, made, graph_files=graph_files, artifacts=listed, parameters=n_params,
-                optimizations=optimizations, verification={**report.to_dict(), **_protocol(streamed)},
+                optimizations=optimizations, verification={**report.to_dict(), **_protocol(streamed, segmented)},
                 verification_tensorrt=engine_report, timings=clock.timings())
             check_interrupt()  # the last moment a Ctrl-C still leaves DIR as it was
             stage.commit()
@@ -274,13 +278,16 @@ def _reference_weights(precision: str, weights_file: Path | None):
     return prepare
 
 
-def _protocol(streamed: bool) -> dict:
+def _protocol(streamed: bool, segmented: bool) -> dict:
     """The manifest's word on how a streamed build was verified (docs/build.md)."""
     if not streamed:
         return {}
+    graph = ("the written graph cut at each layer's output, each segment run alone by onnxruntime from the "
+             "graph's external data on torch's own input to it" if segmented else
+             "the written graph, run whole by onnxruntime from its external data")
     return {"streamed": {"longest": STREAMED_LONGEST,
                          "reference": "torch, the whole model's forward with its layers made one at a time",
-                         "graph": "the written graph, run whole by onnxruntime from its external data"}}
+                         "graph": graph, "by_segments": segmented}}
 
 
 # --- stages ------------------------------------------------------------------------------------
@@ -439,10 +446,12 @@ def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, precision: str, op
 
 
 def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Module, files: dict[str, list[Path]],
-            precision: str, seed: int, longest: int | None, layer_outputs: dict, weights_file: Path | None):
+            precision: str, seed: int, longest: int | None, layer_outputs: dict, weights_file: Path | None,
+            segmented: bool = False):
     """The torch outputs (waited for where the reference run was forked), the module released,
-    then each written graph run by onnxruntime and compared. Returns (the torch outputs, the report).
-    A streamed build that fails says which layer is wrong first, where it can (specc/export/diagnose.py)."""
+    then each written graph run by onnxruntime and compared (`segmented`: a layer at a time,
+    specc/export/segments.py). Returns (the torch outputs, the report). A streamed build that
+    fails says which layer is wrong first, where it can (specc/export/diagnose.py)."""
     with clock.stage("verify") as facts:
         waited = time.perf_counter()
         refs = references.result()
@@ -453,10 +462,15 @@ def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Mo
         # weights beside it
         built.release()
         trim()  # the module's freed memory back to the system before onnxruntime loads its own copy
+        dequantized = _reference_weights(precision, weights_file) is not None
+        if segmented:
+            report = _verify_segments(clock, r, refs, files, layer_outputs, precision, seed, longest, dequantized)
+            facts["max_abs_diff"] = report.max_abs
+            return refs, report
         sessions = {name: _session(paths[0], name) for name, paths in files.items()}
         try:
             report = verify(r, refs, sessions, "onnx", precision, seed=seed, longest=longest,  # the ONNX graph, by onnxruntime
-                            dequantized=_reference_weights(precision, weights_file) is not None)
+                            dequantized=dequantized)
         except VerificationError as failed:
             del sessions
             where = _first_wrong_layer(r, built, files, layer_outputs, precision, seed, longest, weights_file)
@@ -466,6 +480,22 @@ def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Mo
         del sessions
         facts["max_abs_diff"] = report.max_abs
     return refs, report
+
+
+def _verify_segments(clock: _Clock, r: ResolvedSpec, refs: dict, files: dict[str, list[Path]], layer_outputs: dict,
+                     precision: str, seed: int, longest: int | None, dequantized: bool):
+    """segments.verify_segments on a streamed build's single graph, with progress per segment."""
+    names = layer_outputs.get("model") or {}
+    if set(files) != {"model"} or not names:
+        raise BuildError(f"{r.name}: the streamed graph cannot be verified a layer at a time (its layer outputs "
+                         "were not recorded)")
+    layers = [(role, i, name) for role, values in names.items() for i, name in enumerate(values)]
+
+    def on_segment(name: str, index: int, of: int) -> None:
+        clock.step(what=f"segment {index + 1} of {of} ({name})")
+
+    return verify_segments(r, refs, files["model"][0], layers, lambda path: _session(path, "model"),
+                           new_report(r, "onnx", precision, dequantized), seed, longest, on_segment)
 
 
 def _first_wrong_layer(r: ResolvedSpec, built: _Module, files: dict[str, list[Path]], layer_outputs: dict,

@@ -132,8 +132,16 @@ def build_report(manifest: dict[str, Any], out_dir: str, cached: bool = False) -
         [[a["path"], human_bytes(a["bytes"]), a["sha256"][:12]] for a in manifest["artifacts"]],
     )]
     blocks.append(f"parameters: {manifest['parameters']:,}")
-    blocks.append(f"verified: {len(v['cases'])} cases, max |onnxruntime - torch| {v['max_abs_diff']:.2e} "
-                  f"({judged}, {v['target']} {v['precision']})")
+    segments = [c for c in v.get("segments") or [] if isinstance(c, dict)]
+    if segments:  # a streamed build verified a layer at a time (specc/export/segments.py)
+        worst = max(segments, key=case_max_abs)
+        count = len({c.get("segment") for c in segments})
+        blocks.append(f"verified a layer at a time: {count} segments x {len(segments) // max(count, 1)} cases, "
+                      f"max |onnxruntime - torch| {v['max_abs_diff']:.2e} (at {worst.get('segment')}, case "
+                      f"{worst.get('case')}; {judged}, {v['target']} {v['precision']})")
+    else:
+        blocks.append(f"verified: {len(v['cases'])} cases, max |onnxruntime - torch| {v['max_abs_diff']:.2e} "
+                      f"({judged}, {v['target']} {v['precision']})")
     cases = [c for c in v["cases"] if isinstance(c, dict)]
     if cases:
         blocks.append(Table("verification", ["graph", "case", "max abs diff", "judged by"], [

@@ -40,7 +40,7 @@ def test_bert_base_with_pooler_matches_hugging_face():
 
 
 # the published sizes of the models whose shapes the catalog copies
-@pytest.mark.parametrize("name,published", [("llama-style-1b", None), ("llama-2-7b", 6_738_415_616),
+@pytest.mark.parametrize("name,published", [("llama-style-1b", None), ("open-llama-3b", None), ("llama-2-7b", 6_738_415_616),
                                             ("llama-3-8b", 8_030_261_248)])
 def test_llama_family_matches_hugging_face(name, published):
     r = resolve(load_spec(name))

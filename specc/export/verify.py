@@ -105,17 +105,42 @@ class Report:
     cases: list[dict] = field(default_factory=list)
     bar: QualityBar | None = None  # an integer precision's, instead of atol and rtol
     dequantized: bool = False  # the reference computed with the graph's dequantized weights
+    segments: list[dict] = field(default_factory=list)  # a streamed build's, by segment and case (segments.py)
 
     @property
     def max_abs(self) -> float:
-        return max((o["max_abs"] for c in self.cases for o in c["outputs"].values()), default=0.0)
+        return max((o["max_abs"] for c in (*self.cases, *self.segments) for o in c["outputs"].values()), default=0.0)
 
     def to_dict(self) -> dict:
         judged = ({"quality_bar": vars(self.bar), "compared_with": "dequantized" if self.dequantized else "fp32"}
                   if self.bar is not None
                   else {"tolerance": {"atol": self.atol, "rtol": self.rtol}})
         return {"target": self.target, "precision": self.precision, **judged,
-                "passed": True, "max_abs_diff": self.max_abs, "cases": self.cases}
+                "passed": True, "max_abs_diff": self.max_abs, "cases": self.cases,
+                **({"segments": self.segments} if self.segments else {})}
+
+    def compare(self, name: str, scores: bool, got: np.ndarray, want, where: str) -> dict:
+        """One output of one case against torch's, by this report's tolerance or bar: its figures,
+        or VerificationError naming `where`."""
+        if self.bar is None:
+            return _compare(name, got, want, self.atol, self.rtol, where)
+        return _compare_quality(name, scores, got, want, self.bar, where)
+
+
+def new_report(r: ResolvedSpec, target: str, precision: str, dequantized: bool = False) -> Report:
+    """The empty report a build's outputs are judged into: the tolerance of (target, precision),
+    or an integer precision's quality bar (QUALITY_BARS against fp32, DEQUANTIZED_BAR against the
+    graph's own dequantized weights)."""
+    # the onnx target's graphs are what integer builds verify (a TensorRT engine is never integer)
+    integer = target == "onnx" and precision in PRECISIONS and PRECISIONS[precision].quantized
+    bar = (DEQUANTIZED_BAR if dequantized else QUALITY_BARS.get(precision)) if integer else None
+    atol, rtol = tolerance(target, precision) if bar is None else (0.0, 0.0)
+    return Report(target, precision, atol, rtol, bar=bar, dequantized=dequantized and bar is not None)
+
+
+def scored(r: ResolvedSpec) -> set[str]:
+    """The outputs whose rows are logits over classes (judged by KL and argmax as well)."""
+    return {o.name for o in r.outputs if o.kind in SCORE_KINDS}
 
 
 def _base_feed(r: ResolvedSpec, sig: GraphSig, case: Case, rng: np.random.Generator,
@@ -191,6 +216,10 @@ class Spilled:
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+    def read(self) -> np.ndarray:
+        """The whole array (an input fed to a graph: a hidden state, a cache)."""
+        return next(self.chunks(self.size)).reshape(self.shape) if self.size else np.empty(self.shape, self.dtype)
 
     def chunks(self, n: int) -> Iterator[np.ndarray]:
         with open(self.path, "rb") as f:
@@ -340,14 +369,17 @@ def _continued(steps: list[_Step]) -> set[tuple[str, str]]:
 
 
 def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | None = None,
-                      spill_all: bool = False, longest: int | None = None) -> dict[tuple[str, str], dict[str, np.ndarray | Spilled]]:
+                      spill_all: bool = False, longest: int | None = None,
+                      layers: tuple[str, ...] = ()) -> dict[tuple[str, str], dict[str, np.ndarray | Spilled]]:
     """The reference's outputs for every case, (graph, case) -> {output: array}: `reference` is
     the fp32 SpeccModel in eval mode, its caches fed from its own earlier outputs. A build takes
     these first, so that the module can be released before the graph is loaded for comparison.
     With `spill` (a directory), the outputs of a case that no later case reads, when they are
     SPILL_BYTES or more together (a long case's logits, or its many present.*), are written there
     and come back as Spilled, read in chunks when compared; with `spill_all`, every output is
-    (the outputs of a forked reference run, specc/export/reference.py)."""
+    (the outputs of a forked reference run, specc/export/reference.py). `layers`: stacks of a
+    streamed model (specc/nn/streamed.py) whose every layer's output is kept too, as
+    "{role}.layers.{i}" (what a streamed build's segments read and are compared with, segments.py)."""
     import torch
 
     steps = _steps(r, seed, longest)
@@ -358,14 +390,23 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
         with torch.no_grad():
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
                        for k, v in feed.items()}
-            if step.case.graph == "encoder":
-                result = reference.encode(**tensors)
-            elif step.case.graph == "decoder":
-                result = reference.decode(**tensors)
-            else:
-                result = reference(**tensors)
+            recorded: dict[str, list] = {role: [] for role in layers}
+            for role in layers:
+                getattr(reference, role).layers.record = recorded[role]
+            try:
+                if step.case.graph == "encoder":
+                    result = reference.encode(**tensors)
+                elif step.case.graph == "decoder":
+                    result = reference.decode(**tensors)
+                else:
+                    result = reference(**tensors)
+            finally:
+                for role in layers:
+                    getattr(reference, role).layers.record = None
             out[step.key] = {k: v.float().numpy() for k, v in result.items()}
-            del result, tensors
+            for role, outputs in recorded.items():
+                out[step.key].update({f"{role}.layers.{i}": h for i, h in enumerate(outputs)})
+            del result, tensors, recorded
         large = step.key not in continued and sum(v.nbytes for v in out[step.key].values()) >= SPILL_BYTES
         if spill is not None and large:
             _spill(out, step.key, spill)
@@ -387,13 +428,9 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
     with the same run()) and compare with `reference`: the fp32 SpeccModel in eval mode, or its
     reference_outputs() taken before."""
     refs = reference if isinstance(reference, dict) else reference_outputs(r, reference, seed, longest=longest)
-    # the onnx target's graphs are what integer builds verify (a TensorRT engine is never integer)
     # `dequantized`: the reference computed with the graph's own integer weights (seeded builds)
-    integer = target == "onnx" and precision in PRECISIONS and PRECISIONS[precision].quantized
-    bar = (DEQUANTIZED_BAR if dequantized else QUALITY_BARS.get(precision)) if integer else None
-    atol, rtol = tolerance(target, precision) if bar is None else (0.0, 0.0)
-    report = Report(target, precision, atol, rtol, bar=bar, dequantized=dequantized and bar is not None)
-    scores = {o.name for o in r.outputs if o.kind in SCORE_KINDS}
+    report = new_report(r, target, precision, dequantized)
+    scores = scored(r)
     steps = _steps(r, seed, longest)
     # outputs are kept only for the cases a later case continues from (a long case's logits are large)
     needed = _continued(steps)
@@ -411,10 +448,7 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise VerificationError(f"{step.where}: onnxruntime failed to run the graph: {msg}") from None
         want = refs[step.key]
-        if bar is None:
-            figures = {n: _compare(n, got[n], want[n], atol, rtol, step.where) for n in names}
-        else:
-            figures = {n: _compare_quality(n, n in scores, got[n], want[n], bar, step.where) for n in names}
+        figures = {n: report.compare(n, n in scores, got[n], want[n], step.where) for n in names}
         report.cases.append({"graph": step.case.graph, "case": step.case.name, "shapes": step.shapes, "outputs": figures})
         if step.key in needed:
             kept[step.key] = got

@@ -224,3 +224,82 @@ def test_a_sharded_weights_file_whose_shards_disagree_with_its_index_is_refused(
     with pytest.raises(WeightsError, match="not a file name inside"):
         specc.build(spec, tmp_path / "out", weights=index)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def by_segments(monkeypatch):
+    """Streamed builds verified a layer at a time, as a 7B fp16 one is (its written weights outweigh
+    what building holds); a small one is otherwise run whole."""
+    from specc import pipeline
+
+    monkeypatch.setattr(pipeline, "verifies_whole", lambda r: False)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int4"])
+def test_a_build_verified_by_segments_checks_every_layer_on_every_case(tmp_path, by_segments, precision):
+    """Each layer's segment, the first (with the embeddings) and the last (the head) run on every
+    case; the graph is the one a whole build writes."""
+    spec = _deep(layers=6)
+    res = specc.build(spec, tmp_path / "streamed", precision=precision, stream=True)
+    whole = specc.build(spec, tmp_path / "whole", precision=precision, stream=False)
+    assert _hashes(tmp_path / "whole") == _hashes(tmp_path / "streamed")
+    v = res.verification
+    assert v["streamed"]["by_segments"] and v["cases"] == []
+    cases = [c["case"] for c in whole.verification["cases"]]
+    names = [f"decoder layer {i}" for i in range(6)] + ["what follows decoder layer 5"]
+    assert [(s["segment"], s["case"]) for s in v["segments"]] == [(n, c) for n in names for c in cases]
+    by = {(s["segment"], s["case"]): s["outputs"] for s in v["segments"]}
+    assert set(by[("decoder layer 3", "longest")]) == {"decoder.layers.3", "present.3.key", "present.3.value"}
+    assert set(by[("what follows decoder layer 5", "longest")]) == {"logits"}
+    assert v["max_abs_diff"] <= (1e-3 if precision != "fp16" else 0.1)
+
+
+@pytest.mark.parametrize("precision, weight, factor", [("fp32", "ffn.down.weight", 1.1), ("int4", "ffn.down.weight", -1.0)])
+def test_a_wrong_weight_fails_its_own_segment(tmp_path, monkeypatch, by_segments, precision, weight, factor):
+    """Verified a layer at a time, a wrong weight in layer 3 fails layer 3's segment, every earlier
+    one having passed; no build is left behind."""
+    real = stitch._weight
+
+    def planted(weights, lazy, template, name, root):
+        value = real(weights, lazy, template, name, root)
+        if name.endswith(f"layers.3.{weight}"):
+            inner = value.const_value
+            kind = type(template.const_value)
+            value.const_value = type(inner)(lambda: kind(torch.from_numpy(inner.numpy() * factor), name=name),
+                                            dtype=inner.dtype, shape=inner.shape, name=name)
+        return value
+
+    monkeypatch.setattr(stitch, "_weight", planted)
+    with pytest.raises(VerificationError, match=r"case padded-prefill .*, decoder layer 3: output 'decoder\.layers\.3'"):
+        specc.build(_deep(layers=6), tmp_path / "out", precision=precision, stream=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_segments_cover_the_graph_and_refuse_a_read_across_a_cut():
+    from onnx import TensorProto, helper
+
+    from specc.export import segments
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("Relu", ["x"], ["h0"]), helper.make_node("Neg", ["h0"], ["h1"]),
+             helper.make_node("Abs", ["h1"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    cut = segments.cut(graph, [("decoder", 0, "h0"), ("decoder", 1, "h1")])
+    assert [(s.name, s.nodes, s.outputs) for s in cut] == [("decoder layer 0", [0], ["h0"]), ("decoder layer 1", [1], ["h1"]),
+                                                           ("what follows decoder layer 1", [2], ["y"])]
+    nodes[2] = helper.make_node("Add", ["h1", "h0"], ["y"])  # the head reads layer 0's output too
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    with pytest.raises(BuildError, match="reads 'h0', another layer's output"):
+        segments.cut(graph, [("decoder", 0, "h0"), ("decoder", 1, "h1")])
+
+
+def test_a_build_the_disk_cannot_hold_is_refused_before_any_work(tmp_path, monkeypatch):
+    import shutil
+
+    from specc import memory
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(memory.shutil, "disk_usage", lambda path: usage._replace(free=1 << 20))
+    with pytest.raises(BuildError, match=r"writes about .* but .* has 1\.0 MiB free; free disk space"):
+        specc.build("tiny-gpt2", tmp_path / "out", progress=None)
+    assert list(tmp_path.iterdir()) == []
