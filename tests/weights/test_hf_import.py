@@ -43,6 +43,14 @@ CASES = {
     "llama-tied": ("LlamaForCausalLM", "LlamaConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                             intermediate_size=48, tie_word_embeddings=True, initializer_range=0.2,
                                                             bos_token_id=1, eos_token_id=2, **SMALL)),
+    # Mistral: LLaMA's layers; a sliding window of 4 binds on these prompts (5 and 7 tokens, 8 new)
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                             num_key_value_heads=2, intermediate_size=48, sliding_window=None,
+                                                             initializer_range=0.5, bos_token_id=1, eos_token_id=2, **SMALL)),
+    "mistral-window": ("MistralForCausalLM", "MistralConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                                    num_key_value_heads=2, intermediate_size=48, sliding_window=4,
+                                                                    initializer_range=0.5, bos_token_id=1, eos_token_id=2,
+                                                                    **SMALL)),
     "bart": ("BartForConditionalGeneration", "BartConfig", dict(S2S, activation_function="gelu")),
     "mbart": ("MBartForConditionalGeneration", "MBartConfig", dict(S2S, scale_embedding=True, decoder_start_token_id=2)),
     "marian": ("MarianMTModel", "MarianConfig", dict(S2S, decoder_vocab_size=99, pad_token_id=98, decoder_start_token_id=98,
@@ -122,7 +130,7 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
     return (seq[1:] if encoder_decoder else seq[len(prompt):])[:NEW]
 
 
-@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied"])
+@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window"])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)

@@ -172,8 +172,16 @@ GPT2 = Family(
 def _llama_extra(spec: dict, cfg: dict) -> None:
     """`decoder.attention.d_k` = `head_dim` where it is not hidden_size / heads; `position.base` =
     `rope_theta` (or `rope_parameters.rope_theta`); `position.fraction` = `partial_rotary_factor`;
-    a `rope_scaling` / `rope_parameters` rope_type other than default is refused."""
+    a `rope_scaling` / `rope_parameters` rope_type other than default is refused. Mistral: a
+    `sliding_window` W shorter than `max_position_embeddings` (a token sees itself and the W - 1
+    before it) is `decoder.attention.pattern: {kind: local, window: W - 1}`; null, or as long as the
+    context, is full attention."""
     heads = read(cfg, "num_attention_heads", INT)
+    window = read(cfg, "sliding_window", INT_OR_NULL, None)
+    if window is not None and window < read(cfg, "max_position_embeddings", INT, 2048):
+        if window < 2:
+            raise ValueError(f"sliding_window {window}: a window must hold more than the token itself")
+        set_key(spec, "decoder.attention.pattern", {"kind": "local", "window": window - 1})
     head_dim = read(cfg, "head_dim", INT_OR_NULL, None)
     if head_dim is not None and head_dim * heads != read(cfg, "hidden_size", INT):
         set_key(spec, "decoder.attention.d_k", head_dim)
@@ -197,7 +205,7 @@ def _llama_extra(spec: dict, cfg: dict) -> None:
 
 
 LLAMA = Family(
-    model_types=("llama",),
+    model_types=("llama", "mistral"),
     architecture="decoder",
     fields=(
         Field_("d_model", "hidden_size", kind=INT),
@@ -220,7 +228,8 @@ LLAMA = Family(
     fixed={"architecture": "decoder", "position": {"kind": "rotary"}, "dropout": {"hidden": 0.0},
            "norm": {"kind": "rmsnorm", "placement": "pre", "final": True}},
     refuse=(),
-    heads={"LlamaForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    heads={"LlamaForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}],
+           "MistralForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
     names=(
         Name("embeddings.tokens.weight", ("embed_tokens.weight",)),
         *linear("decoder.layers.{i}.attention.q", "layers.{i}.self_attn.q_proj", "decoder"),
@@ -239,7 +248,8 @@ LLAMA = Family(
     ignore=(r"rotary_emb\.inv_freq$",),
     extra=_llama_extra,
     sources={"decoder.attention.d_k": "head_dim", "position.base": "rope_theta (or rope_parameters.rope_theta)",
-             "position.fraction": "partial_rotary_factor (or rope_parameters.partial_rotary_factor)"},
+             "position.fraction": "partial_rotary_factor (or rope_parameters.partial_rotary_factor)",
+             "decoder.attention.pattern.window": "sliding_window"},
 )
 
 
