@@ -50,7 +50,7 @@ class Attention(nn.Module):
         self.q = nn.Linear(d_model, h * dk, bias=spec.bias)
         self.k = nn.Linear(d_model, hkv * dk, bias=spec.bias)
         self.v = None if spec.share_kv else nn.Linear(d_model, hkv * dv, bias=spec.bias)
-        self.o = nn.Linear(h * dv, d_model, bias=spec.bias) if spec.merge == "project" else None
+        self.o = nn.Linear(h * dv, d_model, bias=spec.output_bias) if spec.merge == "project" else None
         if spec.score == "bilinear":
             self.score_w = nn.Parameter(torch.empty(h, dk, dk))
         elif spec.score == "additive":

@@ -44,7 +44,7 @@ def _attention(prefix: str, a: ResolvedAttention, r: ResolvedSpec) -> dict:
     if not a.share_kv:
         out.update(_linear(f"{prefix}.v", d, a.kv_heads * a.d_v, a.bias))
     if a.merge == "project":
-        out.update(_linear(f"{prefix}.o", a.heads * a.d_v, d, a.bias))
+        out.update(_linear(f"{prefix}.o", a.heads * a.d_v, d, a.output_bias))
     if a.score == "bilinear":
         out[f"{prefix}.score_w"] = (a.heads, a.d_k, a.d_k)
     elif a.score == "additive":

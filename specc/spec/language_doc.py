@@ -153,7 +153,10 @@ NOTES = {
     "StackSpec": "`cross_attention` exists only in the decoder of an encoder-decoder; null there means "
                  "the same settings as `attention`.",
     "AttentionSpec": "`d_k` defaults to `d_model / heads` and `d_v` to `d_k`; `kv_heads` (grouped-query "
-                     "attention) defaults to `heads`.",
+                     "attention) defaults to `heads`. `bias` gives the q, k, v and output projections "
+                     "biases; `output_bias` (null: as `bias`) sets the output projection's alone, as Qwen2 "
+                     "has biased q, k and v projections and an output projection without (Qwen2 technical "
+                     "report, Yang et al. 2024, arXiv:2407.10671, section 2.2).",
 }
 
 

@@ -80,6 +80,7 @@ class ResolvedAttention(Frozen):
     merge: Literal["project", "concat", "mean"]
     share_kv: bool
     bias: bool
+    output_bias: bool  # the output projection's (AttentionSpec.output_bias, or bias)
     pattern: PatternSpec
     causal: bool  # decoder self-attention
     cross: bool  # attends to the encoder's output
@@ -226,6 +227,7 @@ def _attention(
         merge=att.merge,
         share_kv=att.share_kv,
         bias=att.bias,
+        output_bias=att.bias if att.output_bias is None else att.output_bias,
         pattern=att.pattern,
         causal=role == "causal",
         cross=cross,

@@ -187,6 +187,7 @@ class AttentionSpec(Node):
     merge: Literal["project", "concat", "mean"] = "project"
     share_kv: bool = False
     bias: bool = True
+    output_bias: bool | None = None  # the output projection's bias; null: as `bias` (Qwen2: q, k, v only)
     pattern: PatternSpec = FullPattern()
 
     @field_validator("pattern", mode="before")

@@ -65,6 +65,8 @@ def attention(draw, d_model: int, role: str, position: dict, length: int) -> dic
         att["score"] = score
     if draw(st.booleans()):
         att["bias"] = draw(st.booleans())
+    if draw(st.booleans()):
+        att["output_bias"] = draw(st.booleans())  # Qwen2's q/k/v biases without the output's, and the reverse
     kinds = {"self": ["full", "local", "linformer", "bigbird"], "causal": ["full", "local", "bigbird"],
              "cross": ["full", "linformer"]}[role]
     if position["kind"] in ("relative", "alibi") and role != "cross":

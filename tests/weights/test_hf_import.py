@@ -51,6 +51,10 @@ CASES = {
                                                                     num_key_value_heads=2, intermediate_size=48, sliding_window=4,
                                                                     initializer_range=0.5, bos_token_id=1, eos_token_id=2,
                                                                     **SMALL)),
+    # Qwen2: biased q, k, v projections, the output's without
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                       num_key_value_heads=2, intermediate_size=48, initializer_range=0.5,
+                                                       bos_token_id=1, eos_token_id=2, **SMALL)),
     "bart": ("BartForConditionalGeneration", "BartConfig", dict(S2S, activation_function="gelu")),
     "mbart": ("MBartForConditionalGeneration", "MBartConfig", dict(S2S, scale_embedding=True, decoder_start_token_id=2)),
     "marian": ("MarianMTModel", "MarianConfig", dict(S2S, decoder_vocab_size=99, pad_token_id=98, decoder_start_token_id=98,
@@ -62,10 +66,20 @@ PROMPTS = [[5, 7, 9, 11, 3], [4, 8, 15, 16, 23, 42, 17]]
 NEW = 8
 
 
+# families whose biases Hugging Face initialises to zero but checkpoints do not have at zero: drawn
+# at random, so that a bias mapped to the wrong projection (or dropped) changes the outputs
+RANDOM_BIASES = {"qwen2"}
+
+
 def hf_model(label: str):
     model_cls, cfg_cls, kwargs = CASES[label]
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kwargs))
+    if label in RANDOM_BIASES:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0.0, 0.5)
     return model.eval()
 
 
@@ -130,7 +144,7 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
     return (seq[1:] if encoder_decoder else seq[len(prompt):])[:NEW]
 
 
-@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window"])
+@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2"])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)
@@ -223,7 +237,7 @@ def test_a_pickle_with_code_is_refused_not_run(tmp_path, capsys):
 def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-saved")
     out = {}
-    for label in ("gpt2", "llama-gqa", "bert-model", "bart"):
+    for label in ("gpt2", "llama-gqa", "bert-model", "bart", "qwen2"):
         hf_model(label).save_pretrained(root / label)
         out[label] = root / label
     return out
@@ -245,6 +259,9 @@ REFUSED = [
     ("llama-gqa", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type 'yarn'"),
     ("llama-gqa", {"hidden_act": "relu"}, "hidden_act 'relu'"),
     ("llama-gqa", {"eos_token_id": [2, 3]}, r"eos_token_id = \[2, 3\]"),
+    ("llama-gqa", {"sliding_window": 1}, "sliding_window 1: a window must hold more than the token itself"),
+    ("qwen2", {"use_sliding_window": True}, "use_sliding_window: sliding-window attention in some layers"),
+    ("qwen2", {"layer_types": ["full_attention", "sliding_attention"]}, "layer_types: sliding-window attention"),
     ("bert-model", {"position_embedding_type": "relative_key"}, 'position_embedding_type = "relative_key"'),
     ("bert-model", {"architectures": ["BertForQuestionAnswering"]}, "BertForQuestionAnswering"),
     ("bert-model", {"model_type": "t5"}, "model_type 't5' has no importer"),

@@ -17,8 +17,10 @@ checked (a `Field_`'s kind, a hook's `read`): config.json is untrusted input.
 """
 from __future__ import annotations
 
-from specc.importers.hf.table import (BOOL, INT, INT_OR_NULL, NUMBER, OBJECT_OR_NULL, STR, STR_OR_NULL, TOKEN, Family,
-                                     Field_, Name, Refuse, has_tensor, linear, lookup, norm, read, set_key)
+from dataclasses import replace
+
+from specc.importers.hf.table import (BOOL, INT, INT_OR_NULL, LIST_OR_NULL, NUMBER, OBJECT_OR_NULL, STR, STR_OR_NULL,
+                                     TOKEN, Family, Field_, Name, Refuse, has_tensor, linear, lookup, norm, read, set_key)
 
 # Hugging Face activation names (transformers' ACT2FN) that specc computes exactly.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
@@ -253,6 +255,34 @@ LLAMA = Family(
 )
 
 
+# --- Qwen2: LLaMA's layers with biased q, k, v projections ----------------------------------------
+
+
+def _qwen2_extra(spec: dict, cfg: dict) -> None:
+    """As LLaMA's (head_dim, rope_theta, partial_rotary_factor, rope_type), without its sliding
+    window: Qwen2 slides only where `use_sliding_window` is true, and then only in the layers from
+    `max_window_layers` on (`layer_types` "sliding_attention"): layers that differ within a stack,
+    refused."""
+    slides = read(cfg, "use_sliding_window", BOOL, False)
+    kinds = read(cfg, "layer_types", LIST_OR_NULL, None) or []
+    if slides or any(k != "full_attention" for k in kinds):
+        field_name = "use_sliding_window" if slides else "layer_types"
+        raise ValueError(f"{field_name}: sliding-window attention in some layers and not others is not "
+                         "expressible (every layer of a stack is configured alike)")
+    _llama_extra(spec, {k: v for k, v in cfg.items() if k != "sliding_window"})
+
+
+QWEN2 = replace(
+    LLAMA,
+    model_types=("qwen2",),
+    fields=tuple(f for f in LLAMA.fields if f.name not in ("attention_bias", "mlp_bias")),
+    fixed={**LLAMA.fixed, "decoder": {"attention": {"bias": True, "output_bias": False}, "ffn": {"bias": False}}},
+    heads={"Qwen2ForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    extra=_qwen2_extra,
+    sources={k: v for k, v in LLAMA.sources.items() if k != "decoder.attention.pattern.window"},
+)
+
+
 # --- Marian / BART / mBART / Pegasus: encoder-decoders ------------------------------------------
 
 
@@ -354,5 +384,5 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, GPT2, LLAMA, SEQ2SEQ)
+FAMILIES = (BERT, GPT2, LLAMA, QWEN2, SEQ2SEQ)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}

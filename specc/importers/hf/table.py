@@ -45,6 +45,7 @@ BOOL = Kind("true or false", lambda v: type(v) is bool)
 STR = Kind("a string", lambda v: type(v) is str)
 STR_OR_NULL = Kind("a string or null", lambda v: v is None or type(v) is str)
 OBJECT_OR_NULL = Kind("an object or null", lambda v: v is None or type(v) is dict)
+LIST_OR_NULL = Kind("a list or null", lambda v: v is None or type(v) is list)
 # special token ids: one id, several (LLaMA 3's EOS; refused later, naming the ids) or none
 TOKEN = Kind("an integer, a list of integers or null",
              lambda v: v is None or _int(v) or (type(v) is list and all(map(_int, v))))
