@@ -20,20 +20,22 @@ from specc.nn.attention import KV, Attention
 from specc.nn.ops import Dropout, cast
 from specc.nn.positions import rotary_cos_sin, sinusoidal
 from specc.spec.resolve import ResolvedLayer, ResolvedSpec, ResolvedStack
-from specc.spec.schema import FFNSpec, NormSpec
+from specc.spec.schema import GATED_ACTIVATIONS, FFNSpec, NormSpec
 
 
 class RMSNorm(nn.Module):
-    """Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * g, computed in fp32."""
+    """Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * g, computed in fp32. With `unit_offset`
+    the gain g is 1 + weight (Gemma's form: its checkpoints store the gain less one)."""
 
-    def __init__(self, d: int, eps: float):
+    def __init__(self, d: int, eps: float, unit_offset: bool = False):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d))
+        self.eps, self.unit_offset = eps, unit_offset
+        self.weight = nn.Parameter(torch.zeros(d) if unit_offset else torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = cast(x, torch.float32)
-        return cast(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps), x.dtype) * self.weight
+        gain = self.weight + 1.0 if self.unit_offset else self.weight
+        return cast(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps), x.dtype) * gain
 
 
 class LayerNorm(nn.LayerNorm):
@@ -46,7 +48,7 @@ class LayerNorm(nn.LayerNorm):
 
 
 def make_norm(spec: NormSpec, d: int) -> nn.Module:
-    return RMSNorm(d, spec.eps) if spec.kind == "rmsnorm" else LayerNorm(d, eps=spec.eps)
+    return RMSNorm(d, spec.eps, spec.unit_offset) if spec.kind == "rmsnorm" else LayerNorm(d, eps=spec.eps)
 
 
 ACTIVATIONS = {
@@ -54,10 +56,10 @@ ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
-    "swiglu": F.silu,  # gated: silu(gate(x)) * up(x)   (Shazeer 2020)
-    "geglu": F.gelu,  # gated: gelu(gate(x)) * up(x)
 }
-GATED = ("swiglu", "geglu")
+# gated: act(gate(x)) * up(x) (Shazeer 2020), act the one each gates with
+ACTIVATIONS.update({gated: ACTIVATIONS[act] for gated, act in GATED_ACTIVATIONS.items()})
+GATED = tuple(GATED_ACTIVATIONS)
 
 
 class FFN(nn.Module):
@@ -202,7 +204,7 @@ def init_parameter(p: torch.Tensor, name: str, owner: nn.Module, seed: int, dept
     gen = torch.Generator().manual_seed(param_seed(seed, name))
     with torch.no_grad():
         if isinstance(owner, (nn.LayerNorm, RMSNorm)):
-            p.fill_(1.0 if leaf == "weight" else 0.0)
+            p.fill_(1.0 if leaf == "weight" and not getattr(owner, "unit_offset", False) else 0.0)
         elif leaf == "bias":
             p.zero_()
         elif leaf in ("proj_k", "proj_v"):

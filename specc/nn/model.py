@@ -33,7 +33,7 @@ from specc.spec.io import (
     present_to_past,
 )
 from specc.spec.resolve import ResolvedSpec
-from specc.spec.schema import OutputSpec
+from specc.spec.schema import GATED_ACTIVATIONS, OutputSpec
 
 Tensor = torch.Tensor
 
@@ -149,7 +149,7 @@ class SpeccModel(nn.Module):
         top = r.decoder or r.encoder
         # the mlm transform uses the FFN's activation (BERT: gelu), ungated
         activation = top.layers[0].ffn.activation
-        activation = {"swiglu": "silu", "geglu": "gelu"}.get(activation, activation)
+        activation = GATED_ACTIVATIONS.get(activation, activation)
         self.heads = nn.ModuleDict({o.name: Head(o, r, r.output_vocab_size, r.tie_output, activation) for o in r.outputs})
 
     # --- helpers ---------------------------------------------------------------------------

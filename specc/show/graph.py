@@ -26,7 +26,8 @@ INSTALL_HINT = ("install graphviz (its `dot` program): apt-get install graphviz 
                 "conda install graphviz (or write DOT source with -o FILE.dot)")
 HIGHLIGHT = "#ffd27f"
 
-_ACT = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU", "swiglu": "SwiGLU", "geglu": "GeGLU"}
+_ACT = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU", "swiglu": "SwiGLU", "geglu": "GeGLU",
+        "geglu_tanh": "GeGLU (tanh)"}
 _SCORE = {"scaled_dot": "scaled dot-product", "dot": "dot-product", "bilinear": "bilinear", "additive": "additive"}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from specc.spec.resolve import ResolvedAttention, ResolvedSpec
+from specc.spec.schema import GATED_ACTIVATIONS
 from specc.spec.targets import PRECISIONS
 
 BYTES = {name: p.weight_bytes for name, p in PRECISIONS.items()}  # bytes per weight, per precision
@@ -88,7 +89,7 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
                 if norm.placement == "sandwich":
                     out.update(_norm(f"{p}.{name}_post_norm", norm.kind, d))
             f = layer.ffn
-            if f.activation in ("swiglu", "geglu"):
+            if f.activation in GATED_ACTIVATIONS:
                 out.update(_linear(f"{p}.ffn.gate", d, f.d_ff, f.bias))
             out.update(_linear(f"{p}.ffn.up", d, f.d_ff, f.bias))
             out.update(_linear(f"{p}.ffn.down", f.d_ff, d, f.bias))

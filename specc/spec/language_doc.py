@@ -52,10 +52,10 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
     "norm": [
         (f"{k}, {p}", "tiny-gpt2", f"norm: {{kind: {k}, placement: {p}}}\n")
         for k in ("layernorm", "rmsnorm") for p in ("post", "pre", "sandwich")
-    ],
+    ] + [("rmsnorm, unit offset", "tiny-llama", "norm: {kind: rmsnorm, placement: pre, unit_offset: true}\n")],
     "activation": [
         (a, "tiny-gpt2", f"decoder:\n  ffn: {{activation: {a}}}\n")
-        for a in ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+        for a in ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
     ],
     "outputs": [
         ("hidden", "tiny-bert", "outputs:\n  - {kind: hidden, name: last_hidden_state}\n"),
@@ -149,6 +149,9 @@ NOTES = {
     "VocabSpec": "`tie_output` defaults to tying the lm / mlm head to the embeddings wherever one "
                  "exists; written as `true` without such an output it is an error. `target_size` is the "
                  "target vocabulary of an encoder-decoder.",
+    "NormSpec": "`unit_offset: true` makes an rmsnorm's gain 1 + weight, its weight initialised to 0: "
+                "Gemma's RMSNorm, whose checkpoints store the gain less one (Gemma Team 2024, "
+                "arXiv:2403.08295; transformers' GemmaRMSNorm).",
     "DropoutSpec": "`dropout: 0.1` is short for `{hidden: 0.1, attention: 0.1}`.",
     "StackSpec": "`cross_attention` exists only in the decoder of an encoder-decoder; null there means "
                  "the same settings as `attention`.",

@@ -196,4 +196,10 @@ def linformer_positions(spec: ModelSpec) -> Iterable[Problem]:
             )
 
 
-RULES = RULES + (linformer_positions,)
+def unit_offset_is_rmsnorms(spec: ModelSpec) -> Iterable[Problem]:
+    """The 1 + weight gain is Gemma's RMSNorm; a LayerNorm's gain has no such form in any family."""
+    if spec.norm.unit_offset and spec.norm.kind != "rmsnorm":
+        yield ("norm", "unit_offset"), f"unit_offset (a gain of 1 + weight) is for rmsnorm, not {spec.norm.kind}"
+
+
+RULES = RULES + (linformer_positions, unit_offset_is_rmsnorms)

@@ -123,6 +123,7 @@ class NormSpec(Node):
     placement: Literal["post", "pre", "sandwich"] = "post"
     eps: Annotated[float, Field(gt=0.0, lt=1.0)] = 1.0e-6
     final: Literal["auto"] | bool = "auto"
+    unit_offset: bool = False  # rmsnorm's gain is 1 + weight (Gemma), its weight initialised to 0
 
 
 class DropoutSpec(Node):
@@ -196,9 +197,13 @@ class AttentionSpec(Node):
         return _default_kind(v, "full")
 
 
+# the gated activations (act(gate(x)) * up(x), Shazeer 2020) -> the activation they gate with
+GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
+
+
 class FFNSpec(Node):
     d_ff: PosInt = 2048
-    activation: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"] = "relu"
+    activation: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"] = "relu"
     bias: bool = True
 
 

@@ -303,3 +303,15 @@ def test_a_build_the_disk_cannot_hold_is_refused_before_any_work(tmp_path, monke
     with pytest.raises(BuildError, match=r"writes about .* but .* has 1\.0 MiB free; free disk space"):
         specc.build("tiny-gpt2", tmp_path / "out", progress=None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_gemma_style_norms_and_gates_stream_to_the_same_bytes(tmp_path):
+    """unit_offset norms (a gain of 1 + weight, folded when exported) and GeGLU (tanh): the
+    stitched copies' weights are the layers' own."""
+    spec = _deep()
+    spec = spec.model_copy(update={
+        "norm": spec.norm.model_copy(update={"unit_offset": True}),
+        "decoder": spec.decoder.model_copy(update={"ffn": spec.decoder.ffn.model_copy(update={"activation": "geglu_tanh"})})})
+    specc.build(spec, tmp_path / "whole", stream=False)
+    specc.build(spec, tmp_path / "streamed", stream=True)
+    assert _hashes(tmp_path / "whole") == _hashes(tmp_path / "streamed")

@@ -86,7 +86,8 @@ def attention(draw, d_model: int, role: str, position: dict, length: int) -> dic
 
 @st.composite
 def ffn(draw) -> dict:
-    out = {"d_ff": draw(pick(8, 16, 32)), "activation": draw(pick("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))}
+    out = {"d_ff": draw(pick(8, 16, 32)), "activation": draw(pick("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu",
+                                                                         "geglu_tanh"))}
     if draw(st.booleans()):
         out["bias"] = draw(st.booleans())
     return out
@@ -197,6 +198,8 @@ def spec_data(draw) -> dict:
                          ("eps", (1e-5, 1e-6)), ("final", ("auto", True, False))):
         if draw(st.booleans()):
             norm[key] = draw(st.sampled_from(choices))
+    if norm.get("kind") == "rmsnorm" and draw(st.booleans()):
+        norm["unit_offset"] = True  # Gemma's 1 + weight gain
     if norm:
         data["norm"] = norm
     data["dropout"] = draw(pick(0.0, 0.1, {"hidden": 0.1, "attention": 0.0}))

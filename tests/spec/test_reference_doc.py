@@ -44,7 +44,8 @@ def _literal(model, field) -> set[str]:
     ("score", lambda: _literal(schema.AttentionSpec, "score")),
     ("merge", lambda: _literal(schema.AttentionSpec, "merge")),
     ("activation", lambda: _literal(schema.FFNSpec, "activation")),
-    ("norm", lambda: {f"{k}, {p}" for k in _literal(schema.NormSpec, "kind") for p in _literal(schema.NormSpec, "placement")}),
+    ("norm", lambda: {f"{k}, {p}" for k in _literal(schema.NormSpec, "kind") for p in _literal(schema.NormSpec, "placement")}
+     | {"rmsnorm, unit offset"}),
 ])
 def test_an_example_for_every_kind(group, expected):
     # a kind added to the schema without an example fails here

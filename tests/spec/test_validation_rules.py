@@ -417,6 +417,14 @@ CASES = [
         "alibi positions",
         "linformer_positions",
     ),
+    Case(
+        "unit-offset-on-layernorm",
+        DEC + "norm:\n  kind: layernorm\n  unit_offset: true\n",
+        "norm.unit_offset",
+        "unit_offset: ^true",
+        "for rmsnorm, not layernorm",
+        "unit_offset_is_rmsnorms",
+    ),
     # --- vocabulary and tokens ----------------------------------------------------------------
     Case(
         "token-id-outside-vocabulary",

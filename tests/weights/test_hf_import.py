@@ -55,6 +55,11 @@ CASES = {
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                        num_key_value_heads=2, intermediate_size=48, initializer_range=0.5,
                                                        bos_token_id=1, eos_token_id=2, **SMALL)),
+    # Gemma: GeGLU (tanh), the embedding scaled by sqrt(d_model), 1 + weight norms (drawn at random)
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                       num_key_value_heads=2, head_dim=16, intermediate_size=48,
+                                                       initializer_range=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                                       **SMALL)),
     "bart": ("BartForConditionalGeneration", "BartConfig", dict(S2S, activation_function="gelu")),
     "mbart": ("MBartForConditionalGeneration", "MBartConfig", dict(S2S, scale_embedding=True, decoder_start_token_id=2)),
     "marian": ("MarianMTModel", "MarianConfig", dict(S2S, decoder_vocab_size=99, pad_token_id=98, decoder_start_token_id=98,
@@ -69,6 +74,7 @@ NEW = 8
 # families whose biases Hugging Face initialises to zero but checkpoints do not have at zero: drawn
 # at random, so that a bias mapped to the wrong projection (or dropped) changes the outputs
 RANDOM_BIASES = {"qwen2"}
+RANDOM_NORMS = {"gemma"}  # Gemma's norm weights start at 0 (a gain of 1): drawn, so that the 1 + w form is seen
 
 
 def hf_model(label: str):
@@ -79,6 +85,11 @@ def hf_model(label: str):
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith(".bias"):
+                    p.normal_(0.0, 0.5)
+    if label in RANDOM_NORMS:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
                     p.normal_(0.0, 0.5)
     return model.eval()
 
@@ -144,7 +155,7 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
     return (seq[1:] if encoder_decoder else seq[len(prompt):])[:NEW]
 
 
-@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2"])
+@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "gemma"])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)

@@ -283,6 +283,27 @@ QWEN2 = replace(
 )
 
 
+# --- Gemma: LLaMA's layers with GeGLU (tanh), a scaled embedding and 1 + weight norms --------------
+
+# Gemma's configs say "gelu" for the tanh approximation (transformers rewrites it so)
+GEMMA_GATED = {"gelu": "geglu_tanh", "gelu_pytorch_tanh": "geglu_tanh"}
+GEMMA = replace(
+    LLAMA,
+    model_types=("gemma",),
+    fields=tuple(
+        Field_("decoder.ffn.activation", "hidden_act", "gelu_pytorch_tanh", lookup(GEMMA_GATED, "hidden_act"), kind=STR)
+        if f.key == "decoder.ffn.activation" else
+        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL) if f.key == "vocab.tie_output" else
+        Field_("position.max_length", "max_position_embeddings", 8192, kind=INT) if f.key == "position.max_length" else f
+        for f in LLAMA.fields),
+    fixed={**LLAMA.fixed, "vocab": {"scale": "sqrt_d_model"},
+           "norm": {**LLAMA.fixed["norm"], "unit_offset": True}},
+    refuse=(Refuse("use_bidirectional_attention", (None, False), None, "Gemma attending both ways (an encoder)"),),
+    heads={"GemmaForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    sources={k: v for k, v in LLAMA.sources.items() if k != "decoder.attention.pattern.window"},
+)
+
+
 # --- Marian / BART / mBART / Pegasus: encoder-decoders ------------------------------------------
 
 
@@ -384,5 +405,5 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, GPT2, LLAMA, QWEN2, SEQ2SEQ)
+FAMILIES = (BERT, GPT2, LLAMA, QWEN2, GEMMA, SEQ2SEQ)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
