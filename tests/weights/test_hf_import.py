@@ -35,6 +35,16 @@ CASES = {
     "bert-model": ("BertModel", "BertConfig", BERT),
     "bert-mlm": ("BertForMaskedLM", "BertConfig", dict(BERT, hidden_act="gelu_new")),
     "bert-classifier": ("BertForSequenceClassification", "BertConfig", dict(BERT, num_labels=3)),
+    # RoBERTa: BERT's layers; positions from the padding id 1 + 1, one token type
+    "roberta-model": ("RobertaModel", "RobertaConfig", dict(BERT, pad_token_id=1, type_vocab_size=1,
+                                                            max_position_embeddings=66)),
+    "roberta-mlm": ("RobertaForMaskedLM", "RobertaConfig", dict(BERT, pad_token_id=1, type_vocab_size=1,
+                                                                max_position_embeddings=66)),
+    # DistilBERT: BERT's layers under other names, no token types
+    "distilbert-model": ("DistilBertModel", "DistilBertConfig", dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+                                                                      initializer_range=0.2, **SMALL)),
+    "distilbert-mlm": ("DistilBertForMaskedLM", "DistilBertConfig", dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+                                                                          initializer_range=0.2, **SMALL)),
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                                    bos_token_id=98, eos_token_id=98, initializer_range=0.5)),
     "llama-gqa": ("LlamaForCausalLM", "LlamaConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -121,21 +131,27 @@ def _close(got: np.ndarray, want: torch.Tensor, what: str) -> None:
     assert diff <= 1e-4, f"{what}: max |ORT - HF| = {diff}"
 
 
-@pytest.mark.parametrize("label", [k for k in CASES if k.startswith("bert")])
+@pytest.mark.parametrize("label", [k for k in CASES if k.startswith(("bert", "roberta", "distilbert"))])
 def test_bert_outputs_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)
-    ids = torch.tensor([[2, 5, 7, 9, 11, 3, 0], [2, 4, 8, 15, 16, 3, 1]])
+    ids = torch.tensor([[2, 5, 7, 9, 11, 3, 0], [2, 4, 8, 15, 16, 3, 1]])  # no real token is RoBERTa's padding id 1
     types = torch.tensor([[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]])
+    if getattr(model.config, "type_vocab_size", 2) == 1:  # RoBERTa
+        types = torch.zeros_like(types)
     mask = torch.tensor([[1] * 7, [1] * 5 + [0, 0]])  # right padding in the second row
+    typed = {} if label.startswith("distilbert") else {"token_type_ids": types}  # DistilBERT has no token types
     with torch.no_grad():
-        ref = model(input_ids=ids, token_type_ids=types, attention_mask=mask, output_hidden_states=True)
-    got = s.run(input_ids=ids.numpy(), token_type_ids=types.numpy(), attention_mask=mask.numpy())
+        ref = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, **typed)
+    got = s.run(input_ids=ids.numpy(), attention_mask=mask.numpy(), **{k: v.numpy() for k, v in typed.items()})
     keep = mask.numpy().astype(bool)
     _close(got["last_hidden_state"][keep], ref.hidden_states[-1][mask.bool()], f"{label} last_hidden_state")
-    if label == "bert-model":
-        _close(got["pooler_output"], ref.pooler_output, "pooler_output")
-    elif label == "bert-mlm":
+    if label.endswith("-model"):
+        if getattr(ref, "pooler_output", None) is not None:  # DistilBERT has no pooler
+            _close(got["pooler_output"], ref.pooler_output, "pooler_output")
+        else:
+            assert "pooler_output" not in got
+    elif label.endswith("-mlm"):
         _close(got["logits"][keep], ref.logits[mask.bool()], "mlm logits")
     else:
         _close(got["logits"], ref.logits, "classifier logits")

@@ -107,6 +107,97 @@ BERT = Family(
 )
 
 
+# --- RoBERTa: BERT's layers, positions counted from the padding id + 1 ----------------------------
+
+
+def _roberta_extra(spec: dict, cfg: dict) -> None:
+    """Positions count from `pad_token_id` + 1 (transformers' create_position_ids_from_input_ids):
+    with the padding id 1, position p reads row p + 2 of the table, and `position.max_length` is
+    `max_position_embeddings` - 2. Another padding id is refused. A padded position's own output
+    differs (transformers gives it the padding row; specc the next position's), never a real
+    token's."""
+    pad = read(cfg, "pad_token_id", INT_OR_NULL, 1)
+    if pad != 1:
+        raise ValueError(f"pad_token_id {pad}: RoBERTa's positions are imported for the padding id 1 (rows from 2)")
+    set_key(spec, "position.max_length", read(cfg, "max_position_embeddings", INT) - 2)
+
+
+def _roberta_heads_model(cfg: dict, tensors: dict) -> list:
+    outs = [{"kind": "hidden", "name": "last_hidden_state"}]
+    if has_tensor(tensors, "pooler.dense.weight", ("roberta.", "")):
+        outs.append({"kind": "pooled", "name": "pooler_output", "pool": "first", "pooler": "tanh"})
+    return outs
+
+
+ROBERTA = replace(
+    BERT,
+    model_types=("roberta",),
+    heads={"RobertaModel": _roberta_heads_model,
+           "RobertaForMaskedLM": lambda cfg, t: [{"kind": "hidden", "name": "last_hidden_state"},
+                                                 {"kind": "mlm", "name": "logits"}]},
+    names=tuple(
+        Name(n.specc, ("embeddings.position_embeddings.weight",), "offset2") if n.specc == "encoder.positions.weight" else n
+        for n in BERT.names if not n.hf[0].startswith("cls.")) + (
+        *linear("heads.{head}.transform", "lm_head.dense"),
+        *norm("heads.{head}.norm", "lm_head.layer_norm"),
+        Name("heads.{head}.bias", ("lm_head.bias", "lm_head.decoder.bias")),
+        Name("heads.{head}.proj.weight", ("lm_head.decoder.weight",)),
+    ),
+    prefixes=("roberta.", ""),
+    extra=_roberta_extra,
+    sources={"position.max_length": "max_position_embeddings"},
+)
+
+
+# --- DistilBERT: BERT's layers under other names, no token types -------------------------------------
+
+_DB = "transformer.layer.{i}."
+DISTILBERT = Family(
+    model_types=("distilbert",),
+    architecture="encoder",
+    fields=(
+        Field_("d_model", "dim", kind=INT),
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL),
+        Field_("position.max_length", "max_position_embeddings", kind=INT),
+        Field_("dropout.hidden", "dropout", 0.1, kind=NUMBER),
+        Field_("dropout.attention", "attention_dropout", 0.1, kind=NUMBER),
+        Field_("encoder.layers", "n_layers", kind=INT),
+        Field_("encoder.attention.heads", "n_heads", kind=INT),
+        Field_("encoder.ffn.d_ff", "hidden_dim", kind=INT),
+        Field_("encoder.ffn.activation", "activation", "gelu", lookup(ACTIVATIONS, "activation"), kind=STR),
+        Field_("tokens.pad", "pad_token_id", None, kind=TOKEN),
+    ),
+    # sinusoidal_pos_embds only chooses how the table was initialised: the table is in the checkpoint
+    fixed={"architecture": "encoder", "vocab": {"norm": True, "type_size": 0}, "position": {"kind": "learned"},
+           "norm": {"kind": "layernorm", "placement": "post", "eps": 1e-12},
+           "encoder": {"attention": {"bias": True}, "ffn": {"bias": True}}},
+    refuse=(),
+    heads={"DistilBertModel": lambda cfg, t: [{"kind": "hidden", "name": "last_hidden_state"}],
+           "DistilBertForMaskedLM": lambda cfg, t: [{"kind": "hidden", "name": "last_hidden_state"},
+                                                    {"kind": "mlm", "name": "logits"}]},
+    names=(
+        Name("embeddings.tokens.weight", ("embeddings.word_embeddings.weight",)),
+        Name("encoder.positions.weight", ("embeddings.position_embeddings.weight",)),
+        *norm("encoder.embed_norm", "embeddings.LayerNorm"),
+        *linear("encoder.layers.{i}.attention.q", _DB + "attention.q_lin", "encoder"),
+        *linear("encoder.layers.{i}.attention.k", _DB + "attention.k_lin", "encoder"),
+        *linear("encoder.layers.{i}.attention.v", _DB + "attention.v_lin", "encoder"),
+        *linear("encoder.layers.{i}.attention.o", _DB + "attention.out_lin", "encoder"),
+        *norm("encoder.layers.{i}.attention_norm", _DB + "sa_layer_norm", "encoder"),
+        *linear("encoder.layers.{i}.ffn.up", _DB + "ffn.lin1", "encoder"),
+        *linear("encoder.layers.{i}.ffn.down", _DB + "ffn.lin2", "encoder"),
+        *norm("encoder.layers.{i}.ffn_norm", _DB + "output_layer_norm", "encoder"),
+        *linear("heads.{head}.transform", "vocab_transform"),
+        *norm("heads.{head}.norm", "vocab_layer_norm"),
+        Name("heads.{head}.bias", ("vocab_projector.bias",)),
+        Name("heads.{head}.proj.weight", ("vocab_projector.weight",)),
+    ),
+    prefixes=("distilbert.", ""),
+    ignore=(r"embeddings\.position_ids$",),
+)
+
+
 # --- GPT-2 --------------------------------------------------------------------------------------
 
 
@@ -405,5 +496,5 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, GPT2, LLAMA, QWEN2, GEMMA, SEQ2SEQ)
+FAMILIES = (BERT, ROBERTA, DISTILBERT, GPT2, LLAMA, QWEN2, GEMMA, SEQ2SEQ)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
