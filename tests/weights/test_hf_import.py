@@ -70,6 +70,14 @@ CASES = {
                                                        num_key_value_heads=2, head_dim=16, intermediate_size=48,
                                                        initializer_range=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                                        **SMALL)),
+    # OPT: pre-norm (and OPT-350m's post-norm), learned positions from row 2
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=48,
+                                                init_std=0.5, vocab_size=99, max_position_embeddings=64, pad_token_id=1,
+                                                bos_token_id=2, eos_token_id=2, word_embed_proj_dim=32)),
+    "opt-post": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=48,
+                                                     init_std=0.5, vocab_size=99, max_position_embeddings=64, pad_token_id=1,
+                                                     bos_token_id=2, eos_token_id=2, word_embed_proj_dim=32,
+                                                     do_layer_norm_before=False)),
     "bart": ("BartForConditionalGeneration", "BartConfig", dict(S2S, activation_function="gelu")),
     "mbart": ("MBartForConditionalGeneration", "MBartConfig", dict(S2S, scale_embedding=True, decoder_start_token_id=2)),
     "marian": ("MarianMTModel", "MarianConfig", dict(S2S, decoder_vocab_size=99, pad_token_id=98, decoder_start_token_id=98,
@@ -171,7 +179,8 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
     return (seq[1:] if encoder_decoder else seq[len(prompt):])[:NEW]
 
 
-@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "gemma"])
+@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "gemma", "opt",
+                                   "opt-post"])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)
