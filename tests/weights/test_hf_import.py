@@ -40,6 +40,8 @@ CASES = {
                                                             max_position_embeddings=66)),
     "roberta-mlm": ("RobertaForMaskedLM", "RobertaConfig", dict(BERT, pad_token_id=1, type_vocab_size=1,
                                                                 max_position_embeddings=66)),
+    # ELECTRA (the discriminator's body) with embeddings as wide as its layers
+    "electra-model": ("ElectraModel", "ElectraConfig", dict(BERT, embedding_size=32)),
     # DistilBERT: BERT's layers under other names, no token types
     "distilbert-model": ("DistilBertModel", "DistilBertConfig", dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37,
                                                                       initializer_range=0.2, **SMALL)),
@@ -139,7 +141,7 @@ def _close(got: np.ndarray, want: torch.Tensor, what: str) -> None:
     assert diff <= 1e-4, f"{what}: max |ORT - HF| = {diff}"
 
 
-@pytest.mark.parametrize("label", [k for k in CASES if k.startswith(("bert", "roberta", "distilbert"))])
+@pytest.mark.parametrize("label", [k for k in CASES if k.startswith(("bert", "roberta", "electra", "distilbert"))])
 def test_bert_outputs_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)
@@ -273,7 +275,7 @@ def test_a_pickle_with_code_is_refused_not_run(tmp_path, capsys):
 def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-saved")
     out = {}
-    for label in ("gpt2", "llama-gqa", "bert-model", "bart", "qwen2"):
+    for label in ("gpt2", "llama-gqa", "bert-model", "bart", "qwen2", "electra-model"):
         hf_model(label).save_pretrained(root / label)
         out[label] = root / label
     return out
@@ -296,6 +298,7 @@ REFUSED = [
     ("llama-gqa", {"hidden_act": "relu"}, "hidden_act 'relu'"),
     ("llama-gqa", {"eos_token_id": [2, 3]}, r"eos_token_id = \[2, 3\]"),
     ("llama-gqa", {"sliding_window": 1}, "sliding_window 1: a window must hold more than the token itself"),
+    ("electra-model", {"embedding_size": 16}, "embedding_size 16: embeddings narrower than hidden_size"),
     ("qwen2", {"use_sliding_window": True}, "use_sliding_window: sliding-window attention in some layers"),
     ("qwen2", {"layer_types": ["full_attention", "sliding_attention"]}, "layer_types: sliding-window attention"),
     ("bert-model", {"position_embedding_type": "relative_key"}, 'position_embedding_type = "relative_key"'),

@@ -149,6 +149,28 @@ ROBERTA = replace(
 )
 
 
+# --- ELECTRA: BERT's layers, no pooler ------------------------------------------------------------
+
+
+def _electra_extra(spec: dict, cfg: dict) -> None:
+    """An `embedding_size` other than `hidden_size` (ELECTRA-small's 128 into 256, through
+    embeddings_project) is refused: specc's embeddings are d_model wide."""
+    size = read(cfg, "embedding_size", INT, 128)
+    if size != read(cfg, "hidden_size", INT):
+        raise ValueError(f"embedding_size {size}: embeddings narrower than hidden_size, projected up, are not expressible")
+
+
+ELECTRA = replace(
+    BERT,
+    model_types=("electra",),
+    heads={"ElectraModel": lambda cfg, t: [{"kind": "hidden", "name": "last_hidden_state"}]},
+    names=tuple(n for n in BERT.names if not n.specc.startswith("heads.")),
+    prefixes=("electra.", ""),
+    extra=_electra_extra,
+    sources={},
+)
+
+
 # --- DistilBERT: BERT's layers under other names, no token types -------------------------------------
 
 _DB = "transformer.layer.{i}."
@@ -559,5 +581,5 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, ROBERTA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, GEMMA, SEQ2SEQ)
+FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, GEMMA, SEQ2SEQ)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
