@@ -10,7 +10,8 @@ onnxruntime alone on every verification case, fed torch's own hidden state for i
 torch's own caches for a decode step; its outputs (the layer's output and its present.*, or the
 heads') are compared with torch's by the build's tolerance or quality bar.
 
-What that proves: every node of the written graph (each lies in a segment: checked) computes with
+What that proves: every node of the written graph that its outputs need (each lies in a segment:
+checked; a node nothing reads computes nothing) computes with
 its written weights what torch's matching layer computes from the same input, within the bar; the
 segments chain into the whole graph by construction (each cut value is one segment's output and
 the next one's input, and no segment reads any other). What it does not: that the per-layer
@@ -50,7 +51,7 @@ def cut(graph, layers: list[tuple[str, int, str]]) -> list[Segment]:
     """The segments of an onnx GraphProto (topologically sorted, as written) cut at `layers`:
     (role, index, value name) of each layer output, in the order the graph computes them.
     Raises BuildError where the graph does not come apart there (a node reading across a cut, or
-    one in no segment)."""
+    one the outputs need in no segment)."""
     nodes = list(graph.node)
     if any(a.g.node or a.graphs for n in nodes for a in n.attribute):
         raise BuildError("a graph with subgraphs (If, Loop, Scan) is not cut into segments")
@@ -80,15 +81,29 @@ def cut(graph, layers: list[tuple[str, int, str]]) -> list[Segment]:
             seg.outputs.append(writes[0])
         seg.outputs += [o.name for o in graph.output if o.name in producer and place[producer[o.name]] == s
                         and o.name not in seg.outputs]
-        segments.append(seg)
+        if seg.outputs:  # the last is empty where the last layer's output is the graph's (a post-norm encoder)
+            segments.append(seg)
     covered: set[int] = set()
     for seg in segments:
         seg.nodes = _cone(nodes, producer, seg, at)
         covered.update(seg.nodes)
-    if len(covered) != len(nodes):
-        missing = next(nodes[i] for i in range(len(nodes)) if i not in covered)
+    live = _live(nodes, producer, [o.name for o in graph.output])  # a node nothing reads computes nothing
+    if not live <= covered:
+        missing = nodes[min(live - covered)]
         raise BuildError(f"node {missing.name or missing.op_type!r} lies in no segment of the graph")
     return segments
+
+
+def _live(nodes, producer: dict[str, int], outputs: list[str]) -> set[int]:
+    """The nodes the graph's outputs need."""
+    todo, found = list(outputs), set()
+    while todo:
+        v = todo.pop()
+        i = producer.get(v)
+        if i is not None and i not in found:
+            found.add(i)
+            todo.extend(x for x in nodes[i].input if x)
+    return found
 
 
 def _key(layer: tuple[str, int, str]) -> str:

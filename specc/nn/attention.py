@@ -41,12 +41,18 @@ def _bigbird_table(att: ResolvedAttention) -> torch.Tensor:
 class Attention(nn.Module):
     """Parameters: q, k, v (absent with share_kv: k serves both), o (merge: project),
     score_w (bilinear [H,Dk,Dk]; additive [H,Dk]), rel_k / rel_v (relative positions, per layer),
-    proj_k / proj_v (linformer [k, max_length], shared by the heads)."""
+    proj_k / proj_v (linformer [k, max_length], shared by the heads), q_norm / k_norm (qk_norm:
+    made by `norm(width)`, the model's norm; over each head's Dk, or over all heads' at once).
+    With share_kv, k_norm normalises the keys only (the values are k's projection as it was)."""
 
-    def __init__(self, spec: ResolvedAttention, d_model: int, position: PositionSpec, dropout: float):
+    def __init__(self, spec: ResolvedAttention, d_model: int, position: PositionSpec, dropout: float, norm=None):
         super().__init__()
         self.spec = spec
         h, hkv, dk, dv = spec.heads, spec.kv_heads, spec.d_k, spec.d_v
+        self.q_norm = self.k_norm = None
+        if spec.qk_norm != "none":
+            self.q_norm = norm(dk if spec.qk_norm == "head" else h * dk)
+            self.k_norm = norm(dk if spec.qk_norm == "head" else hkv * dk)
         self.q = nn.Linear(d_model, h * dk, bias=spec.bias)
         self.k = nn.Linear(d_model, hkv * dk, bias=spec.bias)
         self.v = None if spec.share_kv else nn.Linear(d_model, hkv * dv, bias=spec.bias)
@@ -122,14 +128,21 @@ class Attention(nn.Module):
             scores = scores / math.sqrt(s.d_k)
         return scores
 
+    def _normed(self, lin: torch.Tensor, n: int, d: int, norm: nn.Module | None) -> torch.Tensor:
+        """A projection [B,T,n*d] as heads [B,n,T,d], normalised by `norm` where qk_norm says."""
+        if norm is not None and self.spec.qk_norm == "full":
+            lin = norm(lin)
+        heads = self._heads(lin, n, d)
+        return norm(heads) if norm is not None and self.spec.qk_norm == "head" else heads
+
     def memory_kv(self, memory: torch.Tensor) -> KV:
         """Cross-attention keys and values of the encoder output [B,S,D]: [B,Hkv,S,Dk|Dv]."""
         s = self.spec
-        k = self._heads(self.k(memory), s.kv_heads, s.d_k)
+        k_lin = self.k(memory)
         # share_kv: the same values, but a tensor of their own, so that the exported graph has
         # two outputs (present.N.encoder.key / .value) and not one aliased under two names
-        v = k.clone() if self.v is None else self._heads(self.v(memory), s.kv_heads, s.d_v)
-        return k, v
+        v = self._heads(k_lin, s.kv_heads, s.d_k).clone() if self.v is None else self._heads(self.v(memory), s.kv_heads, s.d_v)
+        return self._normed(k_lin, s.kv_heads, s.d_k, self.k_norm), v
 
     # --- forward -----------------------------------------------------------------------------
 
@@ -149,13 +162,14 @@ class Attention(nn.Module):
         without a cache); key_keep [B,S] bool: real (not padding) keys, for linformer.
         Returns the output [B,T,D] and the present (k, v)."""
         s = self.spec
-        q = self._heads(self.q(x), s.heads, s.d_k)
+        q = self._normed(self.q(x), s.heads, s.d_k, self.q_norm)
         if s.cross:
             k, v = past if past is not None else self.memory_kv(memory)
         else:
             k_lin = self.k(x)
-            k = self._heads(k_lin, s.kv_heads, s.d_k)
-            v = k if self.v is None else self._heads(self.v(x), s.kv_heads, s.d_v)
+            k = self._normed(k_lin, s.kv_heads, s.d_k, self.k_norm)
+            v = (k if self.k_norm is None else self._heads(k_lin, s.kv_heads, s.d_k)) if self.v is None \
+                else self._heads(self.v(x), s.kv_heads, s.d_v)
             if rope is not None:
                 cos, sin = rope
                 q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -86,11 +86,12 @@ class Layer(nn.Module):
         super().__init__()
         d, norm = r.d_model, r.norm
         self.placement = norm.placement
-        self.attention = Attention(layer.attention, d, r.position, r.dropout.attention)
+        made = lambda width: make_norm(norm, width)  # noqa: E731  (qk_norm's, the model's kind)
+        self.attention = Attention(layer.attention, d, r.position, r.dropout.attention, made)
         self.attention_norm = make_norm(norm, d)
         self.cross_attention = None
         if layer.cross_attention is not None:
-            self.cross_attention = Attention(layer.cross_attention, d, r.position, r.dropout.attention)
+            self.cross_attention = Attention(layer.cross_attention, d, r.position, r.dropout.attention, made)
             self.cross_attention_norm = make_norm(norm, d)
         self.ffn = FFN(layer.ffn, d)
         self.ffn_norm = make_norm(norm, d)

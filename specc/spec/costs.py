@@ -46,6 +46,9 @@ def _attention(prefix: str, a: ResolvedAttention, r: ResolvedSpec) -> dict:
         out.update(_linear(f"{prefix}.v", d, a.kv_heads * a.d_v, a.bias))
     if a.merge == "project":
         out.update(_linear(f"{prefix}.o", a.heads * a.d_v, d, a.output_bias))
+    if a.qk_norm != "none":  # over each head's d_k, or over all heads' at once
+        out.update(_norm(f"{prefix}.q_norm", r.norm.kind, a.d_k if a.qk_norm == "head" else a.heads * a.d_k))
+        out.update(_norm(f"{prefix}.k_norm", r.norm.kind, a.d_k if a.qk_norm == "head" else a.kv_heads * a.d_k))
     if a.score == "bilinear":
         out[f"{prefix}.score_w"] = (a.heads, a.d_k, a.d_k)
     elif a.score == "additive":

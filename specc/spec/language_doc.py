@@ -159,7 +159,11 @@ NOTES = {
                      "attention) defaults to `heads`. `bias` gives the q, k, v and output projections "
                      "biases; `output_bias` (null: as `bias`) sets the output projection's alone, as Qwen2 "
                      "has biased q, k and v projections and an output projection without (Qwen2 technical "
-                     "report, Yang et al. 2024, arXiv:2407.10671, section 2.2).",
+                     "report, Yang et al. 2024, arXiv:2407.10671, section 2.2). `qk_norm` normalises the "
+                     "queries and keys with the model's norm (its kind, eps and unit_offset) before the "
+                     "scores and rotary positions: `head` over each head's d_k (Qwen3, arXiv:2505.09388; "
+                     "Gemma 3), `full` over all heads' at once (OLMo 2, arXiv:2501.00656); the cache "
+                     "holds the normalised keys, the values are not normalised.",
 }
 
 

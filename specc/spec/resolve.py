@@ -81,6 +81,7 @@ class ResolvedAttention(Frozen):
     share_kv: bool
     bias: bool
     output_bias: bool  # the output projection's (AttentionSpec.output_bias, or bias)
+    qk_norm: Literal["none", "head", "full"] = "none"
     pattern: PatternSpec
     causal: bool  # decoder self-attention
     cross: bool  # attends to the encoder's output
@@ -228,6 +229,7 @@ def _attention(
         share_kv=att.share_kv,
         bias=att.bias,
         output_bias=att.bias if att.output_bias is None else att.output_bias,
+        qk_norm=att.qk_norm,
         pattern=att.pattern,
         causal=role == "causal",
         cross=cross,

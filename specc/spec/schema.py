@@ -189,6 +189,7 @@ class AttentionSpec(Node):
     share_kv: bool = False
     bias: bool = True
     output_bias: bool | None = None  # the output projection's bias; null: as `bias` (Qwen2: q, k, v only)
+    qk_norm: Literal["none", "head", "full"] = "none"  # queries and keys normalised (the model's norm kind)
     pattern: PatternSpec = FullPattern()
 
     @field_validator("pattern", mode="before")

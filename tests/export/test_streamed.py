@@ -101,13 +101,8 @@ def test_a_streamed_build_holds_one_made_layer_at_a_time(tmp_path, monkeypatch):
     assert most[0] == 1
 
 
-# int4: a norm's gain, since at a tiny seeded model's scale a wrong FFN projection hides under
-# int4's noise bar (a negated one passes; docs/build.md, "Streamed builds", says so)
-@pytest.mark.parametrize("precision, weight, factor", [("fp32", "ffn.down.weight", 1.1), ("fp16", "ffn.down.weight", 3.0),
-                                                       ("int4", "ffn_norm.weight", 10.0)])
-def test_a_wrong_weight_in_a_deep_layer_fails_the_build_naming_the_layer(tmp_path, monkeypatch, precision, weight, factor):
-    """Layer 3's weight, as the graph reads it, is scaled: the build fails, says decoder layer 3,
-    and leaves no build behind."""
+def _plant(monkeypatch, weight: str, factor: float) -> None:
+    """Layer 3's `weight`, as the stitched graph reads it, multiplied by `factor`."""
     real = stitch._weight
 
     def planted(weights, lazy, template, name, root):
@@ -120,6 +115,16 @@ def test_a_wrong_weight_in_a_deep_layer_fails_the_build_naming_the_layer(tmp_pat
         return value
 
     monkeypatch.setattr(stitch, "_weight", planted)
+
+
+# int4: a norm's gain, since at a tiny seeded model's scale a wrong FFN projection hides under
+# int4's noise bar (a negated one passes; docs/build.md, "Streamed builds", says so)
+@pytest.mark.parametrize("precision, weight, factor", [("fp32", "ffn.down.weight", 1.1), ("fp16", "ffn.down.weight", 3.0),
+                                                       ("int4", "ffn_norm.weight", 10.0)])
+def test_a_wrong_weight_in_a_deep_layer_fails_the_build_naming_the_layer(tmp_path, monkeypatch, precision, weight, factor):
+    """Layer 3's weight, as the graph reads it, is scaled: the build fails, says decoder layer 3,
+    and leaves no build behind."""
+    _plant(monkeypatch, weight, factor)
     with pytest.raises(VerificationError, match="the first layer off: decoder layer 3 "):
         specc.build(_deep(layers=6), tmp_path / "out", precision=precision, stream=True)
     assert not (tmp_path / "out").exists()
@@ -258,18 +263,7 @@ def test_a_build_verified_by_segments_checks_every_layer_on_every_case(tmp_path,
 def test_a_wrong_weight_fails_its_own_segment(tmp_path, monkeypatch, by_segments, precision, weight, factor):
     """Verified a layer at a time, a wrong weight in layer 3 fails layer 3's segment, every earlier
     one having passed; no build is left behind."""
-    real = stitch._weight
-
-    def planted(weights, lazy, template, name, root):
-        value = real(weights, lazy, template, name, root)
-        if name.endswith(f"layers.3.{weight}"):
-            inner = value.const_value
-            kind = type(template.const_value)
-            value.const_value = type(inner)(lambda: kind(torch.from_numpy(inner.numpy() * factor), name=name),
-                                            dtype=inner.dtype, shape=inner.shape, name=name)
-        return value
-
-    monkeypatch.setattr(stitch, "_weight", planted)
+    _plant(monkeypatch, weight, factor)
     with pytest.raises(VerificationError, match=r"case padded-prefill .*, decoder layer 3: output 'decoder\.layers\.3'"):
         specc.build(_deep(layers=6), tmp_path / "out", precision=precision, stream=True)
     assert not (tmp_path / "out").exists()
@@ -315,3 +309,11 @@ def test_gemma_style_norms_and_gates_stream_to_the_same_bytes(tmp_path):
     specc.build(spec, tmp_path / "whole", stream=False)
     specc.build(spec, tmp_path / "streamed", stream=True)
     assert _hashes(tmp_path / "whole") == _hashes(tmp_path / "streamed")
+
+
+def test_an_encoder_verified_by_segments(tmp_path, by_segments):
+    """A post-norm encoder (BERT): the last layer's output is the graph's last_hidden_state, so
+    nothing follows it but the pooler, if anything; every layer is still checked."""
+    res = specc.build(_deep("tiny-bert"), tmp_path / "out", stream=True)
+    names = {s["segment"] for s in res.verification["segments"]}
+    assert {f"encoder layer {i}" for i in range(LAYERS)} <= names

@@ -620,3 +620,41 @@ def test_grouped_query(kv_heads):
     assert tuple(k_present.shape) == (2, kv_heads, t, dk)
     close(k_present.double().numpy(), k)
     close(v_present.double().numpy(), v)
+
+
+# --- 11. QK-norm (Qwen3 per head, OLMo 2 over all heads) -----------------------------------------
+
+
+@pytest.mark.parametrize("qk_norm, kv_heads", [("head", 2), ("full", 2), ("head", 4)])
+def test_qk_norm(qk_norm, kv_heads):
+    """q and k through the model's RMSNorm (x / sqrt(mean(x^2) + eps) * g) before the scores: over
+    each head's d_k (Qwen3, Yang et al. 2025) or over all heads' concatenation (OLMo 2, OLMo et
+    al. 2024); the values are not normalised, and the cache holds the normalised keys."""
+    heads, d_model, t = 4, 16, 6
+    text = spec_text(d_model=d_model, attention=f"{{heads: {heads}, kv_heads: {kv_heads}, qk_norm: {qk_norm}}}")
+    model = specc.to_torch(specc.loads_spec(text.replace("dropout: 0.0", "dropout: 0.0\nnorm: {kind: rmsnorm, eps: 1.0e-6}")), seed=0)
+    randomize(model, 1)
+    att = attention_of(model)
+    dk = d_model // heads
+    x = inputs(2, t, d_model).double().numpy()
+
+    def rms(a: np.ndarray, g) -> np.ndarray:
+        return a / np.sqrt((a ** 2).mean(-1, keepdims=True) + 1e-6) * g.detach().double().numpy()
+
+    if qk_norm == "head":
+        q = rms(split(linear(x, att.q), heads), att.q_norm.weight)
+        k = rms(split(linear(x, att.k), kv_heads), att.k_norm.weight)
+    else:
+        q = split(rms(linear(x, att.q), att.q_norm.weight), heads)
+        k = split(rms(linear(x, att.k), att.k_norm.weight), kv_heads)
+    v = split(linear(x, att.v), kv_heads)
+    allowed = padded_mask(2, t)
+    z = np.empty((2, heads, t, dk))
+    for h in range(heads):
+        g = h // (heads // kv_heads)
+        z[:, h] = softmax(q[:, h] @ k[:, g].transpose(0, 2, 1) / math.sqrt(dk), allowed.numpy()[:, 0]) @ v[:, g]
+    with torch.no_grad():
+        out, (k_present, v_present) = att(torch.from_numpy(x).float(), allowed, torch.arange(t))
+    close(out.double().numpy(), merge_project(att, z))
+    close(k_present.double().numpy(), k)
+    close(v_present.double().numpy(), v)

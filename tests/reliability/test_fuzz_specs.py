@@ -67,6 +67,8 @@ def attention(draw, d_model: int, role: str, position: dict, length: int) -> dic
         att["bias"] = draw(st.booleans())
     if draw(st.booleans()):
         att["output_bias"] = draw(st.booleans())  # Qwen2's q/k/v biases without the output's, and the reverse
+    if draw(st.booleans()):
+        att["qk_norm"] = draw(pick("head", "full"))  # Qwen3's, OLMo 2's; with any position or pattern
     kinds = {"self": ["full", "local", "linformer", "bigbird"], "causal": ["full", "local", "bigbird"],
              "cross": ["full", "linformer"]}[role]
     if position["kind"] in ("relative", "alibi") and role != "cross":

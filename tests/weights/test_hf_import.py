@@ -67,6 +67,10 @@ CASES = {
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                        num_key_value_heads=2, intermediate_size=48, initializer_range=0.5,
                                                        bos_token_id=1, eos_token_id=2, **SMALL)),
+    # Qwen3: RMSNorm on each head's queries and keys (drawn at random), head_dim wider than hidden / heads
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                       num_key_value_heads=2, head_dim=16, intermediate_size=48,
+                                                       initializer_range=0.5, bos_token_id=1, eos_token_id=2, **SMALL)),
     # Gemma: GeGLU (tanh), the embedding scaled by sqrt(d_model), 1 + weight norms (drawn at random)
     "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                        num_key_value_heads=2, head_dim=16, intermediate_size=48,
@@ -94,7 +98,7 @@ NEW = 8
 # families whose biases Hugging Face initialises to zero but checkpoints do not have at zero: drawn
 # at random, so that a bias mapped to the wrong projection (or dropped) changes the outputs
 RANDOM_BIASES = {"qwen2"}
-RANDOM_NORMS = {"gemma"}  # Gemma's norm weights start at 0 (a gain of 1): drawn, so that the 1 + w form is seen
+RANDOM_NORMS = {"gemma", "qwen3"}  # Gemma's norm weights start at 0 (a gain of 1): drawn, so that the 1 + w form is seen
 
 
 def hf_model(label: str):
@@ -181,7 +185,7 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
     return (seq[1:] if encoder_decoder else seq[len(prompt):])[:NEW]
 
 
-@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "gemma", "opt",
+@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "qwen3", "gemma", "opt",
                                    "opt-post"])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)

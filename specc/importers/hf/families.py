@@ -396,6 +396,21 @@ QWEN2 = replace(
 )
 
 
+# --- Qwen3: Qwen2's windows, LLaMA's unbiased projections, RMSNorm on each head's q and k ---------
+
+QWEN3 = replace(
+    QWEN2,
+    model_types=("qwen3",),
+    fields=LLAMA.fields,
+    fixed={**LLAMA.fixed, "decoder": {"attention": {"qk_norm": "head"}}},
+    heads={"Qwen3ForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    names=LLAMA.names + (
+        *norm("decoder.layers.{i}.attention.q_norm", "layers.{i}.self_attn.q_norm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.attention.k_norm", "layers.{i}.self_attn.k_norm", "decoder", bias=False),
+    ),
+)
+
+
 # --- Gemma: LLaMA's layers with GeGLU (tanh), a scaled embedding and 1 + weight norms --------------
 
 # Gemma's configs say "gelu" for the tanh approximation (transformers rewrites it so)
@@ -581,5 +596,5 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, GEMMA, SEQ2SEQ)
+FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, GEMMA, SEQ2SEQ)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
