@@ -145,7 +145,7 @@ def check_disk(r: ResolvedSpec, out_dir: Path) -> None:
     """Refuse up front a build whose files cannot fit on the disk that will hold DIR: the graph's
     weights as written, plus model.safetensors (every parameter in fp32), plus DISK_MARGIN. The
     build is staged beside DIR (specc/export/outdir.py), so a previous build there still counts."""
-    need = estimate_streamed(r)["stored"] + 4 * sum(math.prod(s) for s in parameter_shapes(r).values()) + DISK_MARGIN
+    need = estimate_streamed(r)["stored"] + inspect_spec(r)["weight_bytes"]["fp32"] + DISK_MARGIN
     where = Path(out_dir).absolute()
     try:
         while not where.exists() and where != where.parent:

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from specc.export import verify
-from specc.spec.io import numpy_dtype
 from specc.spec.targets import PRECISIONS
 
 DIAGNOSE_FILE = ".diagnose.onnx"  # beside the graph (its external data is found relative to it); removed after
@@ -31,10 +30,7 @@ def first_wrong_layer(r, graph: Path, names: dict[str, list[str]], reference, se
     import onnx
 
     step = verify._steps(r, seed, longest)[0]
-    feed = {**step.base, **verify._cache_inputs(step.sig, step.case, None, None)}
-    for s in step.sig.inputs:
-        if s.dtype.startswith("float"):
-            feed[s.name] = feed[s.name].astype(numpy_dtype(s.dtype))
+    feed = verify.case_feed(step, None, None)
     proto = onnx.load(str(graph), load_external_data=False)
     elem = onnx.TensorProto.FLOAT16 if PRECISIONS[precision].half else onnx.TensorProto.FLOAT
     wanted = [(role, i, n) for role, layer_names in names.items() for i, n in enumerate(layer_names)]
@@ -71,16 +67,11 @@ def _torch_layer_outputs(reference, feed: dict, names: dict[str, list[str]]) -> 
     """Each recorded stack's layer outputs for `feed`, from torch's layers (forward hooks)."""
     import torch
 
-    outputs: dict[str, list[np.ndarray]] = {role: [] for role in names}
-    for role in names:
-        getattr(reference, role).layers.record = outputs[role]
-    try:
-        with torch.no_grad():
-            reference(**{k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
-                         for k, v in feed.items()})
-    finally:
-        for role in names:
-            getattr(reference, role).layers.record = None
+    from specc.nn.streamed import recording
+
+    with recording(reference, names) as outputs, torch.no_grad():
+        reference(**{k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
+                     for k, v in feed.items()})
     return outputs
 
 

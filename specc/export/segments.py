@@ -162,6 +162,9 @@ def verify_segments(r, refs: dict, graph: Path, layers: list[tuple[str, int, str
     elem = onnx.TensorProto.FLOAT16 if PRECISIONS[report.precision].half else onnx.TensorProto.FLOAT
     hidden = numpy_dtype("float16" if PRECISIONS[report.precision].half else "float32")
     steps = verify._steps(r, seed, longest)
+    # each case's whole feed, its caches torch's own from the case it continues: read once, not
+    # once a segment (a session takes the inputs its segment reads)
+    feeds = {step.key: verify.case_feed(step, _arrays(refs[step.prev]) if step.prev else None, None) for step in steps}
     scores = verify.scored(r)
     path = graph.with_name(SEGMENT_FILE)
     for number, seg in enumerate(segments):
@@ -175,14 +178,7 @@ def verify_segments(r, refs: dict, graph: Path, layers: list[tuple[str, int, str
         wanted = {i.name for i in session.get_inputs()}
         for step in steps:
             want = refs[step.key]
-            feed = {k: v for k, v in step.base.items() if k in wanted}
-            past = {k: _array(v) for k, v in refs[step.prev].items()} if step.prev else None
-            for name, value in verify._cache_inputs(step.sig, step.case, past, None).items():
-                if name in wanted:
-                    feed[name] = value
-            for s in step.sig.inputs:  # float inputs in the graph's precision
-                if s.name in feed and s.dtype.startswith("float"):
-                    feed[s.name] = feed[s.name].astype(numpy_dtype(s.dtype))
+            feed = {k: v for k, v in feeds[step.key].items() if k in wanted}
             if seg.reads:
                 feed[seg.reads[0]] = _array(want[seg.reads[1]]).astype(hidden)
             where = f"{step.where}, {seg.name}"
@@ -204,3 +200,8 @@ def verify_segments(r, refs: dict, graph: Path, layers: list[tuple[str, int, str
 
 def _array(x) -> np.ndarray:
     return x.read() if isinstance(x, verify.Spilled) else x
+
+
+def _arrays(outputs: dict) -> dict[str, np.ndarray]:
+    """A case's cache outputs (present.*) in memory, what the case after it is fed."""
+    return {k: _array(v) for k, v in outputs.items() if k.startswith("present.")}

@@ -187,6 +187,16 @@ def _cache_inputs(sig: GraphSig, case: Case, past_out: dict | None, source_out: 
     return feed
 
 
+def case_feed(step: "_Step", past_out: dict | None, source_out: dict | None) -> dict[str, np.ndarray]:
+    """Every input of one case: its integer inputs, its caches (from `past_out` / `source_out`,
+    the outputs of the cases it continues), the float ones in the graph's precision."""
+    feed = {**step.base, **_cache_inputs(step.sig, step.case, past_out, source_out)}
+    for s in step.sig.inputs:
+        if s.dtype.startswith("float"):
+            feed[s.name] = feed[s.name].astype(numpy_dtype(s.dtype))
+    return feed
+
+
 _CHUNK = 1 << 18  # elements compared at a time (1 MiB of fp32): a large output (a long prompt's logits) is never copied whole
 SPILL_BYTES = 16 << 20  # a case's reference outputs this large together are kept on disk until compared
 
@@ -382,6 +392,8 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
     "{role}.layers.{i}" (what a streamed build's segments read and are compared with, segments.py)."""
     import torch
 
+    from specc.nn.streamed import recording  # torch
+
     steps = _steps(r, seed, longest)
     continued = _continued(steps)
     out: dict[tuple[str, str], dict[str, np.ndarray | Spilled]] = {}
@@ -390,19 +402,13 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
         with torch.no_grad():
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
                        for k, v in feed.items()}
-            recorded: dict[str, list] = {role: [] for role in layers}
-            for role in layers:
-                getattr(reference, role).layers.record = recorded[role]
-            try:
+            with recording(reference, layers) as recorded:
                 if step.case.graph == "encoder":
                     result = reference.encode(**tensors)
                 elif step.case.graph == "decoder":
                     result = reference.decode(**tensors)
                 else:
                     result = reference(**tensors)
-            finally:
-                for role in layers:
-                    getattr(reference, role).layers.record = None
             out[step.key] = {k: v.float().numpy() for k, v in result.items()}
             for role, outputs in recorded.items():
                 out[step.key].update({f"{role}.layers.{i}": h for i, h in enumerate(outputs)})
@@ -436,10 +442,7 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
     needed = _continued(steps)
     kept: dict[tuple[str, str], dict] = {}
     for step in steps:
-        feed = {**step.base, **_cache_inputs(step.sig, step.case, kept.get(step.prev), kept.get(step.src))}
-        for s in step.sig.inputs:  # float inputs in the graph's precision
-            if s.dtype.startswith("float"):
-                feed[s.name] = feed[s.name].astype(numpy_dtype(s.dtype))
+        feed = case_feed(step, kept.get(step.prev), kept.get(step.src))
         names = [s.name for s in step.sig.outputs]
         trim()  # the last case's freed outputs go back to the system before this one allocates
         try:

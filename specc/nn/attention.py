@@ -168,8 +168,10 @@ class Attention(nn.Module):
         else:
             k_lin = self.k(x)
             k = self._normed(k_lin, s.kv_heads, s.d_k, self.k_norm)
-            v = (k if self.k_norm is None else self._heads(k_lin, s.kv_heads, s.d_k)) if self.v is None \
-                else self._heads(self.v(x), s.kv_heads, s.d_v)
+            if self.v is not None:
+                v = self._heads(self.v(x), s.kv_heads, s.d_v)
+            else:  # share_kv: k's projection serves as the values, before any k_norm
+                v = k if self.k_norm is None else self._heads(k_lin, s.kv_heads, s.d_k)
             if rope is not None:
                 cos, sin = rope
                 q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -413,17 +413,21 @@ QWEN3 = replace(
 
 # --- Gemma: LLaMA's layers with GeGLU (tanh), a scaled embedding and 1 + weight norms --------------
 
+def _overridden(fields: tuple[Field_, ...], changed: tuple[Field_, ...]) -> tuple[Field_, ...]:
+    """`fields` with the rows for the same spec keys as `changed` replaced by them."""
+    by_key = {f.key: f for f in changed}
+    return tuple(by_key.get(f.key, f) for f in fields)
+
+
 # Gemma's configs say "gelu" for the tanh approximation (transformers rewrites it so)
 GEMMA_GATED = {"gelu": "geglu_tanh", "gelu_pytorch_tanh": "geglu_tanh"}
 GEMMA = replace(
     LLAMA,
     model_types=("gemma",),
-    fields=tuple(
-        Field_("decoder.ffn.activation", "hidden_act", "gelu_pytorch_tanh", lookup(GEMMA_GATED, "hidden_act"), kind=STR)
-        if f.key == "decoder.ffn.activation" else
-        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL) if f.key == "vocab.tie_output" else
-        Field_("position.max_length", "max_position_embeddings", 8192, kind=INT) if f.key == "position.max_length" else f
-        for f in LLAMA.fields),
+    fields=_overridden(LLAMA.fields, (
+        Field_("decoder.ffn.activation", "hidden_act", "gelu_pytorch_tanh", lookup(GEMMA_GATED, "hidden_act"), kind=STR),
+        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL),
+        Field_("position.max_length", "max_position_embeddings", 8192, kind=INT))),
     fixed={**LLAMA.fixed, "vocab": {"scale": "sqrt_d_model"},
            "norm": {**LLAMA.fixed["norm"], "unit_offset": True}},
     refuse=(Refuse("use_bidirectional_attention", (None, False), None, "Gemma attending both ways (an encoder)"),),
