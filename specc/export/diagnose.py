@@ -67,9 +67,7 @@ def _torch_layer_outputs(reference, feed: dict, names: dict[str, list[str]]) -> 
     """Each recorded stack's layer outputs for `feed`, from torch's layers (forward hooks)."""
     import torch
 
-    from specc.nn.streamed import recording
-
-    with recording(reference, names) as outputs, torch.no_grad():
+    with verify.recording(reference, names) as outputs, torch.no_grad():
         reference(**{k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
                      for k, v in feed.items()})
     return outputs

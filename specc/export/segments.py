@@ -27,7 +27,7 @@ import numpy as np
 
 from specc.errors import BuildError
 from specc.export import verify
-from specc.spec.io import numpy_dtype
+from specc.spec.io import is_present, numpy_dtype
 from specc.spec.targets import PRECISIONS
 
 SEGMENT_FILE = ".segment.onnx"  # beside the graph (its external data is found relative to it); removed once loaded
@@ -204,4 +204,4 @@ def _array(x) -> np.ndarray:
 
 def _arrays(outputs: dict) -> dict[str, np.ndarray]:
     """A case's cache outputs (present.*) in memory, what the case after it is fed."""
-    return {k: _array(v) for k, v in outputs.items() if k.startswith("present.")}
+    return {k: _array(v) for k, v in outputs.items() if is_present(k)}

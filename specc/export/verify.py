@@ -18,6 +18,7 @@ scores the KL divergence of their softmax and the argmax agreement (a figure, no
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -392,8 +393,6 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
     "{role}.layers.{i}" (what a streamed build's segments read and are compared with, segments.py)."""
     import torch
 
-    from specc.nn.streamed import recording  # torch
-
     steps = _steps(r, seed, longest)
     continued = _continued(steps)
     out: dict[tuple[str, str], dict[str, np.ndarray | Spilled]] = {}
@@ -420,6 +419,21 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
         for key in out:
             _spill(out, key, spill)
     return out
+
+
+@contextlib.contextmanager
+def recording(model, roles) -> Iterator[dict[str, list]]:
+    """While inside, each layer's output of the `roles` stacks of a streamed model (their
+    StreamedLayers' `record`, specc/nn/streamed.py), appended as the forward runs:
+    {role: [[B, T, D] fp32 arrays, in layer order]}."""
+    got: dict[str, list] = {role: [] for role in roles}
+    for role in roles:
+        getattr(model, role).layers.record = got[role]
+    try:
+        yield got
+    finally:
+        for role in roles:
+            getattr(model, role).layers.record = None
 
 
 def _spill(out: dict, key: tuple[str, str], spill: Path) -> None:

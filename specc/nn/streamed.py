@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 from collections.abc import Iterator
@@ -201,20 +200,6 @@ def streamed_model(short: SpeccModel, source: StreamedWeights) -> SpeccModel:
         stack._modules["layers"] = StreamedLayers(source, role, len(getattr(source.r, role).layers))
         model._modules[role] = stack
     return model
-
-
-@contextlib.contextmanager
-def recording(model: nn.Module, roles) -> Iterator[dict[str, list]]:
-    """While inside, each layer's output of the `roles` stacks of a streamed model, appended as
-    the forward runs: {role: [[B, T, D] fp32 arrays, in layer order]}."""
-    got: dict[str, list] = {role: [] for role in roles}
-    for role in roles:
-        getattr(model, role).layers.record = got[role]
-    try:
-        yield got
-    finally:
-        for role in roles:
-            getattr(model, role).layers.record = None
 
 
 def transform_layers(model: nn.Module, transform) -> None:
