@@ -4,8 +4,10 @@ The estimate of a build that holds the whole model: the fp32 weights held about 
 (module, exported graph, onnxruntime session, weights file buffer), the activations of the
 longest verification case, and 1 GiB for the libraries. Of a streamed build (one layer of the
 deep stacks at a time, specc/nn/streamed.py): the larger of its two phases, building (the short
-module's fp32 weights, and a copy in the dtype the graph is exported in where that is not fp32, and three layers
-made at once: the exporter's, the writer's and the reference run's) and verifying (onnxruntime's
+module's fp32 weights; the exported graph's copy of them: all of them in the export dtype where
+that is not fp32, else the tables outside the layers (embeddings, heads), held again as the graph's
+constants until they are written; and three layers made at once: the exporter's, the writer's and
+the reference run's) and verifying (onnxruntime's
 session holding the written graph's weights as stored where that is no more than building holds,
 else a segment at a time: one layer's written weights and those outside the layers, see
 specc/export/segments.py; plus the activations). Either is compared
@@ -54,6 +56,7 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     stored = 0  # the written graph's weights: linear weights as above, tables and vectors in the dtype
     outside = 0  # of those, the ones in no layer (embeddings, heads, final norms)
     short = 0  # the short module's fp32 weights
+    outside_fp32 = 0  # of those, the ones in no layer
     per_layer: dict[str, int] = {}  # each layer's fp32 weights
     stored_layer: dict[str, int] = {}  # each layer's weights as written
     for name, shape in parameter_shapes(r).items():
@@ -70,9 +73,11 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
                 continue
         else:
             outside += written
+            outside_fp32 += 4 * n
         short += 4 * n
     layer = max(per_layer.values(), default=0)  # the largest layer's fp32 weights
-    export_copy = short * precision.dtype_bytes // 4 if precision.dtype != "float32" else 0  # the traced copy
+    # the exported graph's copy: cast to the export dtype, else (fp32) the tables outside the layers
+    export_copy = short * precision.dtype_bytes // 4 if precision.dtype != "float32" else outside_fp32
     building = short + export_copy + 3 * layer
     activations = _activations(r, min(r.serving.length.max, STREAMED_LONGEST))
     # verified whole where onnxruntime holding every written weight needs no more than building

@@ -82,11 +82,29 @@ def pack(w: np.ndarray, scheme: Scheme, offsets: bool = False) -> Packed:
     checkpoint distributed as Q4_1 do. The kernel reads the codes about the middle code and the
     block's centre stays a float, added back outside it: the int8 rounding of the input inside
     the kernel (accuracy level 4) then meets the weight less its centre, not less its minimum,
-    about half the error (on SmolLM2: next-token agreement 94.9% -> 97.5%, docs/build.md)."""
-    import torch  # its kernels use every core where numpy's use one (a 7B build packs 6.5e9 weights)
+    about half the error (on SmolLM2: next-token agreement 94.9% -> 97.5%, docs/build.md).
 
+    Columns are packed PACK_ELEMENTS weights at a time (each column is quantized alone), so that
+    the working copies stay small beside a large weight (a 128256-token head is 2 GiB in fp32)."""
     if scheme.bits not in (4, 8):
         raise BuildError(f"no {scheme.bits}-bit packing")
+    k, n = w.shape
+    step = max(1, PACK_ELEMENTS // max(k, 1))
+    if n <= step:
+        return _pack_columns(w, scheme, offsets)
+    parts = [_pack_columns(w[:, i:i + step], scheme, offsets) for i in range(0, n, step)]
+    return Packed(np.concatenate([p.codes for p in parts]), np.concatenate([p.scales for p in parts]),
+                  np.concatenate([p.zero_points for p in parts]),
+                  np.concatenate([p.offsets for p in parts], axis=1) if offsets else None)
+
+
+PACK_ELEMENTS = 1 << 24  # weights packed at once (64 MiB in fp32): see pack
+
+
+def _pack_columns(w: np.ndarray, scheme: Scheme, offsets: bool) -> Packed:
+    """pack() of one range of columns."""
+    import torch  # its kernels use every core where numpy's use one (a 7B build packs 6.5e9 weights)
+
     k, n = w.shape
     blocks = -(-k // scheme.block)
     cols = torch.zeros((n, blocks * scheme.block), dtype=torch.float32)

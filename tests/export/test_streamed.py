@@ -155,7 +155,9 @@ def test_what_cannot_be_streamed_is_refused_with_the_reason(tmp_path):
 def test_the_estimates_choose_streaming_only_where_the_whole_model_does_not_fit(tmp_path):
     r = _resolve(as_resolved("llama-2-7b").spec, "int4", "onnx")
     whole, streamed = estimate_memory(r)["bytes"], estimate_streamed(r)["bytes"]
-    assert streamed < 6 * 1024**3 < whole
+    # the measured peak of this build is 5.12 GiB (docs/benchmarks_streamed.md): the estimate is
+    # above it, and far below the whole build's
+    assert 5.12 * 1024**3 < streamed < 8 * 1024**3 < 100 * 1024**3 < whole
     # a limit between the two: streamed by default, refused when told not to stream
     spec = _deep()
     limit = (estimate_memory(as_resolved(spec))["bytes"] + estimate_streamed(as_resolved(spec))["bytes"]) // 2
