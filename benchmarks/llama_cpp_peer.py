@@ -1,0 +1,299 @@
+"""specc's int4 build of a LLaMA-shaped spec against llama.cpp running the same weights as Q4_0:
+decode tokens/s, prompt tokens/s, time to first token and peak resident memory, each side in its
+own process with the same threads, and each one's share of the memory-bandwidth floor (the
+weights read once per decode step at the machine's read bandwidth, suite.read_bandwidth).
+
+    .venv-bench/bin/python benchmarks/llama_cpp_peer.py [SPEC] [--prompt 128] [--new 64]
+
+SPEC (default llama-2-7b) is built with `specc build --precision int4` into build/bench (a cache
+hit after the first time; a 7B build streams, docs/build.md). Its own weights file
+(model.safetensors, the seeded fp32 weights) is written as an F16 GGUF tensor by tensor
+(`write_gguf`: never the whole model in memory), then quantized to Q4_0 by llama.cpp's own
+quantizer; the F16 file is deleted after. Appends its table to docs/benchmarks_streamed.md.
+
+The model has random weights: the prompt is random token ids and greedy decoding runs for
+exactly --new tokens (no end token), on both sides. The vocabulary written to the GGUF is a
+placeholder (ids only; llama.cpp needs one to load).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite import WORK, _cpu, read_bandwidth, run_measured  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+THREADS = 2
+GIB = 1024**3
+# llama.cpp's token kinds (llama_token_type) for the placeholder vocabulary
+NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+
+
+# --- the same weights as a GGUF ------------------------------------------------------------------
+
+
+def gguf_names(spec: dict) -> dict[str, str]:
+    """specc's weight names of a LLaMA-shaped decoder → llama.cpp's (its `llama` architecture)."""
+    out = {"embeddings.tokens.weight": "token_embd.weight", "decoder.final_norm.weight": "output_norm.weight"}
+    if not spec["vocab"]["tie_output"]:
+        out["heads.logits.proj.weight"] = "output.weight"
+    per_layer = {"attention_norm.weight": "attn_norm.weight", "attention.q.weight": "attn_q.weight",
+                 "attention.k.weight": "attn_k.weight", "attention.v.weight": "attn_v.weight",
+                 "attention.o.weight": "attn_output.weight", "ffn_norm.weight": "ffn_norm.weight",
+                 "ffn.gate.weight": "ffn_gate.weight", "ffn.up.weight": "ffn_up.weight",
+                 "ffn.down.weight": "ffn_down.weight"}
+    for i in range(spec["decoder"]["layers"]):
+        out.update({f"decoder.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in per_layer.items()})
+    return out
+
+
+def check_llama_shaped(spec: dict) -> None:
+    """What llama.cpp's `llama` architecture computes: refuse a spec that differs from it."""
+    dec, pos, norm = spec["decoder"], spec["position"], spec["norm"]
+    att = dec["attention"]
+    wrong = {"architecture": spec["architecture"] != "decoder", "rotary positions": pos["kind"] != "rotary",
+             "whole rotary": pos.get("fraction", 1.0) != 1.0, "rmsnorm": norm["kind"] != "rmsnorm",
+             "pre-norm": norm["placement"] != "pre", "no biases": att["bias"] or dec["ffn"]["bias"],
+             "swiglu": dec["ffn"]["activation"] != "swiglu", "full attention": att["pattern"]["kind"] != "full",
+             "scaled dot scores": att["score"] != "scaled_dot"}
+    if any(wrong.values()):
+        raise SystemExit(f"{spec['name']} is not LLaMA-shaped: needs {', '.join(k for k, v in wrong.items() if v)}")
+
+
+def to_interleaved(w: np.ndarray, heads: int) -> np.ndarray:
+    """Rows of q or k from specc's rotary layout (each head's first half of dims rotated with its
+    second half, as Hugging Face's LLaMA) to llama.cpp's (adjacent pairs rotated): per head, row
+    2i+j of the result is row j*d_k/2 + i of the input."""
+    rows, cols = w.shape
+    return w.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def write_gguf(weights: Path, spec: dict, out: Path, dtype=np.float16) -> None:
+    """The weights of a LLaMA-shaped specc build as a GGUF file, read and written a tensor at a
+    time (matrices in `dtype`, norms in fp32), with the `llama` architecture's metadata and a
+    placeholder vocabulary of the spec's size."""
+    import gguf
+    from safetensors import safe_open
+
+    check_llama_shaped(spec)
+    dec, att = spec["decoder"], spec["decoder"]["attention"]
+    names = gguf_names(spec)
+    heads = {"attn_q.weight": att["heads"], "attn_k.weight": att["kv_heads"]}
+    w = gguf.GGUFWriter(out, "llama")
+    w.add_name(spec["name"])
+    w.add_context_length(spec["position"]["max_length"])
+    w.add_embedding_length(spec["d_model"])
+    w.add_block_count(dec["layers"])
+    w.add_feed_forward_length(dec["ffn"]["d_ff"])
+    w.add_head_count(att["heads"])
+    w.add_head_count_kv(att["kv_heads"])
+    w.add_key_length(att["d_k"])
+    w.add_value_length(att["d_v"])
+    w.add_rope_dimension_count(att["d_k"])
+    w.add_rope_freq_base(spec["position"]["base"])
+    w.add_layer_norm_rms_eps(spec["norm"]["eps"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == np.float16 else gguf.LlamaFileType.ALL_F32)
+    size = spec["vocab"]["size"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    kinds = [UNKNOWN, CONTROL, CONTROL, *([BYTE] * 256)]
+    tokens += [f"\u2581t{i}" for i in range(len(tokens), size)]
+    kinds += [NORMAL] * (size - len(kinds))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens[:size])
+    w.add_token_scores([0.0] * size)
+    w.add_token_types(kinds[:size])
+    w.add_bos_token_id(spec["tokens"]["bos"] if spec["tokens"]["bos"] is not None else 1)
+    w.add_eos_token_id(spec["tokens"]["eos"] if spec["tokens"]["eos"] is not None else 2)
+    with safe_open(weights, "np") as f:
+        missing = sorted(set(names) - set(f.keys()))
+        if missing:
+            raise SystemExit(f"{weights}: no {missing[0]} (of {len(missing)} missing)")
+
+        def kind(name: str) -> np.dtype:
+            return np.dtype(np.float32 if name.endswith("norm.weight") else dtype)
+
+        for ours, theirs in names.items():
+            shape = f.get_slice(ours).get_shape()
+            w.add_tensor_info(theirs, shape, kind(theirs), int(np.prod(shape)) * kind(theirs).itemsize)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for ours, theirs in names.items():
+            t = f.get_tensor(ours)
+            if theirs.split(".", 2)[-1] in heads:
+                t = to_interleaved(t, heads[theirs.split(".", 2)[-1]])
+            w.write_tensor_data(np.ascontiguousarray(t, dtype=kind(theirs)))
+    w.close()
+
+
+def quantize(src: Path, out: Path, kind: str = "Q4_0") -> None:
+    """`src` quantized by llama.cpp's own quantizer (llama_ftype: Q4_0 = 2, Q8_0 = 7)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = {"Q4_0": 2, "Q8_0": 7}[kind]
+    params.nthread = THREADS
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
+    if rc != 0:
+        raise SystemExit(f"llama.cpp's quantizer returned {rc} for {src}")
+
+
+# --- one side, in its own process ----------------------------------------------------------------
+
+
+def prompt_ids(vocab: int, n: int) -> list[int]:
+    return np.random.default_rng(0).integers(3, vocab, size=n).tolist()
+
+
+def run_specc(build: Path, prompt: list[int], new: int) -> dict:
+    from specc.runtime import Session
+
+    t0 = time.perf_counter()
+    s = Session(build, threads=THREADS, check_hashes=False)
+    loaded = time.perf_counter()
+    stamps: list[float] = []
+    g = s.generate(prompt, max_new_tokens=new, eos_id=-1, on_token=lambda step, ids: stamps.append(time.perf_counter()))
+    return {"load_s": loaded - t0, "ttft_s": stamps[0] - loaded, "decode_tok_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]),
+            "ids": g.new_ids[0]}
+
+
+def run_llama_cpp(gguf_path: Path, prompt: list[int], new: int) -> dict:
+    from llama_cpp import Llama
+
+    t0 = time.perf_counter()
+    llm = Llama(model_path=str(gguf_path), n_ctx=len(prompt) + new + 8, n_batch=512, n_threads=THREADS,
+                n_threads_batch=THREADS, verbose=False)
+    loaded = time.perf_counter()
+    llm.eval(prompt)
+    ids, stamps = [], []
+    for _ in range(new):
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        ids.append(nxt)
+        stamps.append(time.perf_counter())
+        if len(ids) < new:
+            llm.eval([nxt])
+    return {"load_s": loaded - t0, "ttft_s": stamps[0] - loaded, "decode_tok_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]),
+            "ids": ids}
+
+
+def side(args) -> None:
+    """The child: one side's run, its figures as JSON on stdout."""
+    prompt = prompt_ids(args.vocab, args.prompt)
+    fig = (run_specc if args.side == "specc" else run_llama_cpp)(Path(args.path), prompt, args.new)
+    fig["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(fig))
+
+
+def measure(which: str, path: Path, vocab: int, args) -> dict:
+    out = WORK / f"peer-{which}.json"
+    cmd = [sys.executable, __file__, "--side", which, "--path", str(path), "--vocab", str(vocab),
+           "--prompt", str(args.prompt), "--new", str(args.new)]
+    seconds, peak = run_measured(["sh", "-c", " ".join(cmd) + f" > {out}"])
+    fig = json.loads(out.read_text())
+    fig["peak"] = max(peak, fig.pop("peak_rss"))
+    return fig
+
+
+# --- the parent: build, convert, measure, write --------------------------------------------------
+
+
+def graph_bytes(build: Path) -> int:
+    """Bytes of the build's decoder graph and its external data: the weights a decode step reads."""
+    manifest = json.loads((build / "manifest.json").read_text())
+    files = {a["path"]: a["bytes"] for a in manifest["artifacts"]}
+    return sum(b for p, b in files.items() if p != "model.safetensors")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec", nargs="?", default="llama-2-7b")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--side", choices=("specc", "llama.cpp"), help=argparse.SUPPRESS)
+    ap.add_argument("--path", help=argparse.SUPPRESS)
+    ap.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.side:
+        return side(args)
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    build = WORK / f"peer-{args.spec}-int4"
+    if not (build / "manifest.json").is_file():
+        t0 = time.perf_counter()
+        subprocess.run([str(Path(sys.executable).parent / "specc"), "build", args.spec, "-o", str(build),
+                        "--precision", "int4", "--force"], check=True)
+        print(f"[peer] specc build: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    spec = json.loads((build / "manifest.json").read_text())["spec"]
+    q4 = WORK / f"peer-{args.spec}.Q4_0.gguf"
+    if not q4.is_file():
+        f16 = WORK / f"peer-{args.spec}.F16.gguf"
+        t0 = time.perf_counter()
+        write_gguf(build / "model.safetensors", spec, f16)
+        quantize(f16, q4)
+        f16.unlink()
+        print(f"[peer] GGUF F16 written and quantized to Q4_0: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+    bandwidth = read_bandwidth()
+    sizes = {"specc": graph_bytes(build), "llama.cpp": q4.stat().st_size}
+    rows = {}
+    for which, path in (("specc", build), ("llama.cpp", q4)):
+        rows[which] = measure(which, path, spec["vocab"]["size"], args)
+        print(f"[peer] {which}: {rows[which]['decode_tok_s']:.2f} tok/s decode", file=sys.stderr)
+    write(args, spec, rows, sizes, bandwidth)
+
+
+def write(args, spec: dict, rows: dict, sizes: dict, bandwidth: float) -> None:
+    import llama_cpp
+    import onnxruntime
+
+    same = sum(a == b for a, b in zip(rows["specc"]["ids"], rows["llama.cpp"]["ids"]))
+    lines = [
+        f"## {spec['name']}: specc int4 against llama.cpp Q4_0 (benchmarks/llama_cpp_peer.py)",
+        "",
+        f"`{Path(sys.executable).relative_to(ROOT) if ROOT in Path(sys.executable).parents else sys.executable} "
+        f"benchmarks/llama_cpp_peer.py {args.spec} --prompt {args.prompt} --new {args.new}`, "
+        f"{datetime.date.today()}, {_cpu()}, {THREADS} threads each, onnxruntime {onnxruntime.__version__}, "
+        f"llama-cpp-python {llama_cpp.__version__}, Python {platform.python_version()}. The same seeded weights: "
+        "specc's build, and its weights file written as an F16 GGUF and quantized to Q4_0 by llama.cpp's "
+        f"quantizer. Prompt: {args.prompt} random token ids; then {args.new} greedy tokens. Each side in its "
+        f"own process; memory is its peak resident set. Read bandwidth {bandwidth:.1f} GB/s (suite.read_bandwidth): "
+        "the floor is that bandwidth over the bytes of weights a decode step reads (the graph files; the GGUF).",
+        "",
+        "| | decode tok/s | vs llama.cpp | share of the bandwidth floor | prompt tok/s | time to first token | "
+        "load | peak memory | weights |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = rows["llama.cpp"]["decode_tok_s"]
+    for which, r in rows.items():
+        floor = bandwidth * 1e9 / sizes[which]
+        lines.append(f"| {which} | {r['decode_tok_s']:.2f} | {r['decode_tok_s'] / base:.2f}x | "
+                     f"{r['decode_tok_s'] / floor:.0%} | {args.prompt / r['ttft_s']:.1f} | {r['ttft_s']:.2f} s | "
+                     f"{r['load_s']:.1f} s | {r['peak'] / GIB:.2f} GiB | {sizes[which] / GIB:.2f} GiB |")
+    lines += ["", f"Greedy tokens the two sides share from the start: {same} of {args.new} (random weights "
+              "give near-flat logits, so quantization noise flips early choices; agreement on a trained model is "
+              "in docs/benchmarks_quality.md).", ""]
+    doc = ROOT / "docs" / "benchmarks_streamed.md"
+    text = doc.read_text()
+    head = lines[0]
+    if head in text:  # replace this spec's earlier table
+        start = text.index(head)
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + "\n".join(lines) + ("\n" + text[end + 1:] if end >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(lines)
+    doc.write_text(text)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
