@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import WORK, _cpu, read_bandwidth, run_measured  # noqa: E402
+from suite import WORK, _cpu, read_bandwidth  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = 2
@@ -190,18 +189,23 @@ def side(args) -> None:
     """The child: one side's run, its figures as JSON on stdout."""
     prompt = prompt_ids(args.vocab, args.prompt)
     fig = (run_specc if args.side == "specc" else run_llama_cpp)(Path(args.path), prompt, args.new)
-    fig["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    fig["peak"] = peak_resident()
     print(json.dumps(fig))
 
 
+def peak_resident() -> int:
+    """This process's peak resident bytes (VmHWM: its own pages, from its exec on; ru_maxrss
+    would carry the parent's peak across fork and exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def measure(which: str, path: Path, vocab: int, args) -> dict:
-    out = WORK / f"peer-{which}.json"
+    """One side in a fresh process (both run in-process: no children to count)."""
     cmd = [sys.executable, __file__, "--side", which, "--path", str(path), "--vocab", str(vocab),
            "--prompt", str(args.prompt), "--new", str(args.new)]
-    seconds, peak = run_measured(["sh", "-c", " ".join(cmd) + f" > {out}"])
-    fig = json.loads(out.read_text())
-    fig["peak"] = max(peak, fig.pop("peak_rss"))
-    return fig
+    done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # --- the parent: build, convert, measure, write --------------------------------------------------
@@ -243,12 +247,12 @@ def main() -> None:
         f16.unlink()
         print(f"[peer] GGUF F16 written and quantized to Q4_0: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
-    bandwidth = read_bandwidth()
     sizes = {"specc": graph_bytes(build), "llama.cpp": q4.stat().st_size}
     rows = {}
     for which, path in (("specc", build), ("llama.cpp", q4)):
         rows[which] = measure(which, path, spec["vocab"]["size"], args)
         print(f"[peer] {which}: {rows[which]['decode_tok_s']:.2f} tok/s decode", file=sys.stderr)
+    bandwidth = read_bandwidth()
     write(args, spec, rows, sizes, bandwidth)
 
 

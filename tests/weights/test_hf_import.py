@@ -76,6 +76,16 @@ CASES = {
                                                        num_key_value_heads=2, head_dim=16, intermediate_size=48,
                                                        initializer_range=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                                        **SMALL)),
+    # Phi-3: q, k, v in one projection (GQA: uneven parts), gate and up in another; a window of 4
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                    num_key_value_heads=2, intermediate_size=48, sliding_window=4,
+                                                    initializer_range=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                                    **SMALL)),
+    # StableLM: LayerNorm, biased q, k, v (the output unbiased), a quarter of each head rotated
+    "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                                num_key_value_heads=2, intermediate_size=48, use_qkv_bias=True,
+                                                                initializer_range=0.5, bos_token_id=1, eos_token_id=2,
+                                                                **SMALL)),
     # OPT: pre-norm (and OPT-350m's post-norm), learned positions from row 2
     "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=48,
                                                 init_std=0.5, vocab_size=99, max_position_embeddings=64, pad_token_id=1,
@@ -97,8 +107,8 @@ NEW = 8
 
 # families whose biases Hugging Face initialises to zero but checkpoints do not have at zero: drawn
 # at random, so that a bias mapped to the wrong projection (or dropped) changes the outputs
-RANDOM_BIASES = {"qwen2"}
-RANDOM_NORMS = {"gemma", "qwen3"}  # Gemma's norm weights start at 0 (a gain of 1): drawn, so that the 1 + w form is seen
+RANDOM_BIASES = {"qwen2", "stablelm"}
+RANDOM_NORMS = {"gemma", "qwen3", "stablelm"}  # Gemma's norm weights start at 0 (a gain of 1): drawn, so that the 1 + w form is seen
 
 
 def hf_model(label: str):
@@ -185,8 +195,8 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
     return (seq[1:] if encoder_decoder else seq[len(prompt):])[:NEW]
 
 
-@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "qwen3", "gemma", "opt",
-                                   "opt-post"])
+@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "qwen3", "gemma",
+                                   "phi3", "stablelm", "opt", "opt-post"])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)

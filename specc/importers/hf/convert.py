@@ -164,7 +164,9 @@ def _check_tokens(spec: dict, config: dict, where: str) -> None:
 # --- tensors -> specc's names -------------------------------------------------------------------
 
 
-def _transform(t, how: str, where: str):
+def _transform(t, how: str, where: str, rows: int):
+    """Checkpoint tensor T made into a specc parameter by HOW (table.Name.transform); ROWS: the
+    parameter's first dimension (where a fused tensor splits unevenly, the part's size)."""
     if how == "copy":
         return t
     if how == "transpose":  # GPT-2's Conv1D stores [in, out]
@@ -176,6 +178,17 @@ def _transform(t, how: str, where: str):
                 raise CheckpointError(f"{where}: shape {tuple(t.shape)} does not split into q, k, v")
             return t.t().chunk(3, dim=0)[part]
         return t.chunk(3, dim=0)[part]
+    if how.startswith("rows_"):  # q, k, v stacked by rows, k and v alike (Phi-3, Falcon): [q; k; v]
+        kv = rows if how != "rows_q" else (t.shape[0] - rows) // 2
+        start = {"rows_q": 0, "rows_k": t.shape[0] - 2 * kv, "rows_v": t.shape[0] - kv}[how]
+        return t[start:start + rows]
+    if how.startswith("halves"):  # two matrices stacked by rows (Phi-3's gate_up_proj: gate, then up)
+        return t.chunk(2, dim=0)[int(how[6:])]
+    if how.startswith("heads_qkv"):  # per head, q, k, v rows (BLOOM, GPT-NeoX): [H, 3, d_k, ...]
+        part, heads = (int(v) for v in how[9:].split(":"))
+        if t.shape[0] % (3 * heads):
+            raise CheckpointError(f"{where}: shape {tuple(t.shape)} does not split into {heads} heads of q, k, v")
+        return t.reshape(heads, 3, t.shape[0] // (3 * heads), *t.shape[1:])[:, part].reshape(-1, *t.shape[1:])
     if how == "offset2":  # BART's learned positions: position p is row p + 2
         return t[2:]
     raise AssertionError(how)
@@ -185,13 +198,16 @@ def expand(fam: Family, resolved, heads: list[str]) -> dict[str, tuple[tuple[str
     """specc name -> (checkpoint name candidates, transform), every template expanded."""
     counts = {"encoder": len(resolved.encoder.layers) if resolved.encoder else 0,
               "decoder": len(resolved.decoder.layers) if resolved.decoder else 0}
+    heads_of = {s: stack.layers[0].attention.heads for s, stack in (("encoder", resolved.encoder),
+                                                                   ("decoder", resolved.decoder)) if stack}
     out = {}
     for row in fam.names:
         layers = range(counts[row.stack]) if row.stack else [None]
         for i in layers:
             for head in heads if "{head}" in row.specc else [None]:
                 key = row.specc.format(i=i, head=head)
-                out.setdefault(key, (tuple(c.format(i=i) for c in row.hf), row.transform))
+                how = row.transform.format(heads=heads_of[row.stack]) if row.stack else row.transform
+                out.setdefault(key, (tuple(c.format(i=i) for c in row.hf), how))
     return out
 
 
@@ -205,7 +221,7 @@ class Converted(Mapping):
 
     def __getitem__(self, name: str):
         src, how = self._plan[name]
-        return _transform(self._tensors[src], how, src).contiguous()
+        return _transform(self._tensors[src], how, src, self.entries[name].shape[0]).contiguous()
 
     def __iter__(self):
         return iter(self._plan)
@@ -245,7 +261,7 @@ def convert_tensors(fam: Family, config: dict, tensors, resolved, where: str) ->
             raise CheckpointError(f"{where}: {src} holds {str(meta.dtype).removeprefix('torch.')}; "
                                   f"specc's {name} is a floating-point parameter")
         try:
-            t = _transform(meta, how, src)
+            t = _transform(meta, how, src, shape[0] if shape else 0)
         except (RuntimeError, IndexError):  # a 0-d or 3-d tensor where a matrix is split or transposed
             t = None
         if t is None or tuple(t.shape) != tuple(shape):

@@ -436,6 +436,57 @@ GEMMA = replace(
 )
 
 
+# --- Phi-3: LLaMA's layers with q, k, v fused in one projection, and gate and up in another --------
+
+_PHI3 = "layers.{i}."
+PHI3 = replace(
+    LLAMA,
+    model_types=("phi3",),
+    fields=tuple(f for f in LLAMA.fields if f.name not in ("attention_bias", "mlp_bias")),
+    fixed={**LLAMA.fixed, "decoder": {"attention": {"bias": False}, "ffn": {"bias": False}}},
+    heads={"Phi3ForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    names=(
+        Name("embeddings.tokens.weight", ("embed_tokens.weight",)),
+        *(Name(f"decoder.layers.{{i}}.attention.{p}.weight", (_PHI3 + "self_attn.qkv_proj.weight",), f"rows_{p}",
+               "decoder") for p in "qkv"),
+        *linear("decoder.layers.{i}.attention.o", _PHI3 + "self_attn.o_proj", "decoder", bias=False),
+        *norm("decoder.layers.{i}.attention_norm", _PHI3 + "input_layernorm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.ffn_norm", _PHI3 + "post_attention_layernorm", "decoder", bias=False),
+        Name("decoder.layers.{i}.ffn.gate.weight", (_PHI3 + "mlp.gate_up_proj.weight",), "halves0", "decoder"),
+        Name("decoder.layers.{i}.ffn.up.weight", (_PHI3 + "mlp.gate_up_proj.weight",), "halves1", "decoder"),
+        *linear("decoder.layers.{i}.ffn.down", _PHI3 + "mlp.down_proj", "decoder", bias=False),
+        *norm("decoder.final_norm", "norm", bias=False),
+        Name("heads.{head}.proj.weight", ("lm_head.weight",)),
+    ),
+)
+
+
+# --- StableLM: LLaMA's layers under LayerNorm, q, k, v biased or not, a quarter of dims rotated ----
+
+_SLM = "decoder.layers.{i}."
+STABLELM = replace(
+    LLAMA,
+    model_types=("stablelm",),
+    fields=_overridden(tuple(f for f in LLAMA.fields if f.name != "mlp_bias"), (
+        Field_("norm.eps", "layer_norm_eps", 1e-5, kind=NUMBER),
+        Field_("decoder.attention.bias", "use_qkv_bias", False, kind=BOOL),
+        Field_("position.max_length", "max_position_embeddings", 4096, kind=INT))),
+    fixed={**LLAMA.fixed, "norm": {"kind": "layernorm", "placement": "pre", "final": True},
+           "decoder": {"attention": {"output_bias": False}, "ffn": {"bias": False}}},
+    refuse=(
+        Refuse("qk_layernorm", (False,), False, "a LayerNorm of its own for each head's queries and keys"),
+        Refuse("use_parallel_residual", (False,), False, "attention and feed-forward side by side"),
+    ),
+    heads={"StableLmForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    names=tuple(r for r in LLAMA.names if "norm" not in r.specc) + (
+        *norm(_SLM + "attention_norm", "layers.{i}.input_layernorm", "decoder"),
+        *norm(_SLM + "ffn_norm", "layers.{i}.post_attention_layernorm", "decoder"),
+        *norm("decoder.final_norm", "norm"),
+    ),
+    sources={k: v for k, v in LLAMA.sources.items() if k != "decoder.attention.pattern.window"},
+)
+
+
 # --- OPT: a pre-norm decoder with learned positions from row 2 -------------------------------------
 
 
@@ -600,5 +651,5 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, GEMMA, SEQ2SEQ)
+FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, GEMMA, PHI3, STABLELM, SEQ2SEQ)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}

@@ -114,7 +114,10 @@ class Refuse:
 class Name:
     specc: str                 # template: {i} = layer; {s} = stack; {head} = output name
     hf: tuple[str, ...]        # candidates, the first present wins
-    transform: str = "copy"    # copy | transpose | qkv0 / qkv1 / qkv2 (GPT-2's fused Conv1D) | offset2
+    # copy | transpose | qkv0 / qkv1 / qkv2 (GPT-2's fused Conv1D) | rows_q / rows_k / rows_v (q, k, v
+    # stacked by rows, k and v of one size) | halves0 / halves1 (two stacked by rows) |
+    # heads_qkv0:{heads} ... (q, k, v rows per head; {heads}: the stack's heads) | offset2
+    transform: str = "copy"
     stack: str = ""            # "encoder" / "decoder": {i} runs over that stack's layers
 
 
