@@ -69,6 +69,7 @@ class Attention(nn.Module):
             self.rel_k = nn.Embedding(2 * position.clip + 1, dk)
             self.rel_v = nn.Embedding(2 * position.clip + 1, dv) if position.values else None
         self.alibi = positional and position.kind == "alibi"
+        self.interleaved = position.kind == "rotary" and position.layout == "interleaved"
         if self.alibi:
             self.register_buffer("slopes", torch.tensor(alibi_slopes(h)).view(1, h, 1, 1), persistent=False)
         if spec.pattern.kind == "linformer":
@@ -174,7 +175,7 @@ class Attention(nn.Module):
                 v = k if self.k_norm is None else self._heads(k_lin, s.kv_heads, s.d_k)
             if rope is not None:
                 cos, sin = rope
-                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+                q, k = apply_rotary(q, cos, sin, self.interleaved), apply_rotary(k, cos, sin, self.interleaved)
             if past is not None:
                 k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         present = (k, v)

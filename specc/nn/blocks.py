@@ -5,6 +5,11 @@ A layer wires each sublayer f (self-attention, cross-attention, FFN) by the norm
     post:      x = Norm(x + drop(f(x)))                 (Vaswani et al. 2017, BERT)
     pre:       x = x + drop(f(Norm(x)))                 (GPT-2, LLaMA)
     sandwich:  x = x + drop(PostNorm(f(Norm(x))))       (Ding et al. 2021, CogView)
+
+and, with `parallel` (pre-norm), attention and FFN side by side from the layer's input:
+
+    one_norm:  x = x + drop(Attn(Norm(x))) + drop(FFN(Norm(x)))        (GPT-J; PaLM, Chowdhery et al. 2022)
+    two_norms: x = x + drop(Attn(Norm(x))) + drop(FFN(FFNNorm(x)))     (GPT-NeoX, Black et al. 2022)
 """
 from __future__ import annotations
 
@@ -80,7 +85,8 @@ class FFN(nn.Module):
 
 class Layer(nn.Module):
     """Parameters: attention, attention_norm, [cross_attention, cross_attention_norm], ffn,
-    ffn_norm; sandwich placement adds *_post_norm after each sublayer."""
+    ffn_norm (none in one_norm parallel layers: the FFN reads attention_norm's output); sandwich
+    placement adds *_post_norm after each sublayer."""
 
     def __init__(self, layer: ResolvedLayer, r: ResolvedSpec):
         super().__init__()
@@ -94,7 +100,9 @@ class Layer(nn.Module):
             self.cross_attention = Attention(layer.cross_attention, d, r.position, r.dropout.attention, made)
             self.cross_attention_norm = make_norm(norm, d)
         self.ffn = FFN(layer.ffn, d)
-        self.ffn_norm = make_norm(norm, d)
+        self.parallel = layer.parallel
+        if layer.parallel != "one_norm":
+            self.ffn_norm = make_norm(norm, d)
         if norm.placement == "sandwich":
             self.attention_post_norm = make_norm(norm, d)
             if self.cross_attention is not None:
@@ -114,6 +122,11 @@ class Layer(nn.Module):
 
     def forward(self, x, allowed, q_idx, rope=None, past=None, memory=None, memory_allowed=None,
                 cross_past=None, memory_keep=None) -> tuple[torch.Tensor, KV, KV | None]:
+        if self.parallel != "none":  # pre-norm, no cross-attention (rules.parallel_layers)
+            h = self.attention_norm(x)
+            y, present = self.attention(h, allowed, q_idx, rope=rope, past=past)
+            f = self.ffn(h if self.parallel == "one_norm" else self.ffn_norm(x))
+            return x + self.drop(y) + self.drop(f), present, None
         x, present = self._sublayer(x, "attention", lambda h: self.attention(h, allowed, q_idx, rope=rope, past=past))
         cross_present = None
         if self.cross_attention is not None:
@@ -161,7 +174,8 @@ class Stack(nn.Module):
         Returns hidden [B,T,D], presents, cross presents."""
         rope = None
         if self.rotary:
-            rope = rotary_cos_sin(position_ids, self.rotary, self.r.position.base, x.dtype)
+            rope = rotary_cos_sin(position_ids, self.rotary, self.r.position.base, x.dtype,
+                                  self.r.position.layout == "interleaved")
         presents, cross_presents = [], []
         for i, layer in enumerate(self.layers):
             x, present, cross_present = layer(

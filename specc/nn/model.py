@@ -60,7 +60,8 @@ class Embeddings(nn.Module):
 
 
 class Head(nn.Module):
-    """One output. hidden: the stack's last hidden state. lm: proj [V, D] (absent when tied).
+    """One output. hidden: the stack's last hidden state. lm: proj [V, D] (absent when tied), with
+    `bias`: proj's bias [V] (bias [V] when tied).
     mlm (BERT): transform [D, D] + activation + norm, proj [V, D] (absent when tied), bias [V].
     classifier: pool (first | mean | last), pooler [D, D] + tanh (optional), proj [classes, D].
     pooled: the classifier without its proj (Hugging Face's pooler_output).
@@ -73,8 +74,12 @@ class Head(nn.Module):
         self.pool = getattr(out, "pool", None)
         self.pooler = None
         self.proj = None
+        self.bias = None  # mlm's, or a tied lm head's with `bias`
+        lm_bias = out.kind == "lm" and out.bias
         if out.kind in ("lm", "mlm") and not tied:
-            self.proj = nn.Linear(d, vocab, bias=False)
+            self.proj = nn.Linear(d, vocab, bias=lm_bias)
+        if lm_bias and tied:
+            self.bias = nn.Parameter(torch.zeros(vocab))
         if out.kind == "mlm":
             self.transform = nn.Linear(d, d)
             self.act = ACTIVATIONS[activation]
@@ -102,7 +107,7 @@ class Head(nn.Module):
             if self.kind == "mlm":
                 h = self.norm(self.act(self.transform(h)))
             logits = self.proj(h) if self.proj is not None else h @ tied_weight.t()
-            return logits + self.bias if self.kind == "mlm" else logits
+            return logits + self.bias if self.bias is not None else logits
         if self.kind in ("classifier", "pooled"):
             h = self._pool(h, mask)
             if self.pooler is not None:

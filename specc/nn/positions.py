@@ -6,8 +6,9 @@
   relative    Shaw et al. 2018: a^K_ij, a^V_ij = w_{clip(j - i, -k, k)}; tables [2k+1, Dh] per layer
               (in attention.py, which adds them to keys and values).
   rotary      Su et al. 2021 (RoFormer): rotate pairs of q/k dims by p * base^(-2i/R); R = the rotated
-              dims (leading `rotary_dims` of each head). Pairs are (x_i, x_{i+R/2}) (the GPT-NeoX /
-              LLaMA layout, which Hugging Face checkpoints use).
+              dims (leading `rotary_dims` of each head). Pairs are (x_i, x_{i+R/2}) (layout halves: the
+              GPT-NeoX / LLaMA layout of Hugging Face checkpoints) or (x_2i, x_2i+1) (interleaved:
+              RoFormer's own, GPT-J's, llama.cpp's).
   alibi       Press et al. 2022: add -m_h * |i - j| to the scores; slopes m_h = 2^(-8h/H) for H a power
               of two, else those of the nearest lower power of two followed by every other slope of
               twice that (the paper's recipe, section 3).
@@ -32,20 +33,30 @@ def sinusoidal(position_ids: torch.Tensor, d_model: int, base: float, layout: st
     return pe[..., :d_model]
 
 
-def rotary_cos_sin(position_ids: torch.Tensor, rot: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T] positions -> cos, sin of shape [B, 1, T, rot] (each frequency repeated for both halves)."""
+def rotary_cos_sin(position_ids: torch.Tensor, rot: int, base: float, dtype: torch.dtype,
+                   interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] positions -> cos, sin of shape [B, 1, T, rot]: each frequency repeated for both
+    halves, or (interleaved) for both dims of its pair."""
     inv = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float32, device=position_ids.device) / rot))
     angles = position_ids.to(torch.float32).unsqueeze(-1) * inv  # [B, T, rot/2]
-    angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)  # [B, 1, T, rot]
+    if interleaved:
+        angles = torch.stack((angles, angles), dim=-1).flatten(-2)
+    else:
+        angles = torch.cat((angles, angles), dim=-1)
+    angles = angles.unsqueeze(1)  # [B, 1, T, rot]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the leading `rot` dims of x [B, H, T, Dh]; the rest pass through."""
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """Rotate the leading `rot` dims of x [B, H, T, Dh] (dim i with i + rot/2, or interleaved:
+    dim 2i with 2i + 1); the rest pass through."""
     rot = cos.shape[-1]
     xr, rest = x[..., :rot], x[..., rot:]
-    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
-    rotated = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
+    if interleaved:
+        turned = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        turned = torch.cat((-xr[..., rot // 2:], xr[..., : rot // 2]), dim=-1)
+    rotated = xr * cos + turned * sin
     return torch.cat((rotated, rest), dim=-1) if rest.shape[-1] else rotated
 
 

@@ -4,7 +4,8 @@ The diagram is built as DOT with the `graphviz` package and rendered by graphviz
 program. Each stack is a cluster labelled "×N" holding one expanded layer (every layer of a
 stack has the same configuration in the spec language): its sublayers in the order the norm
 placement gives (post: sublayer, Add, Norm; pre: Norm, sublayer, Add; sandwich: Norm,
-sublayer, Norm, Add), with the residual paths dashed. Node names are stable (`encoder_attn`,
+sublayer, Norm, Add; parallel layers: one Norm or two, attention and feed-forward side by
+side into one Add), with the residual paths dashed. Node names are stable (`encoder_attn`,
 `decoder_cross`, `decoder_ffn`, `encoder_out`, `out_logits`, ...) so that `--diff` can
 highlight them and tests can read the structure.
 """
@@ -121,6 +122,17 @@ class _Builder:
             cur = self.edge_to(cur, self.node(g, f"{role}_{key}_norm", norm, "#f0f0f0"))
         return cur
 
+    def parallel(self, g, role: str, attn: str, ffn: str, norms: str, cur: str) -> str:
+        """Attention and feed-forward side by side from one norm or two, summed with the residual."""
+        norm, x = _norm_label(self.r), cur
+        a_in = self.edge_to(cur, self.node(g, f"{role}_attn_norm", norm, "#f0f0f0"))
+        f_in = a_in if norms == "one_norm" else self.edge_to(cur, self.node(g, f"{role}_ffn_norm", norm, "#f0f0f0"))
+        add = self.node(g, f"{role}_parallel_add", "Add", "#f0f0f0", shape="circle")
+        self.edge_to(self.edge_to(a_in, self.node(g, f"{role}_attn", attn, "#fff1c1")), add)
+        self.edge_to(self.edge_to(f_in, self.node(g, f"{role}_ffn", ffn, "#dbe9f6")), add)
+        self.g.edge(x, add, style="dashed", color="#777777", tooltip="residual")
+        return add
+
     def edge_to(self, a: str, b: str, **attrs) -> str:
         self.g.edge(a, b, **attrs)
         return b
@@ -156,13 +168,17 @@ class _Builder:
             c.attr(label=f"{role} layer ×{n}", labeljust="r", style="rounded,filled",
                    fillcolor=HIGHLIGHT if hl else "#f7f7fb", color="#999999", penwidth="2" if hl else "1")
             title = "masked multi-head self-attention" if layer.attention.causal else "multi-head self-attention"
-            cur = self.sublayer(c, role, "attn", attention_label(layer.attention, title), "#fff1c1", cur)
-            if layer.cross_attention is not None:
-                cur = self.sublayer(c, role, "cross", attention_label(layer.cross_attention, "multi-head cross-attention"),
-                                    "#fff1c1", cur)
+            attn = attention_label(layer.attention, title)
             f = layer.ffn
             ffn = f"feed-forward\n{_ACT[f.activation]}, d_ff {f.d_ff}\n{'with' if f.bias else 'no'} bias"
-            cur = self.sublayer(c, role, "ffn", ffn, "#dbe9f6", cur)
+            if layer.parallel != "none":
+                cur = self.parallel(c, role, attn, ffn, layer.parallel, cur)
+            else:
+                cur = self.sublayer(c, role, "attn", attn, "#fff1c1", cur)
+                if layer.cross_attention is not None:
+                    cur = self.sublayer(c, role, "cross", attention_label(layer.cross_attention, "multi-head cross-attention"),
+                                        "#fff1c1", cur)
+                cur = self.sublayer(c, role, "ffn", ffn, "#dbe9f6", cur)
         if r.position.kind in ("rotary", "alibi", "relative"):
             pos = self.node(self.g, f"{role}_pos", _position_label(r), "#e2ece9", shape="ellipse")
             self.g.edge(pos, f"{role}_attn", style="dotted", label="in scores" if r.position.kind != "rotary" else "rotates q, k")

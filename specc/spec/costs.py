@@ -96,7 +96,8 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
                 out.update(_linear(f"{p}.ffn.gate", d, f.d_ff, f.bias))
             out.update(_linear(f"{p}.ffn.up", d, f.d_ff, f.bias))
             out.update(_linear(f"{p}.ffn.down", f.d_ff, d, f.bias))
-            out.update(_norm(f"{p}.ffn_norm", norm.kind, d))
+            if layer.parallel != "one_norm":
+                out.update(_norm(f"{p}.ffn_norm", norm.kind, d))
             if norm.placement == "sandwich":
                 out.update(_norm(f"{p}.ffn_post_norm", norm.kind, d))
         if stack.final_norm:
@@ -106,6 +107,8 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
         h = f"heads.{o.name}"
         if o.kind in ("lm", "mlm") and not r.tie_output:
             out[f"{h}.proj.weight"] = (vocab, d)
+        if o.kind == "lm" and o.bias:
+            out[f"{h}.bias" if r.tie_output else f"{h}.proj.bias"] = (vocab,)
         if o.kind == "mlm":
             out.update(_linear(f"{h}.transform", d, d, True))
             out.update(_norm(f"{h}.norm", norm.kind, d))

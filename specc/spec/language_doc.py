@@ -29,7 +29,7 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
         ("sinusoidal", "tiny-transformer", "position: {kind: sinusoidal, layout: halves, max_length: 256}\n"),
         ("learned", "tiny-gpt2", "position: {kind: learned, max_length: 128}\n"),
         ("relative", "tiny-bert", "position: {kind: relative, clip: 8, values: false}\n"),
-        ("rotary", "tiny-llama", "position: {kind: rotary, base: 10000.0, fraction: 0.5}\n"),
+        ("rotary", "tiny-llama", "position: {kind: rotary, base: 10000.0, fraction: 0.5, layout: interleaved}\n"),
         ("alibi", "tiny-gpt2", "position: {kind: alibi, max_length: 128}\n"),
         ("none", "tiny-gpt2", "position: {kind: none}\n"),
     ],
@@ -53,13 +53,16 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
         (f"{k}, {p}", "tiny-gpt2", f"norm: {{kind: {k}, placement: {p}}}\n")
         for k in ("layernorm", "rmsnorm") for p in ("post", "pre", "sandwich")
     ] + [("rmsnorm, unit offset", "tiny-llama", "norm: {kind: rmsnorm, placement: pre, unit_offset: true}\n")],
+    "parallel": [
+        (p, "tiny-gpt2", f"decoder:\n  parallel: {p}\n") for p in ("none", "one_norm", "two_norms")
+    ],
     "activation": [
         (a, "tiny-gpt2", f"decoder:\n  ffn: {{activation: {a}}}\n")
         for a in ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
     ],
     "outputs": [
         ("hidden", "tiny-bert", "outputs:\n  - {kind: hidden, name: last_hidden_state}\n"),
-        ("lm", "tiny-gpt2", "outputs:\n  - {kind: lm, name: logits}\n"),
+        ("lm", "tiny-gpt2", "outputs:\n  - {kind: lm, name: logits, bias: false}\n"),
         ("mlm", "tiny-bert", "outputs:\n  - {kind: mlm}\n"),
         ("classifier", "tiny-bert", "outputs:\n  - {kind: classifier, classes: 3, pool: first, pooler: tanh}\n"),
         ("token_classifier", "tiny-bert", "outputs:\n  - {kind: token_classifier, classes: 9}\n"),
@@ -154,7 +157,13 @@ NOTES = {
                 "arXiv:2403.08295; transformers' GemmaRMSNorm).",
     "DropoutSpec": "`dropout: 0.1` is short for `{hidden: 0.1, attention: 0.1}`.",
     "StackSpec": "`cross_attention` exists only in the decoder of an encoder-decoder; null there means "
-                 "the same settings as `attention`.",
+                 "the same settings as `attention`. `parallel` puts attention and feed-forward side by "
+                 "side, both reading the layer's input, their outputs added to it: "
+                 "x + Attn(Norm(x)) + FFN(Norm(x)) with `one_norm` (GPT-J, Wang & Komatsuzaki 2021; "
+                 "PaLM, Chowdhery et al. 2022, arXiv:2204.02311, section 2), "
+                 "x + Attn(Norm(x)) + FFN(FFNNorm(x)) with `two_norms` (GPT-NeoX-20B, Black et al. 2022, "
+                 "arXiv:2204.06745, section 2.1; Falcon's new architecture). Pre-norm layers only, "
+                 "without cross-attention.",
     "AttentionSpec": "`d_k` defaults to `d_model / heads` and `d_v` to `d_k`; `kv_heads` (grouped-query "
                      "attention) defaults to `heads`. `bias` gives the q, k, v and output projections "
                      "biases; `output_bias` (null: as `bias`) sets the output projection's alone, as Qwen2 "
@@ -204,7 +213,7 @@ def _models() -> list[tuple[type[BaseModel], str | None]]:
     s = schema
     return [
         (s.ModelSpec, None), (s.VocabSpec, None), (s.NormSpec, "norm"), (s.DropoutSpec, None),
-        (s.StackSpec, None), (s.AttentionSpec, "score"), (s.FFNSpec, "activation"),
+        (s.StackSpec, "parallel"), (s.AttentionSpec, "score"), (s.FFNSpec, "activation"),
         (s.TokensSpec, None), (s.ServingSpec, None), (s.RangeSpec, None),
     ]
 

@@ -95,6 +95,7 @@ class ResolvedLayer(Frozen):
     attention: ResolvedAttention
     cross_attention: ResolvedAttention | None = None
     ffn: FFNSpec
+    parallel: Literal["none", "one_norm", "two_norms"] = "none"  # StackSpec.parallel
 
 
 class ResolvedStack(Frozen):
@@ -352,6 +353,7 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
                     _attention(st.cross_attention, full, "cross", i, name) if st.cross_attention is not None else None
                 ),
                 ffn=st.ffn,
+                parallel=st.parallel,
             )
             for i in range(st.layers)
         )

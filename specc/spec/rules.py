@@ -202,4 +202,17 @@ def unit_offset_is_rmsnorms(spec: ModelSpec) -> Iterable[Problem]:
         yield ("norm", "unit_offset"), f"unit_offset (a gain of 1 + weight) is for rmsnorm, not {spec.norm.kind}"
 
 
-RULES = RULES + (linformer_positions, unit_offset_is_rmsnorms)
+def parallel_layers(spec: ModelSpec) -> Iterable[Problem]:
+    """Attention and feed-forward side by side both read the layer's normalised input: pre-norm
+    layers with no cross-attention (a third sublayer would have no defined place)."""
+    for name in ("encoder", "decoder"):
+        st = getattr(spec, name)
+        if st is None or st.parallel == "none":
+            continue
+        if spec.norm.placement != "pre":
+            yield (name, "parallel"), f"parallel layers are pre-norm; norm.placement is {spec.norm.placement}"
+        if st.cross_attention is not None or (name == "decoder" and spec.architecture == "encoder-decoder"):
+            yield (name, "parallel"), "parallel layers have no cross-attention (the decoder of an encoder-decoder has)"
+
+
+RULES = RULES + (linformer_positions, unit_offset_is_rmsnorms, parallel_layers)

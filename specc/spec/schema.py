@@ -96,9 +96,13 @@ class RelativePosition(_PositionBase):
 
 
 class RotaryPosition(_PositionBase):
+    """layout: which dims rotate together: halves = dim i with dim i + R/2 (GPT-NeoX, LLaMA as
+    Hugging Face stores it), interleaved = dims 2i and 2i + 1 (RoFormer, GPT-J, llama.cpp)."""
+
     kind: Literal["rotary"] = "rotary"
     base: Annotated[float, Field(gt=1.0)] = 10000.0
     fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    layout: Literal["halves", "interleaved"] = "halves"
 
 
 class AlibiPosition(_PositionBase):
@@ -214,6 +218,9 @@ class StackSpec(Node):
     # Only the decoder of an encoder-decoder has cross-attention; null = same as attention.
     cross_attention: AttentionSpec | None = None
     ffn: FFNSpec = FFNSpec()
+    # attention and feed-forward side by side from the layer's input (pre-norm layers): one norm for
+    # both (GPT-J, PaLM) or one each (GPT-NeoX); none: one after the other
+    parallel: Literal["none", "one_norm", "two_norms"] = "none"
 
 
 # --- outputs --------------------------------------------------------------------------------
@@ -227,8 +234,11 @@ class HiddenOutput(KindNode):
 
 
 class LMOutput(KindNode):
+    """bias: the logits get a bias of their own [V] (GPT-J's lm_head)."""
+
     kind: Literal["lm"] = "lm"
     name: OutputName = "logits"
+    bias: bool = False
 
 
 class MLMOutput(KindNode):

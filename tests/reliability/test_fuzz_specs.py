@@ -108,6 +108,8 @@ def position(draw, length: int) -> dict:
     elif kind == "rotary":
         pos["base"] = draw(pick(10000.0, 500.0))
         pos["fraction"] = draw(pick(1.0, 1.0, 0.5))
+        if draw(st.booleans()):
+            pos["layout"] = draw(pick("halves", "interleaved"))  # GPT-J's pairs
     return pos
 
 
@@ -124,6 +126,8 @@ def outputs(draw) -> list[dict] | None:
         out: dict = {"name": f"out{i}", "kind": kind}
         if kind in ("classifier", "token_classifier"):
             out["classes"] = draw(pick(1, 2, 5))
+        if kind == "lm" and draw(st.booleans()):
+            out["bias"] = draw(st.booleans())  # GPT-J's biased logits
         if kind in ("classifier", "pooled"):
             out["pool"] = draw(pick("first", "mean", "last"))
             if draw(st.booleans()):
@@ -208,11 +212,15 @@ def spec_data(draw) -> dict:
     if arch != "decoder":
         data["encoder"] = {"layers": draw(pick(1, 2)), "attention": draw(attention(d_model, "self", pos, length)),
                            "ffn": draw(ffn())}
+        if norm.get("placement") == "pre" and draw(st.booleans()):
+            data["encoder"]["parallel"] = draw(pick("one_norm", "two_norms"))
     if arch != "encoder":
         data["decoder"] = {"layers": draw(pick(1, 2)), "attention": draw(attention(d_model, "causal", pos, length)),
                            "ffn": draw(ffn())}
         if arch == "encoder-decoder" and draw(st.booleans()):
             data["decoder"]["cross_attention"] = draw(attention(d_model, "cross", pos, length))
+        if arch == "decoder" and norm.get("placement") == "pre" and draw(st.booleans()):
+            data["decoder"]["parallel"] = draw(pick("one_norm", "two_norms"))  # GPT-J's, GPT-NeoX's
     outs = draw(outputs())
     if outs is not None:
         data["outputs"] = outs

@@ -128,6 +128,26 @@ def test_sandwich_norm_order(spec_file):
     assert ("decoder_pos", "decoder_attn") in edges and "ALiBi" in label(nodes["decoder_pos"])
 
 
+@pytest.mark.parametrize("parallel", ["one_norm", "two_norms"])
+def test_parallel_layers_side_by_side(spec_file, parallel):
+    path = spec_file(f"""\
+        specc: 1
+        name: parallel
+        architecture: decoder
+        d_model: 32
+        vocab: {{size: 50}}
+        position: {{kind: rotary, max_length: 16}}
+        norm: {{placement: pre}}
+        decoder: {{layers: 2, attention: {{heads: 2}}, ffn: {{d_ff: 64}}, parallel: {parallel}}}
+    """)
+    _, (nodes, edges, _) = graph_of(str(path))
+    chain(edges, "decoder_embed", "decoder_attn_norm", "decoder_attn", "decoder_parallel_add")
+    ffn_in = "decoder_attn_norm" if parallel == "one_norm" else "decoder_ffn_norm"
+    chain(edges, ffn_in, "decoder_ffn", "decoder_parallel_add")
+    assert ("decoder_ffn_norm" in nodes) == (parallel == "two_norms")
+    assert ("decoder_embed", "decoder_parallel_add") in edges  # the residual
+
+
 def test_diff_graph_highlights_what_differs(spec_file):
     path = spec_file("""\
         specc: 1

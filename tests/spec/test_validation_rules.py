@@ -425,6 +425,22 @@ CASES = [
         "for rmsnorm, not layernorm",
         "unit_offset_is_rmsnorms",
     ),
+    Case(
+        "parallel-layers-post-norm",
+        DEC.replace("  layers: 2\n", "  layers: 2\n  parallel: one_norm\n"),  # placement defaults to post
+        "decoder.parallel",
+        "parallel: ^one_norm",
+        "parallel layers are pre-norm; norm.placement is post",
+        "parallel_layers",
+    ),
+    Case(
+        "parallel-layers-with-cross-attention",
+        ED + "  parallel: two_norms\nnorm:\n  placement: pre\n",
+        "decoder.parallel",
+        "parallel: ^two_norms",
+        "no cross-attention",
+        "parallel_layers",
+    ),
     # --- vocabulary and tokens ----------------------------------------------------------------
     Case(
         "token-id-outside-vocabulary",

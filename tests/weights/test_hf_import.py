@@ -86,6 +86,42 @@ CASES = {
                                                                 num_key_value_heads=2, intermediate_size=48, use_qkv_bias=True,
                                                                 initializer_range=0.5, bos_token_id=1, eos_token_id=2,
                                                                 **SMALL)),
+    # BLOOM: ALiBi (8 heads and 6, not a power of two), LayerNorm on the embeddings, q, k, v per head
+    "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=32, n_layer=2, n_head=8, initializer_range=0.5,
+                                                       vocab_size=99, bos_token_id=1, eos_token_id=2, pad_token_id=3)),
+    "bloom-6": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=36, n_layer=2, n_head=6, initializer_range=0.5,
+                                                         vocab_size=99, bos_token_id=1, eos_token_id=2, pad_token_id=3)),
+    # GPT-NeoX: attention and feed-forward side by side (two norms), q, k, v per head, a quarter rotated;
+    # and its sequential form
+    "gpt-neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                              intermediate_size=48, initializer_range=0.5,
+                                                              bos_token_id=1, eos_token_id=2, **SMALL)),
+    "gpt-neox-sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(hidden_size=32, num_hidden_layers=2,
+                                                                         num_attention_heads=4, intermediate_size=48,
+                                                                         use_parallel_residual=False, initializer_range=0.5,
+                                                                         bos_token_id=1, eos_token_id=2, **SMALL)),
+    # GPT-J: attention and feed-forward side by side from one norm, half of each head rotated in
+    # interleaved pairs, a biased lm head
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, initializer_range=0.5,
+                                                    vocab_size=99, n_positions=64, bos_token_id=1, eos_token_id=2)),
+    # Falcon: the new architecture (2 key-value groups, two norms side by side), Falcon-7B's form
+    # (multi-query, one norm side by side) and the sequential form (every head its own keys, biases)
+    "falcon-new": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                              num_kv_heads=2, new_decoder_architecture=True,
+                                                              initializer_range=0.5, vocab_size=99, bos_token_id=1,
+                                                              eos_token_id=2, max_position_embeddings=64)),
+    "falcon-7b-form": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                                  initializer_range=0.5, vocab_size=99, bos_token_id=1,
+                                                                  eos_token_id=2, max_position_embeddings=64)),
+    "falcon-sequential": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=32, num_hidden_layers=2,
+                                                                     num_attention_heads=4, multi_query=False,
+                                                                     parallel_attn=False, bias=True, initializer_range=0.5,
+                                                                     vocab_size=99, bos_token_id=1, eos_token_id=2,
+                                                                     max_position_embeddings=64)),
+    "stablelm-parallel": ("StableLmForCausalLM", "StableLmConfig", dict(hidden_size=32, num_hidden_layers=2,
+                                                                         num_attention_heads=4, num_key_value_heads=4,
+                                                                         intermediate_size=48, use_parallel_residual=True, initializer_range=0.5,
+                                                                         bos_token_id=1, eos_token_id=2, **SMALL)),
     # OPT: pre-norm (and OPT-350m's post-norm), learned positions from row 2
     "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=48,
                                                 init_std=0.5, vocab_size=99, max_position_embeddings=64, pad_token_id=1,
@@ -108,7 +144,11 @@ NEW = 8
 # families whose biases Hugging Face initialises to zero but checkpoints do not have at zero: drawn
 # at random, so that a bias mapped to the wrong projection (or dropped) changes the outputs
 RANDOM_BIASES = {"qwen2", "stablelm"}
-RANDOM_NORMS = {"gemma", "qwen3", "stablelm"}  # Gemma's norm weights start at 0 (a gain of 1): drawn, so that the 1 + w form is seen
+RANDOM_NORMS = {"gemma", "qwen3", "stablelm", "stablelm-parallel"}
+# BLOOM's norms drawn about a gain of 1 and its biases small: drawn as the others, its tied
+# embeddings repeat one token
+DRAWN_NEAR_ONE = {"bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new", "falcon-7b-form",
+                  "falcon-sequential"}  # Gemma's norm weights start at 0 (a gain of 1): drawn, so that the 1 + w form is seen
 
 
 def hf_model(label: str):
@@ -125,6 +165,13 @@ def hf_model(label: str):
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.normal_(0.0, 0.5)
+    if label in DRAWN_NEAR_ONE:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0.0, 0.1)
+                elif "norm" in name:
+                    p.normal_(1.0, 0.3)
     return model.eval()
 
 
@@ -196,7 +243,9 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
 
 
 @pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "qwen3", "gemma",
-                                   "phi3", "stablelm", "opt", "opt-post"])
+                                   "phi3", "stablelm", "stablelm-parallel", "bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new",
+                                   "falcon-7b-form", "falcon-sequential", "opt",
+                                   "opt-post"])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)
@@ -289,7 +338,7 @@ def test_a_pickle_with_code_is_refused_not_run(tmp_path, capsys):
 def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-saved")
     out = {}
-    for label in ("gpt2", "llama-gqa", "bert-model", "bart", "qwen2", "electra-model"):
+    for label in ("gpt2", "llama-gqa", "bert-model", "bart", "qwen2", "electra-model", "falcon-new", "stablelm", "bloom"):
         hf_model(label).save_pretrained(root / label)
         out[label] = root / label
     return out
@@ -319,6 +368,10 @@ REFUSED = [
     ("bert-model", {"architectures": ["BertForQuestionAnswering"]}, "BertForQuestionAnswering"),
     ("bert-model", {"model_type": "t5"}, "model_type 't5' has no importer"),
     ("bart", {"add_bias_logits": True}, "add_bias_logits = true"),
+    ("falcon-new", {"alibi": True}, "alibi true: Falcon's ALiBi is scaled"),
+    ("falcon-new", {"num_ln_in_parallel_attn": 3}, "num_ln_in_parallel_attn 3"),
+    ("stablelm", {"qk_layernorm": True}, "qk_layernorm = true"),
+    ("bloom", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm = true"),
 ]
 
 

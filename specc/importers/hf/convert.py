@@ -184,11 +184,18 @@ def _transform(t, how: str, where: str, rows: int):
         return t[start:start + rows]
     if how.startswith("halves"):  # two matrices stacked by rows (Phi-3's gate_up_proj: gate, then up)
         return t.chunk(2, dim=0)[int(how[6:])]
-    if how.startswith("heads_qkv"):  # per head, q, k, v rows (BLOOM, GPT-NeoX): [H, 3, d_k, ...]
-        part, heads = (int(v) for v in how[9:].split(":"))
-        if t.shape[0] % (3 * heads):
-            raise CheckpointError(f"{where}: shape {tuple(t.shape)} does not split into {heads} heads of q, k, v")
-        return t.reshape(heads, 3, t.shape[0] // (3 * heads), *t.shape[1:])[:, part].reshape(-1, *t.shape[1:])
+    if how.startswith("groups_qkv"):
+        # q, k, v rows by key-value group: each group's H / Hkv query heads, then its key head and
+        # its value head, [Hkv, H / Hkv + 2, d_k, ...] (Falcon; with Hkv = H, q, k, v per head:
+        # BLOOM, GPT-NeoX)
+        part, heads, kv = (int(v) for v in how[10:].split(":"))
+        per = heads // kv + 2
+        if heads % kv or t.shape[0] % (kv * per):
+            raise CheckpointError(f"{where}: shape {tuple(t.shape)} does not split into {kv} groups of "
+                                  f"{heads // kv} query heads, a key head and a value head")
+        g = t.reshape(kv, per, t.shape[0] // (kv * per), *t.shape[1:])
+        picked = g[:, : per - 2] if part == 0 else g[:, per - 3 + part]
+        return picked.reshape(-1, *t.shape[1:])
     if how == "offset2":  # BART's learned positions: position p is row p + 2
         return t[2:]
     raise AssertionError(how)
@@ -198,15 +205,15 @@ def expand(fam: Family, resolved, heads: list[str]) -> dict[str, tuple[tuple[str
     """specc name -> (checkpoint name candidates, transform), every template expanded."""
     counts = {"encoder": len(resolved.encoder.layers) if resolved.encoder else 0,
               "decoder": len(resolved.decoder.layers) if resolved.decoder else 0}
-    heads_of = {s: stack.layers[0].attention.heads for s, stack in (("encoder", resolved.encoder),
-                                                                   ("decoder", resolved.decoder)) if stack}
+    heads_of = {s: {"heads": stack.layers[0].attention.heads, "kv_heads": stack.layers[0].attention.kv_heads}
+                for s, stack in (("encoder", resolved.encoder), ("decoder", resolved.decoder)) if stack}
     out = {}
     for row in fam.names:
         layers = range(counts[row.stack]) if row.stack else [None]
         for i in layers:
             for head in heads if "{head}" in row.specc else [None]:
                 key = row.specc.format(i=i, head=head)
-                how = row.transform.format(heads=heads_of[row.stack]) if row.stack else row.transform
+                how = row.transform.format(**heads_of[row.stack]) if row.stack else row.transform
                 out.setdefault(key, (tuple(c.format(i=i) for c in row.hf), how))
     return out
 

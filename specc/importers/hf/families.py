@@ -463,6 +463,14 @@ PHI3 = replace(
 
 # --- StableLM: LLaMA's layers under LayerNorm, q, k, v biased or not, a quarter of dims rotated ----
 
+def _stablelm_extra(spec: dict, cfg: dict) -> None:
+    """As LLaMA's (rope_theta, partial_rotary_factor, rope_type); `use_parallel_residual` true:
+    `decoder.parallel: one_norm` (input_layernorm feeds both)."""
+    _llama_extra(spec, {k: v for k, v in cfg.items() if k != "sliding_window"})
+    if read(cfg, "use_parallel_residual", BOOL, False):
+        set_key(spec, "decoder.parallel", "one_norm")
+
+
 _SLM = "decoder.layers.{i}."
 STABLELM = replace(
     LLAMA,
@@ -475,7 +483,6 @@ STABLELM = replace(
            "decoder": {"attention": {"output_bias": False}, "ffn": {"bias": False}}},
     refuse=(
         Refuse("qk_layernorm", (False,), False, "a LayerNorm of its own for each head's queries and keys"),
-        Refuse("use_parallel_residual", (False,), False, "attention and feed-forward side by side"),
     ),
     heads={"StableLmForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
     names=tuple(r for r in LLAMA.names if "norm" not in r.specc) + (
@@ -483,7 +490,290 @@ STABLELM = replace(
         *norm(_SLM + "ffn_norm", "layers.{i}.post_attention_layernorm", "decoder"),
         *norm("decoder.final_norm", "norm"),
     ),
-    sources={k: v for k, v in LLAMA.sources.items() if k != "decoder.attention.pattern.window"},
+    extra=_stablelm_extra,
+    sources={**{k: v for k, v in LLAMA.sources.items() if k != "decoder.attention.pattern.window"},
+             "decoder.parallel": "use_parallel_residual"},
+)
+
+
+# --- BLOOM: ALiBi, a LayerNorm on the embeddings, q, k, v fused per head -------------------------
+
+
+def _bloom_extra(spec: dict, cfg: dict) -> None:
+    """`d_model` = `hidden_size` (older configs: `n_embed`); the feed-forward is 4 x d_model. ALiBi
+    needs no position table: `position.max_length` (the longest input served) is `seq_length`
+    where the config has it, else 2048 (BLOOM's training length)."""
+    d = read(cfg, "hidden_size", INT, None)
+    if d is None:
+        d = read(cfg, "n_embed", INT, label="hidden_size (or n_embed)")
+    spec["d_model"] = d
+    set_key(spec, "decoder.ffn.d_ff", 4 * d)
+    set_key(spec, "position.max_length", read(cfg, "seq_length", INT, 2048))
+
+
+_BLOOM = "h.{i}."
+BLOOM = Family(
+    model_types=("bloom",),
+    architecture="decoder",
+    fields=(
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL),
+        Field_("norm.eps", "layer_norm_epsilon", 1e-5, kind=NUMBER),
+        Field_("dropout.hidden", "hidden_dropout", 0.0, kind=NUMBER),
+        Field_("dropout.attention", "attention_dropout", 0.0, kind=NUMBER),
+        Field_("decoder.layers", "n_layer", kind=INT),
+        Field_("decoder.attention.heads", "n_head", kind=INT),
+        Field_("tokens.bos", "bos_token_id", None, kind=TOKEN),
+        Field_("tokens.eos", "eos_token_id", None, kind=TOKEN),
+        Field_("tokens.pad", "pad_token_id", None, kind=TOKEN),
+    ),
+    fixed={"architecture": "decoder", "position": {"kind": "alibi"}, "vocab": {"norm": True},
+           "norm": {"kind": "layernorm", "placement": "pre", "final": True},
+           "decoder": {"attention": {"bias": True}, "ffn": {"activation": "gelu_tanh", "bias": True}}},
+    refuse=(
+        Refuse("apply_residual_connection_post_layernorm", (False,), False, "the residual taken after the norm"),
+        Refuse("slow_but_exact", (False,), False, "tensor-parallel slices summed one by one"),
+    ),
+    heads={"BloomForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    names=(
+        Name("embeddings.tokens.weight", ("word_embeddings.weight",)),
+        *norm("decoder.embed_norm", "word_embeddings_layernorm"),
+        *norm("decoder.layers.{i}.attention_norm", _BLOOM + "input_layernorm", "decoder"),
+        *(Name(f"decoder.layers.{{i}}.attention.{p}.{w}", (_BLOOM + f"self_attention.query_key_value.{w}",),
+               f"groups_qkv{n}:{{heads}}:{{kv_heads}}", "decoder") for n, p in enumerate("qkv") for w in ("weight", "bias")),
+        *linear("decoder.layers.{i}.attention.o", _BLOOM + "self_attention.dense", "decoder"),
+        *norm("decoder.layers.{i}.ffn_norm", _BLOOM + "post_attention_layernorm", "decoder"),
+        *linear("decoder.layers.{i}.ffn.up", _BLOOM + "mlp.dense_h_to_4h", "decoder"),
+        *linear("decoder.layers.{i}.ffn.down", _BLOOM + "mlp.dense_4h_to_h", "decoder"),
+        *norm("decoder.final_norm", "ln_f"),
+        Name("heads.{head}.proj.weight", ("lm_head.weight",)),
+    ),
+    prefixes=("transformer.", ""),
+    extra=_bloom_extra,
+    sources={"d_model": "hidden_size (or n_embed)", "decoder.ffn.d_ff": "4 x hidden_size",
+             "position.max_length": "seq_length"},
+)
+
+
+# --- GPT-NeoX: attention and feed-forward side by side, q, k, v fused per head, partial rotary -----
+
+
+def _rope(cfg: dict, theta_field: str, fraction_field: str, fraction_default: float) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor) from `rope_parameters` (transformers 5 configs) or the
+    family's own older fields; a rope_type other than default is refused."""
+    params = read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or read(cfg, "rope_scaling", OBJECT_OR_NULL, None) or {}
+    kind = read(params, "rope_type", STR_OR_NULL, None, label="rope_parameters.rope_type") or "default"
+    if kind != "default":
+        raise ValueError(f"rope_parameters.rope_type {kind!r}: specc implements plain rotary positions "
+                         "(rope_type 'default') only")
+    theta = read(params, "rope_theta", NUMBER, None, label="rope_parameters.rope_theta")
+    if theta is None:
+        theta = read(cfg, theta_field, NUMBER, 10000.0)
+    fraction = read(params, "partial_rotary_factor", NUMBER, None, label="rope_parameters.partial_rotary_factor")
+    if fraction is None:
+        fraction = read(cfg, fraction_field, NUMBER, fraction_default)
+    return float(theta), float(fraction)
+
+
+def _neox_extra(spec: dict, cfg: dict) -> None:
+    """`position.base` and `position.fraction` from `rope_parameters` (rope_theta,
+    partial_rotary_factor) or the older `rotary_emb_base` and `rotary_pct` (default 0.25);
+    `use_parallel_residual` true (the default): `decoder.parallel: two_norms`."""
+    base, fraction = _rope(cfg, "rotary_emb_base", "rotary_pct", 0.25)
+    set_key(spec, "position.base", base)
+    set_key(spec, "position.fraction", fraction)
+    if read(cfg, "use_parallel_residual", BOOL, True):
+        set_key(spec, "decoder.parallel", "two_norms")
+
+
+_NEOX = "layers.{i}."
+GPT_NEOX = Family(
+    model_types=("gpt_neox",),
+    architecture="decoder",
+    fields=(
+        Field_("d_model", "hidden_size", kind=INT),
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", False, kind=BOOL),
+        Field_("position.max_length", "max_position_embeddings", 2048, kind=INT),
+        Field_("norm.eps", "layer_norm_eps", 1e-5, kind=NUMBER),
+        Field_("dropout.hidden", "hidden_dropout", 0.0, kind=NUMBER),
+        Field_("dropout.attention", "attention_dropout", 0.0, kind=NUMBER),
+        Field_("decoder.layers", "num_hidden_layers", kind=INT),
+        Field_("decoder.attention.heads", "num_attention_heads", kind=INT),
+        Field_("decoder.attention.bias", "attention_bias", True, kind=BOOL),
+        Field_("decoder.ffn.d_ff", "intermediate_size", kind=INT),
+        Field_("decoder.ffn.activation", "hidden_act", "gelu", lookup(ACTIVATIONS, "hidden_act"), kind=STR),
+        Field_("tokens.bos", "bos_token_id", 0, kind=TOKEN),
+        Field_("tokens.eos", "eos_token_id", 2, kind=TOKEN),
+        Field_("tokens.pad", "pad_token_id", None, kind=TOKEN),
+    ),
+    fixed={"architecture": "decoder", "position": {"kind": "rotary"},
+           "norm": {"kind": "layernorm", "placement": "pre", "final": True}, "decoder": {"ffn": {"bias": True}}},
+    refuse=(),
+    heads={"GPTNeoXForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    names=(
+        Name("embeddings.tokens.weight", ("embed_in.weight",)),
+        *norm("decoder.layers.{i}.attention_norm", _NEOX + "input_layernorm", "decoder"),
+        *(Name(f"decoder.layers.{{i}}.attention.{p}.{w}", (_NEOX + f"attention.query_key_value.{w}",),
+               f"groups_qkv{n}:{{heads}}:{{kv_heads}}", "decoder") for n, p in enumerate("qkv") for w in ("weight", "bias")),
+        *linear("decoder.layers.{i}.attention.o", _NEOX + "attention.dense", "decoder"),
+        *norm("decoder.layers.{i}.ffn_norm", _NEOX + "post_attention_layernorm", "decoder"),
+        *linear("decoder.layers.{i}.ffn.up", _NEOX + "mlp.dense_h_to_4h", "decoder"),
+        *linear("decoder.layers.{i}.ffn.down", _NEOX + "mlp.dense_4h_to_h", "decoder"),
+        *norm("decoder.final_norm", "final_layer_norm"),
+        Name("heads.{head}.proj.weight", ("embed_out.weight",)),
+    ),
+    prefixes=("gpt_neox.", ""),
+    ignore=(r"attention\.(masked_)?bias$", r"rotary_emb\.inv_freq$"),
+    extra=_neox_extra,
+    sources={"position.base": "rope_parameters.rope_theta (or rotary_emb_base)",
+             "position.fraction": "rope_parameters.partial_rotary_factor (or rotary_pct)",
+             "decoder.parallel": "use_parallel_residual"},
+)
+
+
+# --- GPT-J: attention and feed-forward side by side from one norm, interleaved partial rotary -----
+
+
+def _gptj_extra(spec: dict, cfg: dict) -> None:
+    """`position.fraction` = `rotary_dim` / head size (null: every dim), rotated in interleaved
+    pairs (rotate_every_two); `decoder.ffn.d_ff` = `n_inner` or 4 x `n_embd`. The lm head has a
+    bias of its own."""
+    d, heads = read(cfg, "n_embd", INT), read(cfg, "n_head", INT)
+    rot = read(cfg, "rotary_dim", INT_OR_NULL, 64)
+    if heads <= 0 or d % heads:
+        raise ValueError(f"n_embd {d} does not split into n_head {heads} heads")
+    if rot is not None and not 0 < rot <= d // heads:
+        raise ValueError(f"rotary_dim {rot}: must be between 1 and the head size {d // heads}")
+    set_key(spec, "position.fraction", 1.0 if rot is None else rot / (d // heads))
+    set_key(spec, "decoder.ffn.d_ff", read(cfg, "n_inner", INT_OR_NULL, None) or 4 * d)
+
+
+_GPTJ = "h.{i}."
+GPTJ = Family(
+    model_types=("gptj",),
+    architecture="decoder",
+    fields=(
+        Field_("d_model", "n_embd", kind=INT),
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", False, kind=BOOL),
+        Field_("position.max_length", "n_positions", 2048, kind=INT),
+        Field_("norm.eps", "layer_norm_epsilon", 1e-5, kind=NUMBER),
+        Field_("dropout.hidden", "resid_pdrop", 0.0, kind=NUMBER),
+        Field_("dropout.attention", "attn_pdrop", 0.0, kind=NUMBER),
+        Field_("decoder.layers", "n_layer", kind=INT),
+        Field_("decoder.attention.heads", "n_head", kind=INT),
+        Field_("decoder.ffn.activation", "activation_function", "gelu_new", lookup(ACTIVATIONS, "activation_function"),
+               kind=STR),
+        Field_("tokens.bos", "bos_token_id", 50256, kind=TOKEN),
+        Field_("tokens.eos", "eos_token_id", 50256, kind=TOKEN),
+        Field_("tokens.pad", "pad_token_id", None, kind=TOKEN),
+    ),
+    fixed={"architecture": "decoder", "position": {"kind": "rotary", "base": 10000.0, "layout": "interleaved"},
+           "norm": {"kind": "layernorm", "placement": "pre", "final": True},
+           "decoder": {"parallel": "one_norm", "attention": {"bias": False}, "ffn": {"bias": True}}},
+    refuse=(),
+    heads={"GPTJForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits", "bias": True}]},
+    names=(
+        Name("embeddings.tokens.weight", ("wte.weight",)),
+        *norm("decoder.layers.{i}.attention_norm", _GPTJ + "ln_1", "decoder"),
+        *(linear(f"decoder.layers.{{i}}.attention.{p}", _GPTJ + f"attn.{p}_proj", "decoder", bias=False)[0] for p in "qkv"),
+        *linear("decoder.layers.{i}.attention.o", _GPTJ + "attn.out_proj", "decoder", bias=False),
+        *linear("decoder.layers.{i}.ffn.up", _GPTJ + "mlp.fc_in", "decoder"),
+        *linear("decoder.layers.{i}.ffn.down", _GPTJ + "mlp.fc_out", "decoder"),
+        *norm("decoder.final_norm", "ln_f"),
+        *linear("heads.{head}.proj", "lm_head"),
+    ),
+    prefixes=("transformer.", ""),
+    ignore=(r"attn\.(masked_)?bias$", r"embed_positions$"),
+    extra=_gptj_extra,
+    sources={"position.fraction": "rotary_dim", "decoder.ffn.d_ff": "n_inner (or 4 x n_embd)"},
+)
+
+
+# --- Falcon: one fused q, k, v by key-value group, attention and feed-forward side by side --------
+
+
+def _falcon_extra(spec: dict, cfg: dict) -> None:
+    """`d_model` = `hidden_size` (older configs: `n_embed`). Key-value heads: `num_kv_heads` with
+    `new_decoder_architecture`, else 1 with `multi_query`, else every head. Layers: the new
+    architecture's are side by side from `num_ln_in_parallel_attn` norms (null: 2); the older
+    ones side by side from one norm with `parallel_attn`, else one after the other. Rotary
+    positions from `rope_parameters` (rope_theta); `decoder.ffn.d_ff` = `ffn_hidden_size` or 4 x
+    d_model; `bias` gives every projection a bias or none. ALiBi (`alibi` true) is refused: Falcon
+    adds it before the 1/sqrt(d_k) scaling, so its slopes are scaled too, which the language's
+    ALiBi (Press et al.) does not do."""
+    d = read(cfg, "hidden_size", INT, None)
+    if d is None:
+        d = read(cfg, "n_embed", INT, label="hidden_size (or n_embed)")
+    spec["d_model"] = d
+    if read(cfg, "alibi", BOOL, False):
+        raise ValueError("alibi true: Falcon's ALiBi is scaled with the scores by 1/sqrt(d_k), not "
+                         "expressible (the language's alibi adds the slopes after the scaling)")
+    heads = read(cfg, "num_attention_heads", INT)
+    new = read(cfg, "new_decoder_architecture", BOOL, False)
+    parallel = read(cfg, "parallel_attn", BOOL, True)
+    if new:
+        kv = read(cfg, "num_kv_heads", INT_OR_NULL, None) or heads
+        norms = read(cfg, "num_ln_in_parallel_attn", INT_OR_NULL, None) or 2
+        if norms not in (1, 2) or (norms == 1 and not parallel):
+            raise ValueError(f"num_ln_in_parallel_attn {norms} with parallel_attn {str(parallel).lower()}: "
+                             "transformers' Falcon defines 2, or 1 with parallel_attn true")
+        mode = "two_norms" if norms == 2 else "one_norm"
+    else:
+        kv = 1 if read(cfg, "multi_query", BOOL, True) else heads
+        mode = "one_norm" if parallel else "none"
+    set_key(spec, "decoder.attention.kv_heads", kv)
+    set_key(spec, "decoder.parallel", mode)
+    set_key(spec, "decoder.ffn.d_ff", read(cfg, "ffn_hidden_size", INT_OR_NULL, None) or 4 * d)
+    bias = read(cfg, "bias", BOOL, False)
+    set_key(spec, "decoder.attention.bias", bias)
+    set_key(spec, "decoder.ffn.bias", bias)
+    base, _ = _rope(cfg, "rope_theta", "partial_rotary_factor", 1.0)
+    set_key(spec, "position.base", base)
+
+
+_FALCON = "h.{i}."
+FALCON = Family(
+    model_types=("falcon",),
+    architecture="decoder",
+    fields=(
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL),
+        Field_("position.max_length", "max_position_embeddings", 2048, kind=INT),
+        Field_("norm.eps", "layer_norm_epsilon", 1e-5, kind=NUMBER),
+        Field_("dropout.hidden", "hidden_dropout", 0.0, kind=NUMBER),
+        Field_("dropout.attention", "attention_dropout", 0.0, kind=NUMBER),
+        Field_("decoder.layers", "num_hidden_layers", kind=INT),
+        Field_("decoder.attention.heads", "num_attention_heads", kind=INT),
+        Field_("decoder.ffn.activation", "activation", "gelu", lookup(ACTIVATIONS, "activation"), kind=STR),
+        Field_("tokens.bos", "bos_token_id", 11, kind=TOKEN),
+        Field_("tokens.eos", "eos_token_id", 11, kind=TOKEN),
+        Field_("tokens.pad", "pad_token_id", None, kind=TOKEN),
+    ),
+    fixed={"architecture": "decoder", "position": {"kind": "rotary"},
+           "norm": {"kind": "layernorm", "placement": "pre", "final": True}},
+    refuse=(),
+    heads={"FalconForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    names=(
+        Name("embeddings.tokens.weight", ("word_embeddings.weight",)),
+        # the new architecture's two norms, else the older layers' (input_layernorm alone where parallel)
+        *(Name(f"decoder.layers.{{i}}.{ours}.{w}", tuple(f"{_FALCON}{t}.{w}" for t in theirs), stack="decoder")
+          for ours, theirs in (("attention_norm", ("ln_attn", "input_layernorm")),
+                               ("ffn_norm", ("ln_mlp", "post_attention_layernorm"))) for w in ("weight", "bias")),
+        *(Name(f"decoder.layers.{{i}}.attention.{p}.{w}", (_FALCON + f"self_attention.query_key_value.{w}",),
+               f"groups_qkv{n}:{{heads}}:{{kv_heads}}", "decoder") for n, p in enumerate("qkv") for w in ("weight", "bias")),
+        *linear("decoder.layers.{i}.attention.o", _FALCON + "self_attention.dense", "decoder"),
+        *linear("decoder.layers.{i}.ffn.up", _FALCON + "mlp.dense_h_to_4h", "decoder"),
+        *linear("decoder.layers.{i}.ffn.down", _FALCON + "mlp.dense_4h_to_h", "decoder"),
+        *norm("decoder.final_norm", "ln_f"),
+        Name("heads.{head}.proj.weight", ("lm_head.weight",)),
+    ),
+    prefixes=("transformer.", ""),
+    extra=_falcon_extra,
+    sources={"d_model": "hidden_size (or n_embed)", "decoder.attention.kv_heads": "num_kv_heads / multi_query",
+             "decoder.parallel": "parallel_attn / num_ln_in_parallel_attn", "decoder.ffn.d_ff": "ffn_hidden_size",
+             "position.base": "rope_parameters.rope_theta"},
 )
 
 
@@ -651,5 +941,5 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, GEMMA, PHI3, STABLELM, SEQ2SEQ)
+FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, GEMMA, PHI3, STABLELM, BLOOM, GPT_NEOX, GPTJ, FALCON, SEQ2SEQ)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}

@@ -116,7 +116,8 @@ class Name:
     hf: tuple[str, ...]        # candidates, the first present wins
     # copy | transpose | qkv0 / qkv1 / qkv2 (GPT-2's fused Conv1D) | rows_q / rows_k / rows_v (q, k, v
     # stacked by rows, k and v of one size) | halves0 / halves1 (two stacked by rows) |
-    # heads_qkv0:{heads} ... (q, k, v rows per head; {heads}: the stack's heads) | offset2
+    # groups_qkv0:{heads}:{kv_heads} ... (q, k, v rows by key-value group, convert._transform; the
+    # stack's heads and kv heads filled in) | offset2
     transform: str = "copy"
     stack: str = ""            # "encoder" / "decoder": {i} runs over that stack's layers
 
