@@ -55,6 +55,31 @@ def test_llama_family_matches_hugging_face(name, published):
     assert published is None or ours == published
 
 
+# today's shapes in the catalog, each against its family's Hugging Face model at the config its
+# spec cites (published sizes where the model card gives one exactly)
+TODAY = {
+    "qwen3-0.6b": ("Qwen3ForCausalLM", "Qwen3Config", dict(
+        hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True), None),
+    "mistral-7b": ("MistralForCausalLM", "MistralConfig", dict(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+        vocab_size=32000), 7_241_732_096),
+    "phi-3-mini": ("Phi3ForCausalLM", "Phi3Config", dict(
+        hidden_size=3072, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, intermediate_size=8192,
+        vocab_size=32064), 3_821_079_552),
+    "gpt-j-6b": ("GPTJForCausalLM", "GPTJConfig", dict(
+        n_embd=4096, n_layer=28, n_head=16, rotary_dim=64, vocab_size=50400, n_positions=2048), None),
+}
+
+
+@pytest.mark.parametrize("name", list(TODAY))
+def test_todays_shapes_match_hugging_face(name):
+    model_cls, cfg_cls, kwargs, published = TODAY[name]
+    ours = inspect_spec(resolve(load_spec(name)))["parameters"]
+    assert ours == _hf_count(getattr(transformers, model_cls), getattr(transformers, cfg_cls)(**kwargs))
+    assert published is None or ours == published
+
+
 def test_breakdown_sums_to_total_and_names_sharing():
     facts = inspect_spec(resolve(load_spec("transformer-base")))
     assert sum(facts["parameters_by_component"].values()) == facts["parameters"]
