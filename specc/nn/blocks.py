@@ -5,6 +5,7 @@ A layer wires each sublayer f (self-attention, cross-attention, FFN) by the norm
     post:      x = Norm(x + drop(f(x)))                 (Vaswani et al. 2017, BERT)
     pre:       x = x + drop(f(Norm(x)))                 (GPT-2, LLaMA)
     sandwich:  x = x + drop(PostNorm(f(Norm(x))))       (Ding et al. 2021, CogView)
+    sublayer_output: x = x + drop(Norm(f(x)))           (Swin V2's res-post-norm; OLMo 2)
 
 and, with `parallel` (pre-norm), attention and FFN side by side from the layer's input:
 
@@ -115,6 +116,9 @@ class Layer(nn.Module):
         if self.placement == "post":
             y, extra = f(x)
             return norm(x + self.drop(y)), extra
+        if self.placement == "sublayer_output":
+            y, extra = f(x)
+            return x + self.drop(norm(y)), extra
         y, extra = f(norm(x))
         if self.placement == "sandwich":
             y = getattr(self, f"{name}_post_norm")(y)

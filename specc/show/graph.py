@@ -4,7 +4,7 @@ The diagram is built as DOT with the `graphviz` package and rendered by graphviz
 program. Each stack is a cluster labelled "×N" holding one expanded layer (every layer of a
 stack has the same configuration in the spec language): its sublayers in the order the norm
 placement gives (post: sublayer, Add, Norm; pre: Norm, sublayer, Add; sandwich: Norm,
-sublayer, Norm, Add; parallel layers: one Norm or two, attention and feed-forward side by
+sublayer, Norm, Add; sublayer_output: sublayer, Norm, Add; parallel layers: one Norm or two, attention and feed-forward side by
 side into one Add), with the residual paths dashed. Node names are stable (`encoder_attn`,
 `decoder_cross`, `decoder_ffn`, `encoder_out`, `out_logits`, ...) so that `--diff` can
 highlight them and tests can read the structure.
@@ -114,6 +114,8 @@ class _Builder:
         cur = self.edge_to(cur, self.node(g, f"{role}_{key}", label, fill))
         if place == "sandwich":
             cur = self.edge_to(cur, self.node(g, f"{role}_{key}_norm2", norm, "#f0f0f0"))
+        if place == "sublayer_output":
+            cur = self.edge_to(cur, self.node(g, f"{role}_{key}_norm", norm, "#f0f0f0"))
         add = self.node(g, f"{role}_{key}_add", "Add", "#f0f0f0", shape="circle")
         self.edge_to(cur, add)
         self.g.edge(x, add, style="dashed", color="#777777", tooltip="residual")

@@ -51,7 +51,7 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
     ],
     "norm": [
         (f"{k}, {p}", "tiny-gpt2", f"norm: {{kind: {k}, placement: {p}}}\n")
-        for k in ("layernorm", "rmsnorm") for p in ("post", "pre", "sandwich")
+        for k in ("layernorm", "rmsnorm") for p in ("post", "pre", "sandwich", "sublayer_output")
     ] + [("rmsnorm, unit offset", "tiny-llama", "norm: {kind: rmsnorm, placement: pre, unit_offset: true}\n")],
     "parallel": [
         (p, "tiny-gpt2", f"decoder:\n  parallel: {p}\n") for p in ("none", "one_norm", "two_norms")
@@ -152,7 +152,11 @@ NOTES = {
     "VocabSpec": "`tie_output` defaults to tying the lm / mlm head to the embeddings wherever one "
                  "exists; written as `true` without such an output it is an error. `target_size` is the "
                  "target vocabulary of an encoder-decoder.",
-    "NormSpec": "`unit_offset: true` makes an rmsnorm's gain 1 + weight, its weight initialised to 0: "
+    "NormSpec": "`placement`: `post` x = Norm(x + f(x)) (Vaswani et al. 2017), `pre` x = x + f(Norm(x)) "
+                "(GPT-2, LLaMA), `sandwich` x = x + PostNorm(f(Norm(x))) (CogView, Ding et al. 2021; Gemma 2), "
+                "`sublayer_output` x = x + Norm(f(x)) (Swin Transformer V2's res-post-norm, Liu et al. 2022, "
+                "arXiv:2111.09883; OLMo 2, arXiv:2501.00656, section 3.2). "
+                "`unit_offset: true` makes an rmsnorm's gain 1 + weight, its weight initialised to 0: "
                 "Gemma's RMSNorm, whose checkpoints store the gain less one (Gemma Team 2024, "
                 "arXiv:2403.08295; transformers' GemmaRMSNorm).",
     "DropoutSpec": "`dropout: 0.1` is short for `{hidden: 0.1, attention: 0.1}`.",

@@ -257,7 +257,7 @@ def explicit(spec: ModelSpec) -> ModelSpec:
             cross = st.cross_attention or st.attention.model_copy(update={"pattern": FullPattern()})
             st_update["cross_attention"] = _explicit_attention(cross, spec.d_model)
         update[name] = st.model_copy(update=st_update)
-    final = spec.norm.final if spec.norm.final != "auto" else spec.norm.placement in ("pre", "sandwich")
+    final = spec.norm.final if spec.norm.final != "auto" else spec.norm.placement in ("pre", "sandwich", "sublayer_output")
     update["norm"] = spec.norm.model_copy(update={"final": final})
     update["vocab"] = spec.vocab.model_copy(update={"tie_output": effective_tie(spec)})
     data = spec.model_copy(update=update).model_dump(by_alias=True, mode="json")

@@ -124,7 +124,7 @@ PositionSpec = Annotated[
 
 class NormSpec(Node):
     kind: Literal["layernorm", "rmsnorm"] = "layernorm"
-    placement: Literal["post", "pre", "sandwich"] = "post"
+    placement: Literal["post", "pre", "sandwich", "sublayer_output"] = "post"
     eps: Annotated[float, Field(gt=0.0, lt=1.0)] = 1.0e-6
     final: Literal["auto"] | bool = "auto"
     unit_offset: bool = False  # rmsnorm's gain is 1 + weight (Gemma), its weight initialised to 0

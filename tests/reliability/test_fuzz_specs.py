@@ -200,7 +200,7 @@ def spec_data(draw) -> dict:
         vocab["target_size"] = draw(st.integers(16, 64))
         vocab["share"] = vocab["target_size"] == vocab_size and draw(st.booleans())
     norm: dict = {}
-    for key, choices in (("kind", ("layernorm", "rmsnorm")), ("placement", ("post", "pre", "sandwich")),
+    for key, choices in (("kind", ("layernorm", "rmsnorm")), ("placement", ("post", "pre", "sandwich", "sublayer_output")),
                          ("eps", (1e-5, 1e-6)), ("final", ("auto", True, False))):
         if draw(st.booleans()):
             norm[key] = draw(st.sampled_from(choices))

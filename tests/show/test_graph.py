@@ -128,6 +128,22 @@ def test_sandwich_norm_order(spec_file):
     assert ("decoder_pos", "decoder_attn") in edges and "ALiBi" in label(nodes["decoder_pos"])
 
 
+def test_sublayer_output_norm_order(spec_file):
+    path = spec_file("""\
+        specc: 1
+        name: olmo-like
+        architecture: decoder
+        d_model: 32
+        vocab: {size: 50}
+        position: {kind: rotary, max_length: 16}
+        norm: {kind: rmsnorm, placement: sublayer_output}
+        decoder: {layers: 2, attention: {heads: 2}, ffn: {d_ff: 64}}
+    """)
+    _, (nodes, edges, _) = graph_of(str(path))
+    chain(edges, "decoder_embed", "decoder_attn", "decoder_attn_norm", "decoder_attn_add", "decoder_ffn",
+          "decoder_ffn_norm", "decoder_ffn_add", "decoder_final_norm")
+
+
 @pytest.mark.parametrize("parallel", ["one_norm", "two_norms"])
 def test_parallel_layers_side_by_side(spec_file, parallel):
     path = spec_file(f"""\

@@ -122,6 +122,10 @@ CASES = {
                                                                          num_attention_heads=4, num_key_value_heads=4,
                                                                          intermediate_size=48, use_parallel_residual=True, initializer_range=0.5,
                                                                          bos_token_id=1, eos_token_id=2, **SMALL)),
+    # OLMo 2: each sublayer's output normalised, RMSNorm over all heads' queries and keys
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                       num_key_value_heads=2, intermediate_size=48, initializer_range=0.5,
+                                                       bos_token_id=1, eos_token_id=2, pad_token_id=0, **SMALL)),
     # OPT: pre-norm (and OPT-350m's post-norm), learned positions from row 2
     "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=48,
                                                 init_std=0.5, vocab_size=99, max_position_embeddings=64, pad_token_id=1,
@@ -145,6 +149,7 @@ NEW = 8
 # at random, so that a bias mapped to the wrong projection (or dropped) changes the outputs
 RANDOM_BIASES = {"qwen2", "stablelm"}
 RANDOM_NORMS = {"gemma", "qwen3", "stablelm", "stablelm-parallel"}
+DRAWN_NEAR_ONE_NORMS = {"olmo2"}  # norms drawn about a gain of 1 (the sublayer outputs' scale)
 # BLOOM's norms drawn about a gain of 1 and its biases small: drawn as the others, its tied
 # embeddings repeat one token
 DRAWN_NEAR_ONE = {"bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new", "falcon-7b-form",
@@ -165,6 +170,11 @@ def hf_model(label: str):
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.normal_(0.0, 0.5)
+    if label in DRAWN_NEAR_ONE_NORMS:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(1.0, 0.3)
     if label in DRAWN_NEAR_ONE:
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -243,7 +253,7 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
 
 
 @pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "qwen3", "gemma",
-                                   "phi3", "stablelm", "stablelm-parallel", "bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new",
+                                   "phi3", "stablelm", "stablelm-parallel", "olmo2", "bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new",
                                    "falcon-7b-form", "falcon-sequential", "opt",
                                    "opt-post"])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):

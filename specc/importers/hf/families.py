@@ -436,6 +436,29 @@ GEMMA = replace(
 )
 
 
+# --- OLMo 2: LLaMA's layers with each sublayer's output normalised, QK-norm over all heads ----------
+
+OLMO2 = replace(
+    LLAMA,
+    model_types=("olmo2",),
+    fields=_overridden(tuple(f for f in LLAMA.fields if f.name != "mlp_bias"), (
+        Field_("norm.eps", "rms_norm_eps", 1e-5, kind=NUMBER),
+        Field_("tokens.pad", "pad_token_id", 1, kind=TOKEN),
+        Field_("tokens.eos", "eos_token_id", 50279, kind=TOKEN))),
+    fixed={**LLAMA.fixed, "norm": {"kind": "rmsnorm", "placement": "sublayer_output", "final": True},
+           "decoder": {"attention": {"qk_norm": "full"}, "ffn": {"bias": False}}},
+    heads={"Olmo2ForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
+    names=tuple(r for r in LLAMA.names if "norm" not in r.specc) + (
+        *norm("decoder.layers.{i}.attention_norm", "layers.{i}.post_attention_layernorm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.ffn_norm", "layers.{i}.post_feedforward_layernorm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.attention.q_norm", "layers.{i}.self_attn.q_norm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.attention.k_norm", "layers.{i}.self_attn.k_norm", "decoder", bias=False),
+        *norm("decoder.final_norm", "norm", bias=False),
+    ),
+    sources={k: v for k, v in LLAMA.sources.items() if k != "decoder.attention.pattern.window"},
+)
+
+
 # --- Phi-3: LLaMA's layers with q, k, v fused in one projection, and gate and up in another --------
 
 _PHI3 = "layers.{i}."
@@ -941,5 +964,5 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, GEMMA, PHI3, STABLELM, BLOOM, GPT_NEOX, GPTJ, FALCON, SEQ2SEQ)
+FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, OLMO2, GEMMA, PHI3, STABLELM, BLOOM, GPT_NEOX, GPTJ, FALCON, SEQ2SEQ)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
