@@ -126,7 +126,9 @@ class Attention(nn.Module):
         if rel_k is not None:
             scores = scores + torch.einsum("bhtd,tsd->bhts", q, rel_k)
         if s.score == "scaled_dot":
-            scores = scores / math.sqrt(s.d_k)
+            scores = scores * s.scale if s.scale is not None else scores / math.sqrt(s.d_k)
+        if s.softcap is not None:
+            scores = torch.tanh(scores / s.softcap) * s.softcap
         return scores
 
     def _normed(self, lin: torch.Tensor, n: int, d: int, norm: nn.Module | None) -> torch.Tensor:
@@ -216,6 +218,7 @@ class Attention(nn.Module):
         fp32, in eval mode (no dropout on the weights), with a dot-product score and nothing added
         to it but the mask."""
         return (self.spec.score in ("dot", "scaled_dot", "bilinear") and rel_k is None and not self.alibi
+                and self.spec.softcap is None
                 and not (self.training and self.drop.p > 0) and q.dtype == torch.float32
                 and not torch.compiler.is_compiling())
 
@@ -230,7 +233,7 @@ class Attention(nn.Module):
         s = self.spec
         if s.score == "bilinear":
             q = torch.einsum("bhtd,hde->bhte", q, self.score_w)
-        scale = 1 / math.sqrt(s.d_k) if s.score == "scaled_dot" else 1.0
+        scale = (s.scale if s.scale is not None else 1 / math.sqrt(s.d_k)) if s.score == "scaled_dot" else 1.0
         bias = None
         if allowed is not None:
             allowed = self._with_pattern(allowed, q_idx, k_idx)

@@ -75,6 +75,7 @@ class Head(nn.Module):
         self.pooler = None
         self.proj = None
         self.bias = None  # mlm's, or a tied lm head's with `bias`
+        self.softcap = getattr(out, "softcap", None)  # an lm head's
         lm_bias = out.kind == "lm" and out.bias
         if out.kind in ("lm", "mlm") and not tied:
             self.proj = nn.Linear(d, vocab, bias=lm_bias)
@@ -107,7 +108,9 @@ class Head(nn.Module):
             if self.kind == "mlm":
                 h = self.norm(self.act(self.transform(h)))
             logits = self.proj(h) if self.proj is not None else h @ tied_weight.t()
-            return logits + self.bias if self.bias is not None else logits
+            if self.bias is not None:
+                logits = logits + self.bias
+            return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
         if self.kind in ("classifier", "pooled"):
             h = self._pool(h, mask)
             if self.pooler is not None:

@@ -53,9 +53,11 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
         (f"{k}, {p}", "tiny-gpt2", f"norm: {{kind: {k}, placement: {p}}}\n")
         for k in ("layernorm", "rmsnorm") for p in ("post", "pre", "sandwich", "sublayer_output")
     ] + [("rmsnorm, unit offset", "tiny-llama", "norm: {kind: rmsnorm, placement: pre, unit_offset: true}\n")],
-    "parallel": [
-        (p, "tiny-gpt2", f"decoder:\n  parallel: {p}\n") for p in ("none", "one_norm", "two_norms")
-    ],
+    "stack": [
+        (f"parallel: {p}", "tiny-llama", f"decoder:\n  parallel: {p}\n") for p in ("none", "one_norm", "two_norms")
+    ] + [("overrides", "tiny-llama",
+          "decoder:\n  layers: 4\n  attention: {pattern: {kind: local, window: 7}}\n  overrides:\n"
+          "    - {every: 2, first: 1, pattern: {kind: full}, rotary_base: 1000000.0}\n")],
     "activation": [
         (a, "tiny-gpt2", f"decoder:\n  ffn: {{activation: {a}}}\n")
         for a in ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
@@ -167,7 +169,14 @@ NOTES = {
                  "PaLM, Chowdhery et al. 2022, arXiv:2204.02311, section 2), "
                  "x + Attn(Norm(x)) + FFN(FFNNorm(x)) with `two_norms` (GPT-NeoX-20B, Black et al. 2022, "
                  "arXiv:2204.06745, section 2.1; Falcon's new architecture). Pre-norm layers only, "
-                 "without cross-attention.",
+                 "without cross-attention. `overrides` configures some layers apart from `attention`: "
+                 "each entry chooses layers by `every` (from `first`) or by `indices` and gives them their "
+                 "own `pattern` and (rotary positions) `rotary_base`, as Gemma 2 interleaves global "
+                 "layers with sliding-window ones (Gemma Team 2024, arXiv:2408.00118, section 2) and "
+                 "Gemma 3 adds a rotary base of 1e6 to its global layers against 1e4 (arXiv:2503.19786, "
+                 "section 2). A stack with overrides is exported whole (its layers are not alike), not "
+                 "stitched or streamed; every layer's cache holds the whole sequence (a sliding layer "
+                 "masks what its window does not see).",
     "AttentionSpec": "`d_k` defaults to `d_model / heads` and `d_v` to `d_k`; `kv_heads` (grouped-query "
                      "attention) defaults to `heads`. `bias` gives the q, k, v and output projections "
                      "biases; `output_bias` (null: as `bias`) sets the output projection's alone, as Qwen2 "
@@ -176,7 +185,11 @@ NOTES = {
                      "queries and keys with the model's norm (its kind, eps and unit_offset) before the "
                      "scores and rotary positions: `head` over each head's d_k (Qwen3, arXiv:2505.09388; "
                      "Gemma 3), `full` over all heads' at once (OLMo 2, arXiv:2501.00656); the cache "
-                     "holds the normalised keys, the values are not normalised.",
+                     "holds the normalised keys, the values are not normalised. `scale` replaces scaled_dot's "
+                     "1/sqrt(d_k) (Gemma 2 and 3 scale by query_pre_attn_scalar^-1/2); `softcap` caps the "
+                     "scores smoothly, softcap * tanh(scores / softcap), after the scaling and before the "
+                     "mask (Gemma 2, arXiv:2408.00118, section 2; an lm output's `softcap` does the same "
+                     "to the logits).",
 }
 
 
@@ -217,7 +230,7 @@ def _models() -> list[tuple[type[BaseModel], str | None]]:
     s = schema
     return [
         (s.ModelSpec, None), (s.VocabSpec, None), (s.NormSpec, "norm"), (s.DropoutSpec, None),
-        (s.StackSpec, "parallel"), (s.AttentionSpec, "score"), (s.FFNSpec, "activation"),
+        (s.StackSpec, "stack"), (s.AttentionSpec, "score"), (s.FFNSpec, "activation"),
         (s.TokensSpec, None), (s.ServingSpec, None), (s.RangeSpec, None),
     ]
 

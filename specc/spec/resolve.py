@@ -82,10 +82,13 @@ class ResolvedAttention(Frozen):
     bias: bool
     output_bias: bool  # the output projection's (AttentionSpec.output_bias, or bias)
     qk_norm: Literal["none", "head", "full"] = "none"
+    scale: float | None = None  # AttentionSpec.scale
+    softcap: float | None = None  # AttentionSpec.softcap
     pattern: PatternSpec
     causal: bool  # decoder self-attention
     cross: bool  # attends to the encoder's output
     rotary_dims: int = 0  # rotary positions: leading dims of each q/k head that rotate
+    rotary_base: float = 0.0  # their base: position.base, or the layer's override
     # BigBird: for each query block, the key blocks it also attends to (drawn once, seeded).
     random_blocks: tuple[tuple[int, ...], ...] = ()
 
@@ -208,13 +211,16 @@ def bigbird_random_blocks(
 
 
 def _attention(
-    att: AttentionSpec, spec: ModelSpec, role: str, layer: int, stack: str
+    att: AttentionSpec, spec: ModelSpec, role: str, layer: int, stack: str, override=None
 ) -> ResolvedAttention:
+    if override is not None and override.pattern is not None:
+        att = att.model_copy(update={"pattern": override.pattern})
     d_k, d_v, kv = head_dims(att, spec.d_model)
     cross = role == "cross"
-    rot = 0
+    rot, base = 0, 0.0
     if spec.position.kind == "rotary" and not cross:
         rot = rotary_dims(d_k, spec.position.fraction)
+        base = override.rotary_base if override is not None and override.rotary_base is not None else spec.position.base
     blocks: tuple = ()
     if att.pattern.kind == "bigbird":
         p = att.pattern
@@ -231,12 +237,24 @@ def _attention(
         bias=att.bias,
         output_bias=att.bias if att.output_bias is None else att.output_bias,
         qk_norm=att.qk_norm,
+        scale=att.scale,
+        softcap=att.softcap,
         pattern=att.pattern,
         causal=role == "causal",
         cross=cross,
         rotary_dims=rot,
+        rotary_base=base,
         random_blocks=blocks,
     )
+
+
+def overridden(st, i: int):
+    """The stack's LayerOverride that chooses layer i, or None (rules.overrides_fit: at most one)."""
+    for ov in st.overrides:
+        if (ov.indices is not None and i in ov.indices) or (
+                ov.every is not None and i >= ov.first and (i - ov.first) % ov.every == 0):
+            return ov
+    return None
 
 
 def _explicit_attention(att: AttentionSpec, d_model: int) -> AttentionSpec:
@@ -348,7 +366,7 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         layers = tuple(
             ResolvedLayer(
                 index=i,
-                attention=_attention(st.attention, full, role, i, name),
+                attention=_attention(st.attention, full, role, i, name, overridden(st, i)),
                 cross_attention=(
                     _attention(st.cross_attention, full, "cross", i, name) if st.cross_attention is not None else None
                 ),

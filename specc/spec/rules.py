@@ -215,4 +215,45 @@ def parallel_layers(spec: ModelSpec) -> Iterable[Problem]:
             yield (name, "parallel"), "parallel layers have no cross-attention (the decoder of an encoder-decoder has)"
 
 
-RULES = RULES + (linformer_positions, unit_offset_is_rmsnorms, parallel_layers)
+def scale_is_scaled_dots(spec: ModelSpec) -> Iterable[Problem]:
+    """`scale` replaces scaled_dot's 1/sqrt(d_k); the other scores have no such factor."""
+    for path, att, _ in _attentions(spec):
+        if att.scale is not None and att.score != "scaled_dot":
+            yield path + ("scale",), f"scale is scaled_dot's factor on q.k; score is {att.score}"
+
+
+def overrides_fit(spec: ModelSpec) -> Iterable[Problem]:
+    """Each override chooses layers of its stack by `every` or by `indices` (not both), changes
+    something, and no layer is chosen twice; its pattern fits the stack's role as `attention`'s
+    must, and `rotary_base` needs rotary positions."""
+    for name in ("encoder", "decoder"):
+        st = getattr(spec, name)
+        if st is None:
+            continue
+        chosen: dict[int, int] = {}
+        for n, ov in enumerate(st.overrides):
+            path = (name, "overrides", n)
+            if (ov.every is None) == (ov.indices is None):
+                yield path, "an override chooses its layers by `every` or by `indices` (one of them)"
+                continue
+            if ov.pattern is None and ov.rotary_base is None:
+                yield path, "an override sets `pattern` or `rotary_base` (it changes nothing)"
+            layers = ov.indices if ov.indices is not None else range(ov.first, st.layers, ov.every)
+            for i in layers:
+                if i >= st.layers:
+                    yield path + ("indices",), f"layer {i} is past the stack's {st.layers} layers (0..{st.layers - 1})"
+                elif i in chosen:
+                    yield path, f"layer {i} is also chosen by override {chosen[i]}"
+                else:
+                    chosen[i] = n
+            if ov.every is not None and ov.first >= st.layers:
+                yield path + ("first",), f"first {ov.first} is past the stack's {st.layers} layers"
+            if ov.rotary_base is not None and spec.position.kind != "rotary":
+                yield path + ("rotary_base",), f"rotary_base needs rotary positions; position.kind is {spec.position.kind}"
+            kind = ov.pattern.kind if ov.pattern is not None else None
+            if kind == "linformer" and name == "decoder":
+                yield path + ("pattern", "kind"), ("linformer projects keys and values over the whole sequence, so a "
+                                                   "decoder cannot cache them token by token")
+
+
+RULES = RULES + (linformer_positions, unit_offset_is_rmsnorms, parallel_layers, scale_is_scaled_dots, overrides_fit)

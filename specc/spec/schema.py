@@ -194,6 +194,10 @@ class AttentionSpec(Node):
     bias: bool = True
     output_bias: bool | None = None  # the output projection's bias; null: as `bias` (Qwen2: q, k, v only)
     qk_norm: Literal["none", "head", "full"] = "none"  # queries and keys normalised (the model's norm kind)
+    # scaled_dot's factor on q.k; null: 1/sqrt(d_k) (Gemma 2/3: query_pre_attn_scalar^-1/2)
+    scale: Annotated[float, Field(gt=0.0)] | None = None
+    # scores capped smoothly: softcap * tanh(scores / softcap), before the mask (Gemma 2)
+    softcap: Annotated[float, Field(gt=0.0)] | None = None
     pattern: PatternSpec = FullPattern()
 
     @field_validator("pattern", mode="before")
@@ -212,6 +216,18 @@ class FFNSpec(Node):
     bias: bool = True
 
 
+class LayerOverride(Node):
+    """Layers of a stack configured apart from its `attention:` (Gemma 2 and 3: global layers
+    among sliding-window ones): those chosen by `every` (layers first, first + every, ...) or by
+    `indices`, with their own attention `pattern` and, under rotary positions, `rotary_base`."""
+
+    every: PosInt | None = None
+    first: NonNegInt = 0
+    indices: list[NonNegInt] | None = None
+    pattern: PatternSpec | None = None
+    rotary_base: Annotated[float, Field(gt=1.0)] | None = None
+
+
 class StackSpec(Node):
     layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 6
     attention: AttentionSpec = AttentionSpec()
@@ -221,6 +237,7 @@ class StackSpec(Node):
     # attention and feed-forward side by side from the layer's input (pre-norm layers): one norm for
     # both (GPT-J, PaLM) or one each (GPT-NeoX); none: one after the other
     parallel: Literal["none", "one_norm", "two_norms"] = "none"
+    overrides: list[LayerOverride] = []  # layers that differ from `attention` (LayerOverride)
 
 
 # --- outputs --------------------------------------------------------------------------------
@@ -234,11 +251,13 @@ class HiddenOutput(KindNode):
 
 
 class LMOutput(KindNode):
-    """bias: the logits get a bias of their own [V] (GPT-J's lm_head)."""
+    """bias: the logits get a bias of their own [V] (GPT-J's lm_head). softcap: the logits
+    capped smoothly, softcap * tanh(logits / softcap) (Gemma 2's final_logit_softcapping)."""
 
     kind: Literal["lm"] = "lm"
     name: OutputName = "logits"
     bias: bool = False
+    softcap: Annotated[float, Field(gt=0.0)] | None = None
 
 
 class MLMOutput(KindNode):

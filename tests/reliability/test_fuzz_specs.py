@@ -63,6 +63,10 @@ def attention(draw, d_model: int, role: str, position: dict, length: int) -> dic
     score = draw(pick("scaled_dot", "dot", "bilinear", "additive"))
     if score != "scaled_dot":
         att["score"] = score
+    elif draw(st.booleans()):
+        att["scale"] = draw(pick(0.1, 0.5))  # Gemma's query_pre_attn_scalar^-1/2
+    if draw(st.booleans()):
+        att["softcap"] = draw(pick(1.0, 30.0))  # Gemma 2's soft-capped scores
     if draw(st.booleans()):
         att["bias"] = draw(st.booleans())
     if draw(st.booleans()):
@@ -128,6 +132,8 @@ def outputs(draw) -> list[dict] | None:
             out["classes"] = draw(pick(1, 2, 5))
         if kind == "lm" and draw(st.booleans()):
             out["bias"] = draw(st.booleans())  # GPT-J's biased logits
+        if kind == "lm" and draw(st.booleans()):
+            out["softcap"] = draw(pick(3.0, 30.0))  # Gemma 2's soft-capped logits
         if kind in ("classifier", "pooled"):
             out["pool"] = draw(pick("first", "mean", "last"))
             if draw(st.booleans()):
@@ -221,6 +227,15 @@ def spec_data(draw) -> dict:
             data["decoder"]["cross_attention"] = draw(attention(d_model, "cross", pos, length))
         if arch == "decoder" and norm.get("placement") == "pre" and draw(st.booleans()):
             data["decoder"]["parallel"] = draw(pick("one_norm", "two_norms"))  # GPT-J's, GPT-NeoX's
+    for name in ("encoder", "decoder"):  # layers that differ within a stack (Gemma 2 / 3)
+        st_ = data.get(name)
+        if st_ is not None and st_["layers"] == 2 and draw(st.booleans()):
+            override: dict = {"every": 2, "first": 1}
+            if draw(st.booleans()) or pos["kind"] != "rotary":
+                override["pattern"] = draw(pick({"kind": "full"}, {"kind": "local", "window": 1}))
+            if pos["kind"] == "rotary":
+                override["rotary_base"] = draw(pick(100.0, 1000000.0))
+            st_["overrides"] = [override]
     outs = draw(outputs())
     if outs is not None:
         data["outputs"] = outs

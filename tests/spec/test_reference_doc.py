@@ -44,7 +44,7 @@ def _literal(model, field) -> set[str]:
     ("score", lambda: _literal(schema.AttentionSpec, "score")),
     ("merge", lambda: _literal(schema.AttentionSpec, "merge")),
     ("activation", lambda: _literal(schema.FFNSpec, "activation")),
-    ("parallel", lambda: _literal(schema.StackSpec, "parallel")),
+    ("stack", lambda: {f"parallel: {p}" for p in _literal(schema.StackSpec, "parallel")} | {"overrides"}),
     ("norm", lambda: {f"{k}, {p}" for k in _literal(schema.NormSpec, "kind") for p in _literal(schema.NormSpec, "placement")}
      | {"rmsnorm, unit offset"}),
 ])

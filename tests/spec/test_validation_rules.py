@@ -426,6 +426,30 @@ CASES = [
         "unit_offset_is_rmsnorms",
     ),
     Case(
+        "scale-on-a-dot-score",
+        DEC.replace("    heads: 4\n", "    heads: 4\n    score: dot\n    scale: 0.5\n"),
+        "decoder.attention.scale",
+        "scale: ^0.5",
+        "scale is scaled_dot's factor on q.k; score is dot",
+        "scale_is_scaled_dots",
+    ),
+    Case(
+        "override-chooses-by-every-and-indices",
+        DEC + "  overrides:\n    - {every: 2, indices: [1], pattern: {kind: full}}\n",
+        "decoder.overrides.0",
+        "- ^{every",
+        "by `every` or by `indices` (one of them)",
+        "overrides_fit",
+    ),
+    Case(
+        "override-past-the-last-layer",
+        DEC + "  overrides:\n    - {indices: [5], pattern: {kind: full}}\n",
+        "decoder.overrides.0.indices",
+        "indices: ^[5]",
+        "layer 5 is past the stack's 2 layers",
+        "overrides_fit",
+    ),
+    Case(
         "parallel-layers-post-norm",
         DEC.replace("  layers: 2\n", "  layers: 2\n  parallel: one_norm\n"),  # placement defaults to post
         "decoder.parallel",

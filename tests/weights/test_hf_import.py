@@ -126,6 +126,23 @@ CASES = {
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                        num_key_value_heads=2, intermediate_size=48, initializer_range=0.5,
                                                        bos_token_id=1, eos_token_id=2, pad_token_id=0, **SMALL)),
+    # Gemma 2: sandwich norms, a window of 4 in layers 0 and 2 (1 and 3 global), scores and logits
+    # soft-capped where the caps bind, query_pre_attn_scalar other than head_dim
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                                          num_key_value_heads=2, head_dim=16, intermediate_size=48,
+                                                          sliding_window=4, query_pre_attn_scalar=24,
+                                                          attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                                                          initializer_range=0.5, bos_token_id=1, eos_token_id=2,
+                                                          pad_token_id=0, **SMALL)),
+    # Gemma 3: QK-norm, global layers (here 2 of 4) with a rotary base of their own; untied (its
+    # tied head repeats one token at this size)
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        tie_word_embeddings=False, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=48, sliding_window=4, query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}},
+        initializer_range=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0, **SMALL)),
     # OPT: pre-norm (and OPT-350m's post-norm), learned positions from row 2
     "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=48,
                                                 init_std=0.5, vocab_size=99, max_position_embeddings=64, pad_token_id=1,
@@ -148,7 +165,7 @@ NEW = 8
 # families whose biases Hugging Face initialises to zero but checkpoints do not have at zero: drawn
 # at random, so that a bias mapped to the wrong projection (or dropped) changes the outputs
 RANDOM_BIASES = {"qwen2", "stablelm"}
-RANDOM_NORMS = {"gemma", "qwen3", "stablelm", "stablelm-parallel"}
+RANDOM_NORMS = {"gemma", "gemma2", "gemma3", "qwen3", "stablelm", "stablelm-parallel"}
 DRAWN_NEAR_ONE_NORMS = {"olmo2"}  # norms drawn about a gain of 1 (the sublayer outputs' scale)
 # BLOOM's norms drawn about a gain of 1 and its biases small: drawn as the others, its tied
 # embeddings repeat one token
@@ -253,7 +270,8 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
 
 
 @pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "qwen3", "gemma",
-                                   "phi3", "stablelm", "stablelm-parallel", "olmo2", "bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new",
+                                   "gemma2", "gemma3", "phi3", "stablelm", "stablelm-parallel",
+                                   "olmo2", "bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new",
                                    "falcon-7b-form", "falcon-sequential", "opt",
                                    "opt-post"])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):

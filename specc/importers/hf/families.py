@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specc.importers.hf.table import (BOOL, INT, INT_OR_NULL, LIST_OR_NULL, NUMBER, OBJECT_OR_NULL, STR, STR_OR_NULL,
-                                     TOKEN, Family, Field_, Name, Refuse, has_tensor, linear, lookup, norm, read, set_key)
+from specc.importers.hf.table import (BOOL, INT, INT_OR_NULL, LIST_OR_NULL, NUMBER, NUMBER_OR_NULL, OBJECT_OR_NULL, STR,
+                                     STR_OR_NULL, TOKEN, Family, Field_, Name, Refuse, has_tensor, linear, lookup, norm,
+                                     read, set_key)
 
 # Hugging Face activation names (transformers' ACT2FN) that specc computes exactly.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
@@ -456,6 +457,130 @@ OLMO2 = replace(
         *norm("decoder.final_norm", "norm", bias=False),
     ),
     sources={k: v for k, v in LLAMA.sources.items() if k != "decoder.attention.pattern.window"},
+)
+
+
+# --- Gemma 2 and 3: Gemma's layers under sandwich norms, sliding-window and global layers mixed ---
+
+
+def _layer_kinds(cfg: dict, every: int) -> list[str]:
+    """`layer_types` (each layer's "sliding_attention" or "full_attention"), else every `every`-th
+    layer global (Gemma 2: every 2nd; Gemma 3: `sliding_window_pattern`, default 6)."""
+    n = read(cfg, "num_hidden_layers", INT)
+    kinds = read(cfg, "layer_types", LIST_OR_NULL, None)
+    if kinds is None:
+        return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n)]
+    if len(kinds) != n or any(k not in ("sliding_attention", "full_attention") for k in kinds):
+        raise ValueError(f"layer_types: expected {n} entries of 'sliding_attention' or 'full_attention', got "
+                         f"{kinds[:4]}{'...' if len(kinds) > 4 else ''}")
+    return kinds
+
+
+def _gemma_rope(cfg: dict) -> dict[str, float]:
+    """Rotary base per layer kind: `rope_parameters` keyed by layer kind (Gemma 3 in transformers
+    5), one `rope_parameters` / `rope_theta` for both (Gemma 2), or Gemma 3's older `rope_theta`
+    (global) and `rope_local_base_freq`; a rope_type other than default is refused."""
+    params = read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
+    per_kind = {k: params[k] for k in ("full_attention", "sliding_attention") if isinstance(params.get(k), dict)}
+    if not per_kind:
+        scaling = read(cfg, "rope_scaling", OBJECT_OR_NULL, None) or {}
+        glob = {**params, **scaling}
+        glob.setdefault("rope_theta", read(cfg, "rope_theta", NUMBER, 10000.0))
+        local = {"rope_theta": read(cfg, "rope_local_base_freq", NUMBER, glob["rope_theta"])}
+        per_kind = {"full_attention": glob, "sliding_attention": local}
+    out = {}
+    for kind, p in per_kind.items():
+        rope_type = read(p, "rope_type", STR_OR_NULL, None, label=f"rope_parameters.{kind}.rope_type") or "default"
+        if rope_type != "default":
+            raise ValueError(f"rope_parameters.{kind}.rope_type {rope_type!r}: specc implements plain rotary "
+                             "positions (rope_type 'default') only")
+        out[kind] = float(read(p, "rope_theta", NUMBER, 10000.0, label=f"rope_parameters.{kind}.rope_theta"))
+    return out
+
+
+def _gemma2_extra(spec: dict, cfg: dict, every: int = 2) -> None:
+    """`decoder.attention.d_k` = `head_dim`; `scale` = `query_pre_attn_scalar`^-1/2;
+    `softcap` = `attn_logit_softcapping`. Layers: the sliding ones (`layer_types`, else every
+    layer but each 2nd: Gemma 2, each 6th or `sliding_window_pattern`-th: Gemma 3) see the token
+    and the `sliding_window` - 1 before it (`pattern: {kind: local}`); the global ones are
+    `overrides` with a full pattern and their own rotary base (Gemma 3's `rope_theta` 1e6
+    against the sliding layers' 10000)."""
+    heads = read(cfg, "num_attention_heads", INT)
+    head_dim = read(cfg, "head_dim", INT_OR_NULL, None)
+    if head_dim is not None and head_dim * heads != read(cfg, "hidden_size", INT):
+        set_key(spec, "decoder.attention.d_k", head_dim)
+    scalar = read(cfg, "query_pre_attn_scalar", NUMBER, 256)
+    if scalar <= 0:
+        raise ValueError(f"query_pre_attn_scalar {scalar}: must be positive")
+    set_key(spec, "decoder.attention.scale", float(scalar) ** -0.5)
+    cap = read(cfg, "attn_logit_softcapping", NUMBER_OR_NULL, None)
+    if cap is not None:
+        set_key(spec, "decoder.attention.softcap", float(cap))
+    kinds = _layer_kinds(cfg, read(cfg, "sliding_window_pattern", INT, every))
+    bases = _gemma_rope(cfg)
+    window = read(cfg, "sliding_window", INT_OR_NULL, None)
+    sliding = [i for i, k in enumerate(kinds) if k == "sliding_attention"] if window is not None else []
+    if window is not None and window < 2:
+        raise ValueError(f"sliding_window {window}: a window must hold more than the token itself")
+    if not sliding:  # every layer global
+        set_key(spec, "position.base", bases["full_attention"])
+        return
+    set_key(spec, "decoder.attention.pattern", {"kind": "local", "window": window - 1})
+    set_key(spec, "position.base", bases["sliding_attention"])
+    full = [i for i, k in enumerate(kinds) if k == "full_attention" or window is None]
+    if full:
+        override: dict = {"pattern": {"kind": "full"}}
+        step = full[1] - full[0] if len(full) > 1 else len(kinds)
+        if full == list(range(full[0], len(kinds), step)):
+            override = {"every": step, "first": full[0], **override}
+        else:
+            override = {"indices": full, **override}
+        if bases["full_attention"] != bases["sliding_attention"]:
+            override["rotary_base"] = bases["full_attention"]
+        set_key(spec, "decoder.overrides", [override])
+
+
+def _gemma3_extra(spec: dict, cfg: dict) -> None:
+    """As Gemma 2's, with every 6th layer global by default and QK-norm (`qk_norm: head`)."""
+    _gemma2_extra(spec, cfg, every=6)
+
+
+def _softcapped_lm(cfg: dict, t: dict) -> list:
+    cap = read(cfg, "final_logit_softcapping", NUMBER_OR_NULL, None)
+    return [{"kind": "lm", "name": "logits", **({"softcap": float(cap)} if cap is not None else {})}]
+
+
+_G2 = "layers.{i}."
+GEMMA2 = replace(
+    GEMMA,
+    model_types=("gemma2",),
+    fields=_overridden(GEMMA.fields, (
+        Field_("decoder.ffn.activation", "hidden_activation", "gelu_pytorch_tanh", lookup(GEMMA_GATED, "hidden_activation"),
+               kind=STR),)),
+    fixed={**GEMMA.fixed, "norm": {**GEMMA.fixed["norm"], "placement": "sandwich"}},
+    heads={"Gemma2ForCausalLM": _softcapped_lm},
+    names=tuple(r for r in LLAMA.names if "norm" not in r.specc) + (
+        *norm("decoder.layers.{i}.attention_norm", _G2 + "input_layernorm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.attention_post_norm", _G2 + "post_attention_layernorm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.ffn_norm", _G2 + "pre_feedforward_layernorm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.ffn_post_norm", _G2 + "post_feedforward_layernorm", "decoder", bias=False),
+        *norm("decoder.final_norm", "norm", bias=False),
+    ),
+    extra=_gemma2_extra,
+    sources={"decoder.attention.d_k": "head_dim", "decoder.attention.scale": "query_pre_attn_scalar",
+             "decoder.attention.softcap": "attn_logit_softcapping", "position.base": "rope_parameters",
+             "decoder.attention.pattern.window": "sliding_window", "decoder.overrides": "layer_types"},
+)
+GEMMA3 = replace(
+    GEMMA2,
+    model_types=("gemma3_text",),
+    fixed={**GEMMA2.fixed, "decoder": {"attention": {"qk_norm": "head"}}},
+    heads={"Gemma3ForCausalLM": _softcapped_lm},
+    names=GEMMA2.names + (
+        *norm("decoder.layers.{i}.attention.q_norm", _G2 + "self_attn.q_norm", "decoder", bias=False),
+        *norm("decoder.layers.{i}.attention.k_norm", _G2 + "self_attn.k_norm", "decoder", bias=False),
+    ),
+    extra=_gemma3_extra,
 )
 
 
@@ -964,5 +1089,5 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, OLMO2, GEMMA, PHI3, STABLELM, BLOOM, GPT_NEOX, GPTJ, FALCON, SEQ2SEQ)
+FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, OLMO2, GEMMA, GEMMA2, GEMMA3, PHI3, STABLELM, BLOOM, GPT_NEOX, GPTJ, FALCON, SEQ2SEQ)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}

@@ -41,6 +41,7 @@ def _int(v: Any) -> bool:
 INT = Kind("an integer", _int)
 INT_OR_NULL = Kind("an integer or null", lambda v: v is None or _int(v))
 NUMBER = Kind("a number", lambda v: type(v) in (int, float))
+NUMBER_OR_NULL = Kind("a number or null", lambda v: v is None or type(v) in (int, float))
 BOOL = Kind("true or false", lambda v: type(v) is bool)
 STR = Kind("a string", lambda v: type(v) is str)
 STR_OR_NULL = Kind("a string or null", lambda v: v is None or type(v) is str)
