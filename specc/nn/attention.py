@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from specc.nn.ops import Dropout, cast
-from specc.nn.positions import alibi_slopes, apply_rotary, relative_index
+from specc.nn.positions import alibi_slopes, apply_rotary, distance_buckets, relative_bucket, relative_index
 from specc.spec.resolve import ResolvedAttention
 from specc.spec.schema import PositionSpec
 
@@ -70,6 +70,13 @@ class Attention(nn.Module):
             self.rel_v = nn.Embedding(2 * position.clip + 1, dv) if position.values else None
         self.alibi = positional and position.kind == "alibi"
         self.interleaved = position.kind == "rotary" and position.layout == "interleaved"
+        # T5's bucketed bias: (exact, thresholds, the upper half's offset: 0 in a decoder); the
+        # [buckets, H] table of values is the stack's
+        self.buckets = None
+        if positional and position.kind == "bucketed":
+            both = not spec.causal
+            self.buckets = (*distance_buckets(position.buckets, position.max_distance, both),
+                            position.buckets // 2 if both else 0)
         if self.alibi:
             self.register_buffer("slopes", torch.tensor(alibi_slopes(h)).view(1, h, 1, 1), persistent=False)
         if spec.pattern.kind == "linformer":
@@ -158,8 +165,10 @@ class Attention(nn.Module):
         past: KV | None = None,
         memory: torch.Tensor | None = None,
         key_keep: torch.Tensor | None = None,
+        bucket_table: nn.Embedding | None = None,
     ) -> tuple[torch.Tensor, KV]:
         """x [B,T,D]; allowed [B,1,T,S] bool; q_idx [T] sequence index of each query;
+        bucket_table: the stack's [buckets, H] table of bucketed positions;
         rope (cos, sin) [B,1,T,R]; past: cached (k, v) [B,Hkv,P,Dk|Dv] (for cross-attention:
         the source's k, v, used as they are); memory [B,S,D]: the encoder output (cross-attention
         without a cache); key_keep [B,S] bool: real (not padding) keys, for linformer.
@@ -185,7 +194,8 @@ class Attention(nn.Module):
         n_keys = k.shape[2]
         # key positions, only where something reads them (else a dead op in every traced layer)
         k_idx = (torch.arange(n_keys, device=x.device)
-                 if self.rel_k is not None or self.alibi or s.pattern.kind in ("local", "bigbird") else None)
+                 if self.rel_k is not None or self.alibi or self.buckets is not None or s.pattern.kind in ("local", "bigbird")
+                 else None)
 
         if s.pattern.kind == "linformer":
             # project the key axis: K' = E[:, :S] K (padding keys zeroed first)
@@ -196,16 +206,19 @@ class Attention(nn.Module):
             v = torch.einsum("ks,bhsd->bhkd", self.proj_v[:, :n_keys], v)
             allowed = None
 
+        bias = None
+        if self.buckets is not None:  # [1, H, T, S]
+            bias = bucket_table(relative_bucket(q_idx, k_idx, *self.buckets)).permute(2, 0, 1).unsqueeze(0)
         rel_k = rel_v = None
         if self.rel_k is not None:
             idx = relative_index(q_idx, k_idx, self.clip)  # [T, S]
             rel_k = self.rel_k(idx)
             rel_v = self.rel_v(idx) if self.rel_v is not None else None
 
-        if self._fused(q, rel_k):
+        if self._fused(q, rel_k) and bias is None:
             out = self._fused_attention(q, k, v, allowed, q_idx, k_idx)
         else:
-            out = self._attention(q, k, v, allowed, q_idx, k_idx, rel_k, rel_v)
+            out = self._attention(q, k, v, allowed, q_idx, k_idx, rel_k, rel_v, bias)
         b, _, t, _ = out.shape
         if s.merge == "mean":
             return out.mean(dim=1), present
@@ -240,9 +253,12 @@ class Attention(nn.Module):
             bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
         return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
-    def _attention(self, q, k, v, allowed, q_idx, k_idx, rel_k, rel_v) -> torch.Tensor:
-        """The attention written out op by op: the form torch.export records."""
+    def _attention(self, q, k, v, allowed, q_idx, k_idx, rel_k, rel_v, bias=None) -> torch.Tensor:
+        """The attention written out op by op: the form torch.export records. bias [1,H,T,S]:
+        added to the scores (bucketed positions)."""
         scores = self._scores(q, k, rel_k)
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
         if self.alibi:
             dist = (q_idx[:, None] - k_idx[None, :]).abs().to(scores.dtype)  # [T, S]
             scores = scores - self.slopes.to(scores.dtype) * dist

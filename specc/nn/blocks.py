@@ -125,13 +125,14 @@ class Layer(nn.Module):
         return x + self.drop(y), extra
 
     def forward(self, x, allowed, q_idx, rope=None, past=None, memory=None, memory_allowed=None,
-                cross_past=None, memory_keep=None) -> tuple[torch.Tensor, KV, KV | None]:
+                cross_past=None, memory_keep=None, bucket_table=None) -> tuple[torch.Tensor, KV, KV | None]:
         if self.parallel != "none":  # pre-norm, no cross-attention (rules.parallel_layers)
             h = self.attention_norm(x)
-            y, present = self.attention(h, allowed, q_idx, rope=rope, past=past)
+            y, present = self.attention(h, allowed, q_idx, rope=rope, past=past, bucket_table=bucket_table)
             f = self.ffn(h if self.parallel == "one_norm" else self.ffn_norm(x))
             return x + self.drop(y) + self.drop(f), present, None
-        x, present = self._sublayer(x, "attention", lambda h: self.attention(h, allowed, q_idx, rope=rope, past=past))
+        x, present = self._sublayer(x, "attention", lambda h: self.attention(h, allowed, q_idx, rope=rope, past=past,
+                                                                             bucket_table=bucket_table))
         cross_present = None
         if self.cross_attention is not None:
             x, cross_present = self._sublayer(
@@ -152,6 +153,9 @@ class Stack(nn.Module):
         self.role = stack.role
         d = r.d_model
         self.positions = nn.Embedding(r.position.max_length, d) if r.position.kind == "learned" else None
+        # bucketed positions: the stack's [buckets, H] table, read by every layer's self-attention
+        self.relative_bias = (nn.Embedding(r.position.buckets, stack.layers[0].attention.heads)
+                              if r.position.kind == "bucketed" else None)
         self.embed_norm = make_norm(r.norm, d) if r.vocab.norm else None
         self.layers = nn.ModuleList(Layer(layer, r) for layer in stack.layers)
         self.final_norm = make_norm(r.norm, d) if stack.final_norm else None
@@ -185,7 +189,7 @@ class Stack(nn.Module):
         presents, cross_presents = [], []
         for i, layer in enumerate(self.layers):
             x, present, cross_present = layer(
-                x, allowed, q_idx, rope=ropes.get(self.bases[i]),
+                x, allowed, q_idx, rope=ropes.get(self.bases[i]), bucket_table=self.relative_bias,
                 past=past[i] if past is not None else None,
                 memory=memory, memory_allowed=memory_allowed,
                 cross_past=cross_past[i] if cross_past is not None else None,

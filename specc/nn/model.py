@@ -76,6 +76,7 @@ class Head(nn.Module):
         self.proj = None
         self.bias = None  # mlm's, or a tied lm head's with `bias`
         self.softcap = getattr(out, "softcap", None)  # an lm head's
+        self.scale = getattr(out, "scale", None) if out.kind == "lm" else None
         lm_bias = out.kind == "lm" and out.bias
         if out.kind in ("lm", "mlm") and not tied:
             self.proj = nn.Linear(d, vocab, bias=lm_bias)
@@ -107,6 +108,8 @@ class Head(nn.Module):
         if self.kind in ("lm", "mlm"):
             if self.kind == "mlm":
                 h = self.norm(self.act(self.transform(h)))
+            if self.scale is not None:
+                h = h * self.scale
             logits = self.proj(h) if self.proj is not None else h @ tied_weight.t()
             if self.bias is not None:
                 logits = logits + self.bias

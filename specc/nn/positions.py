@@ -9,6 +9,9 @@
               dims (leading `rotary_dims` of each head). Pairs are (x_i, x_{i+R/2}) (layout halves: the
               GPT-NeoX / LLaMA layout of Hugging Face checkpoints) or (x_2i, x_2i+1) (interleaved:
               RoFormer's own, GPT-J's, llama.cpp's).
+  bucketed    Raffel et al. 2020 (T5): a learned per-head scalar added to each score, looked up by
+              bucket(j - i): exact below half the buckets, log-spaced up to max_distance; both signs
+              in an encoder (half the buckets each), the past only in a decoder.
   alibi       Press et al. 2022: add -m_h * |i - j| to the scores; slopes m_h = 2^(-8h/H) for H a power
               of two, else those of the nearest lower power of two followed by every other slope of
               twice that (the paper's recipe, section 3).
@@ -71,6 +74,36 @@ def alibi_slopes(heads: int) -> list[float]:
         return power_of_two(heads)
     lower = 2 ** math.floor(math.log2(heads))
     return power_of_two(lower) + power_of_two(2 * lower)[0::2][: heads - lower]
+
+
+def distance_buckets(buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, tuple[int, ...]]:
+    """T5's buckets of distances, as (exact, thresholds): distance n < exact is bucket n; from
+    there, bucket exact + the number of thresholds <= n (every distance past max_distance shares
+    the last). Worked out once, in torch's fp32 arithmetic as Hugging Face's T5 computes each
+    bucket at every call, so that the log-spaced boundaries fall where they fall there; the graph
+    then compares integers only (an exported log would round some distances into the neighbouring
+    bucket)."""
+    if bidirectional:
+        buckets //= 2
+    exact = buckets // 2
+    n = torch.arange(max_distance + 1)
+    far = exact + (torch.log(n.float().clamp(min=1.0) / exact) / math.log(max_distance / exact)
+                   * (buckets - exact)).to(torch.int64)
+    table = torch.where(n < exact, n, far.clamp(max=buckets - 1)).tolist()
+    return exact, tuple(table.index(b) for b in range(exact + 1, table[-1] + 1))
+
+
+def relative_bucket(q_pos: torch.Tensor, k_pos: torch.Tensor, exact: int, thresholds: tuple[int, ...],
+                    upper: int) -> torch.Tensor:
+    """The bucket of each distance j - i, shape [T, S] (distance_buckets' exact and thresholds),
+    keys after the query offset by `upper` (half the buckets) where both directions count; with
+    `upper` 0 (a decoder) only the past counts, a later key reading distance 0."""
+    rel = k_pos.unsqueeze(0) - q_pos.unsqueeze(1)
+    dist = rel.abs() if upper else (-rel).clamp(min=0)
+    out = dist.clamp(max=exact)
+    for t in thresholds:
+        out = out + (dist >= t).to(out.dtype)
+    return out + (rel > 0).to(out.dtype) * upper if upper else out
 
 
 def relative_index(q_pos: torch.Tensor, k_pos: torch.Tensor, clip: int) -> torch.Tensor:

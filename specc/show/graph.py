@@ -74,6 +74,7 @@ def _position_label(r: ResolvedSpec) -> str:
         "relative": f"relative (clip {getattr(p, 'clip', '')}{', values' if getattr(p, 'values', False) else ''})",
         "rotary": f"rotary (base {getattr(p, 'base', '')}, fraction {getattr(p, 'fraction', '')})",
         "alibi": "ALiBi",
+        "bucketed": f"bucketed (T5: {getattr(p, 'buckets', '')} buckets to {getattr(p, 'max_distance', '')})",
     }.get(p.kind, p.kind)
     return f"positions: {extra}\nmax length {p.max_length}"
 
@@ -181,7 +182,7 @@ class _Builder:
                     cur = self.sublayer(c, role, "cross", attention_label(layer.cross_attention, "multi-head cross-attention"),
                                         "#fff1c1", cur)
                 cur = self.sublayer(c, role, "ffn", ffn, "#dbe9f6", cur)
-        if r.position.kind in ("rotary", "alibi", "relative"):
+        if r.position.kind in ("rotary", "alibi", "relative", "bucketed"):
             pos = self.node(self.g, f"{role}_pos", _position_label(r), "#e2ece9", shape="ellipse")
             self.g.edge(pos, f"{role}_attn", style="dotted", label="in scores" if r.position.kind != "rotary" else "rotates q, k")
         if st.final_norm:

@@ -79,6 +79,8 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
         s = stack.role
         if r.position.kind == "learned":
             out[f"{s}.positions.weight"] = (r.position.max_length, d)
+        if r.position.kind == "bucketed":
+            out[f"{s}.relative_bias.weight"] = (r.position.buckets, stack.layers[0].attention.heads)
         if v.norm:
             out.update(_norm(f"{s}.embed_norm", norm.kind, d))
         for layer in stack.layers:
@@ -137,6 +139,8 @@ def component(name: str) -> str:
     stack = parts[0]
     if parts[1] in ("positions", "embed_norm"):
         return f"{stack}.embeddings"
+    if parts[1] == "relative_bias":  # bucketed positions' table, read by every layer's self-attention
+        return f"{stack}.attention"
     if parts[1] == "final_norm":
         return f"{stack}.norms"
     sub = parts[3]

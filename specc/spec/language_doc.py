@@ -31,6 +31,7 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
         ("relative", "tiny-bert", "position: {kind: relative, clip: 8, values: false}\n"),
         ("rotary", "tiny-llama", "position: {kind: rotary, base: 10000.0, fraction: 0.5, layout: interleaved}\n"),
         ("alibi", "tiny-gpt2", "position: {kind: alibi, max_length: 128}\n"),
+        ("bucketed", "tiny-transformer", "position: {kind: bucketed, buckets: 32, max_distance: 128, max_length: 512}\n"),
         ("none", "tiny-gpt2", "position: {kind: none}\n"),
     ],
     "pattern": [

@@ -185,8 +185,8 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
 
 def linformer_positions(spec: ModelSpec) -> Iterable[Problem]:
     """Linformer projects the key axis, so relative distances between a query and a key do not
-    exist after the projection: relative and ALiBi positions cannot apply."""
-    if spec.position.kind not in ("relative", "alibi"):
+    exist after the projection: relative, ALiBi and bucketed positions cannot apply."""
+    if spec.position.kind not in ("relative", "alibi", "bucketed"):
         return
     for path, att, role in _attentions(spec):
         if att.pattern.kind == "linformer" and role != "cross":
@@ -256,4 +256,14 @@ def overrides_fit(spec: ModelSpec) -> Iterable[Problem]:
                                                    "decoder cannot cache them token by token")
 
 
-RULES = RULES + (linformer_positions, unit_offset_is_rmsnorms, parallel_layers, scale_is_scaled_dots, overrides_fit)
+def buckets_reach(spec: ModelSpec) -> Iterable[Problem]:
+    """T5's buckets are exact below half of them (in a decoder), then log-spaced up to
+    max_distance: which must lie beyond the exact ones (else the spacing divides by log 1)."""
+    p = spec.position
+    if p.kind == "bucketed" and p.max_distance <= p.buckets // 2:
+        yield ("position", "max_distance"), (f"max_distance {p.max_distance} must exceed half the buckets "
+                                             f"({p.buckets // 2}), where the log-spaced buckets begin")
+
+
+RULES = RULES + (linformer_positions, unit_offset_is_rmsnorms, parallel_layers, scale_is_scaled_dots, overrides_fit,
+                 buckets_reach)

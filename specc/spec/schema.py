@@ -109,12 +109,25 @@ class AlibiPosition(_PositionBase):
     kind: Literal["alibi"] = "alibi"
 
 
+class BucketedPosition(_PositionBase):
+    """Raffel et al. 2020 (T5), section 2.1: a learned scalar per head added to each score, read
+    from `buckets` by the key's distance from the query: exact distances below half the buckets,
+    then logarithmically wider buckets up to `max_distance`; both directions in an encoder
+    (half the buckets each), the past only in a decoder. One table [buckets, heads] per stack,
+    shared by its layers' self-attention."""
+
+    kind: Literal["bucketed"] = "bucketed"
+    buckets: Annotated[int, Field(ge=4)] = 32
+    max_distance: Annotated[int, Field(ge=2)] = 128
+
+
 class NoPosition(_PositionBase):
     kind: Literal["none"] = "none"
 
 
 PositionSpec = Annotated[
-    Union[SinusoidalPosition, LearnedPosition, RelativePosition, RotaryPosition, AlibiPosition, NoPosition],
+    Union[SinusoidalPosition, LearnedPosition, RelativePosition, RotaryPosition, AlibiPosition, BucketedPosition,
+          NoPosition],
     Field(discriminator="kind"),
 ]
 
@@ -252,12 +265,15 @@ class HiddenOutput(KindNode):
 
 class LMOutput(KindNode):
     """bias: the logits get a bias of their own [V] (GPT-J's lm_head). softcap: the logits
-    capped smoothly, softcap * tanh(logits / softcap) (Gemma 2's final_logit_softcapping)."""
+    capped smoothly, softcap * tanh(logits / softcap) (Gemma 2's final_logit_softcapping).
+    scale: the hidden states multiplied by it before the projection (T5's tied head: d_model^-1/2)."""
 
     kind: Literal["lm"] = "lm"
     name: OutputName = "logits"
     bias: bool = False
     softcap: Annotated[float, Field(gt=0.0)] | None = None
+    # the hidden states multiplied by this before the projection (T5's tied head: d_model^-1/2)
+    scale: Annotated[float, Field(gt=0.0)] | None = None
 
 
 class MLMOutput(KindNode):

@@ -82,6 +82,21 @@ KINDS: dict[str, dict] = {
     "ffn-geglu": {"decoder": stack(ffn={"activation": "geglu"})},
     "encdec-separate-vocab": {**ENC_DEC, "vocab": {"size": 61, "target_size": 47, "share": False}},
     "encdec-cross-linformer": {**ENC_DEC, "decoder": {**stack(), "cross_attention": {"heads": 2, "pattern": {"kind": "linformer", "k": 8}}}},
+    # today's families: parallel layers (GPT-J, GPT-NeoX), interleaved partial rotary, norms on the
+    # sublayer outputs (OLMo 2), layers that differ (Gemma 2 / 3), soft-capping, T5's buckets
+    "parallel-one-norm": {"norm": {"placement": "pre"}, "decoder": {**stack(), "parallel": "one_norm"}},
+    "parallel-two-norms": {"norm": {"placement": "pre"}, "decoder": {**stack(), "parallel": "two_norms"}},
+    "rotary-interleaved": {"position": {"kind": "rotary", "fraction": 0.5, "layout": "interleaved"}},
+    "sublayer-output": {"norm": {"kind": "rmsnorm", "placement": "sublayer_output"},
+                        "decoder": stack({"qk_norm": "full"})},
+    "overrides": {"position": {"kind": "rotary"}, "decoder": {
+        **stack({"pattern": {"kind": "local", "window": 2}, "scale": 0.3, "softcap": 2.0}, layers=3),
+        "overrides": [{"every": 2, "first": 1, "pattern": {"kind": "full"}, "rotary_base": 100.0}]}},
+    "bucketed": {"position": {"kind": "bucketed", "buckets": 8, "max_distance": 8, "max_length": 64},
+                 "decoder": stack({"score": "dot"})},
+    "bucketed-encdec": {**ENC_DEC, "position": {"kind": "bucketed", "buckets": 8, "max_distance": 8, "max_length": 64}},
+    "lm-bias-scale-softcap": {"vocab": {"size": 61, "tie_output": False},
+                              "outputs": [{"name": "logits", "kind": "lm", "bias": True, "scale": 0.5, "softcap": 4.0}]},
     "outputs-encoder": {**ENC, "vocab": {"size": 61, "type_size": 2}, "outputs": [
         {"name": "last_hidden_state", "kind": "hidden"},
         {"name": "mlm_logits", "kind": "mlm"},

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import specc  # noqa: E402
-from specc.nn.positions import alibi_slopes, rotary_cos_sin  # noqa: E402
+from specc.nn.positions import alibi_slopes, distance_buckets, relative_bucket, rotary_cos_sin  # noqa: E402
 
 ATOL, RTOL = 1e-5, 1e-4
 
@@ -658,3 +658,17 @@ def test_qk_norm(qk_norm, kv_heads):
     close(out.double().numpy(), merge_project(att, z))
     close(k_present.double().numpy(), k)
     close(v_present.double().numpy(), v)
+
+
+@pytest.mark.parametrize("buckets,max_distance", [(32, 128), (8, 8), (4, 8), (32, 64)])
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_bucketed_positions_match_t5s_buckets(buckets, max_distance, bidirectional):
+    # Raffel et al.'s buckets as Hugging Face's T5 computes them at every call, over every distance
+    # of a 300-token sequence (the far ones all in the last bucket of their half)
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    pos = torch.arange(300)
+    want = t5.T5Attention._relative_position_bucket(pos[None, :] - pos[:, None], bidirectional=bidirectional,
+                                                    num_buckets=buckets, max_distance=max_distance)
+    exact, thresholds = distance_buckets(buckets, max_distance, bidirectional)
+    got = relative_bucket(pos, pos, exact, thresholds, buckets // 2 if bidirectional else 0)
+    assert torch.equal(got, want)

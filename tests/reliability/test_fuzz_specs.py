@@ -75,7 +75,7 @@ def attention(draw, d_model: int, role: str, position: dict, length: int) -> dic
         att["qk_norm"] = draw(pick("head", "full"))  # Qwen3's, OLMo 2's; with any position or pattern
     kinds = {"self": ["full", "local", "linformer", "bigbird"], "causal": ["full", "local", "bigbird"],
              "cross": ["full", "linformer"]}[role]
-    if position["kind"] in ("relative", "alibi") and role != "cross":
+    if position["kind"] in ("relative", "alibi", "bucketed") and role != "cross":
         kinds = [k for k in kinds if k != "linformer"]
     kind = draw(st.sampled_from(kinds))
     if kind == "local":
@@ -101,7 +101,7 @@ def ffn(draw) -> dict:
 
 @st.composite
 def position(draw, length: int) -> dict:
-    kind = draw(pick("sinusoidal", "learned", "relative", "rotary", "alibi", "none"))
+    kind = draw(pick("sinusoidal", "learned", "relative", "rotary", "alibi", "bucketed", "none"))
     pos: dict = {"kind": kind, "max_length": draw(pick(length, 2 * length))}
     if kind == "sinusoidal":
         pos["base"] = draw(pick(10000.0, 100.0))
@@ -109,6 +109,9 @@ def position(draw, length: int) -> dict:
     elif kind == "relative":
         pos["clip"] = draw(pick(1, 2, 4))
         pos["values"] = draw(st.booleans())
+    elif kind == "bucketed":
+        pos["buckets"] = draw(pick(4, 8, 32))
+        pos["max_distance"] = draw(pick(64, 128))
     elif kind == "rotary":
         pos["base"] = draw(pick(10000.0, 500.0))
         pos["fraction"] = draw(pick(1.0, 1.0, 0.5))

@@ -450,6 +450,14 @@ CASES = [
         "overrides_fit",
     ),
     Case(
+        "buckets-past-max-distance",
+        DEC + "position: {kind: bucketed, buckets: 32, max_distance: 16}\n",
+        "position.max_distance",
+        "max_distance: ^16",
+        "max_distance 16 must exceed half the buckets (16)",
+        "buckets_reach",
+    ),
+    Case(
         "parallel-layers-post-norm",
         DEC.replace("  layers: 2\n", "  layers: 2\n  parallel: one_norm\n"),  # placement defaults to post
         "decoder.parallel",

@@ -155,6 +155,16 @@ CASES = {
     "mbart": ("MBartForConditionalGeneration", "MBartConfig", dict(S2S, scale_embedding=True, decoder_start_token_id=2)),
     "marian": ("MarianMTModel", "MarianConfig", dict(S2S, decoder_vocab_size=99, pad_token_id=98, decoder_start_token_id=98,
                                                      eos_token_id=0, scale_embedding=True, activation_function="swish")),
+    # T5: bucketed relative positions (4 buckets to a distance of 8: the log buckets bind), unscaled
+    # scores, RMSNorm; the original's ReLU and tied, rescaled head, and v1.1's gated GELU
+    "t5": ("T5ForConditionalGeneration", "T5Config", dict(vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2,
+                                                          num_heads=4, relative_attention_num_buckets=8,
+                                                          relative_attention_max_distance=8, initializer_factor=2.0,
+                                                          decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)),
+    "t5-gated": ("T5ForConditionalGeneration", "T5Config", dict(vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2,
+                                                                num_heads=4,
+                                                                feed_forward_proj="gated-gelu", initializer_factor=1.5,
+                                                                decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)),
     "pegasus": ("PegasusForConditionalGeneration", "PegasusConfig", dict(S2S, pad_token_id=0, eos_token_id=1,
                                                                          decoder_start_token_id=0)),
 }
@@ -289,7 +299,7 @@ def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     assert s.generate(PROMPTS, max_new_tokens=NEW).new_ids == wants
 
 
-@pytest.mark.parametrize("label", ["bart", "mbart", "marian", "pegasus"])
+@pytest.mark.parametrize("label", ["bart", "mbart", "marian", "pegasus", "t5", "t5-gated"])
 def test_encoder_decoder_outputs_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)
@@ -366,7 +376,8 @@ def test_a_pickle_with_code_is_refused_not_run(tmp_path, capsys):
 def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-saved")
     out = {}
-    for label in ("gpt2", "llama-gqa", "bert-model", "bart", "qwen2", "electra-model", "falcon-new", "stablelm", "bloom"):
+    for label in ("gpt2", "llama-gqa", "bert-model", "bart", "qwen2", "electra-model", "falcon-new", "stablelm", "bloom",
+                  "t5"):
         hf_model(label).save_pretrained(root / label)
         out[label] = root / label
     return out
@@ -394,12 +405,13 @@ REFUSED = [
     ("qwen2", {"layer_types": ["full_attention", "sliding_attention"]}, "layer_types: sliding-window attention"),
     ("bert-model", {"position_embedding_type": "relative_key"}, 'position_embedding_type = "relative_key"'),
     ("bert-model", {"architectures": ["BertForQuestionAnswering"]}, "BertForQuestionAnswering"),
-    ("bert-model", {"model_type": "t5"}, "model_type 't5' has no importer"),
+    ("bert-model", {"model_type": "mamba"}, "model_type 'mamba' has no importer"),
     ("bart", {"add_bias_logits": True}, "add_bias_logits = true"),
     ("falcon-new", {"alibi": True}, "alibi true: Falcon's ALiBi is scaled"),
     ("falcon-new", {"num_ln_in_parallel_attn": 3}, "num_ln_in_parallel_attn 3"),
     ("stablelm", {"qk_layernorm": True}, "qk_layernorm = true"),
     ("bloom", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm = true"),
+    ("t5", {"feed_forward_proj": "gated-relu"}, "feed_forward_proj 'gated-relu' is not one specc computes exactly"),
 ]
 
 

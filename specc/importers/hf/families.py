@@ -1089,5 +1089,95 @@ SEQ2SEQ = Family(
     sources={"position.max_length": "max_position_embeddings", "vocab.target_size": "decoder_vocab_size"},
 )
 
-FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, OLMO2, GEMMA, GEMMA2, GEMMA3, PHI3, STABLELM, BLOOM, GPT_NEOX, GPTJ, FALCON, SEQ2SEQ)
+# --- T5: an RMSNorm encoder-decoder with bucketed relative positions and unscaled scores ------------
+
+# feed_forward_proj -> the FFN's activation (transformers: "gated-gelu" computes gelu_new)
+T5_FFN = {"relu": "relu", "gelu": "gelu", "silu": "silu", "gated-gelu": "geglu_tanh", "gated-silu": "swiglu"}
+
+
+def _t5_extra(spec: dict, cfg: dict) -> None:
+    """Both stacks: `num_heads` heads of `d_kv` dims, `d_ff`, the activation of
+    `feed_forward_proj`; the decoder has `num_decoder_layers` (null: `num_layers`). Scores are
+    not scaled (`score: dot`); a bucketed bias per stack (`relative_attention_num_buckets`,
+    `relative_attention_max_distance`) replaces positions; `position.max_length` (the longest
+    input served) is `n_positions` where the config has it, else 512. Decoding starts from
+    `decoder_start_token_id` (null: `pad_token_id`)."""
+    act = lookup(T5_FFN, "feed_forward_proj")(read(cfg, "feed_forward_proj", STR, "relu"))
+    layers = read(cfg, "num_layers", INT)
+    stack = {"attention": {"heads": read(cfg, "num_heads", INT), "d_k": read(cfg, "d_kv", INT), "score": "dot",
+                           "bias": False},
+             "ffn": {"d_ff": read(cfg, "d_ff", INT), "activation": act, "bias": False}}
+    spec["encoder"] = {"layers": layers, **stack}
+    spec["decoder"] = {"layers": read(cfg, "num_decoder_layers", INT_OR_NULL, None) or layers, **stack}
+    set_key(spec, "position.max_length", read(cfg, "n_positions", INT, 512))
+    start = read(cfg, "decoder_start_token_id", TOKEN, None)
+    set_key(spec, "tokens.decoder_start", start if start is not None else read(cfg, "pad_token_id", TOKEN, 0))
+
+
+def _t5_heads(cfg: dict, t: dict) -> list:
+    """The lm head; its input scaled by d_model^-1/2 where `scale_decoder_outputs` (absent: where
+    the embeddings are tied), as transformers' T5 does."""
+    scaled = read(cfg, "scale_decoder_outputs", BOOL, None)
+    if scaled is None:
+        scaled = read(cfg, "tie_word_embeddings", BOOL, True)
+    d = read(cfg, "d_model", INT)
+    return [{"kind": "lm", "name": "logits", **({"scale": d ** -0.5} if scaled else {})}]
+
+
+def _t5_layer(stack: str, sub: str, n_ffn: int) -> tuple[Name, ...]:
+    """A T5 block's rows: self-attention (block.{i}.layer.0), for the decoder cross-attention
+    (layer.1), then the feed-forward (layer.n_ffn)."""
+    ours, theirs = f"{stack}.layers.{{i}}.", f"{stack}.block.{{i}}.layer."
+    rows = [*(linear(f"{ours}attention.{p}", f"{theirs}0.SelfAttention.{p}", stack, bias=False)[0] for p in "qkvo"),
+            *norm(f"{ours}attention_norm", f"{theirs}0.layer_norm", stack, bias=False)]
+    if sub:
+        rows += [*(linear(f"{ours}cross_attention.{p}", f"{theirs}1.EncDecAttention.{p}", stack, bias=False)[0]
+                   for p in "qkvo"),
+                 *norm(f"{ours}cross_attention_norm", f"{theirs}1.layer_norm", stack, bias=False)]
+    ffn = f"{theirs}{n_ffn}.DenseReluDense."
+    rows += [Name(f"{ours}ffn.gate.weight", (ffn + "wi_0.weight",), stack=stack),
+             Name(f"{ours}ffn.up.weight", (ffn + "wi.weight", ffn + "wi_1.weight"), stack=stack),
+             Name(f"{ours}ffn.down.weight", (ffn + "wo.weight",), stack=stack),
+             *norm(f"{ours}ffn_norm", f"{theirs}{n_ffn}.layer_norm", stack, bias=False)]
+    return tuple(rows)
+
+
+T5 = Family(
+    model_types=("t5",),
+    architecture="encoder-decoder",
+    fields=(
+        Field_("d_model", "d_model", kind=INT),
+        Field_("vocab.size", "vocab_size", kind=INT),
+        Field_("vocab.tie_output", "tie_word_embeddings", True, kind=BOOL),
+        Field_("norm.eps", "layer_norm_epsilon", 1e-6, kind=NUMBER),
+        Field_("dropout.hidden", "dropout_rate", 0.1, kind=NUMBER),
+        Field_("dropout.attention", "dropout_rate", 0.1, kind=NUMBER),
+        Field_("position.buckets", "relative_attention_num_buckets", 32, kind=INT),
+        Field_("position.max_distance", "relative_attention_max_distance", 128, kind=INT),
+        Field_("tokens.pad", "pad_token_id", 0, kind=TOKEN),
+        Field_("tokens.eos", "eos_token_id", 1, kind=TOKEN),
+    ),
+    fixed={"architecture": "encoder-decoder", "position": {"kind": "bucketed"}, "vocab": {"share": True},
+           "norm": {"kind": "rmsnorm", "placement": "pre", "final": True}},
+    refuse=(),
+    heads={"T5ForConditionalGeneration": _t5_heads},
+    names=(
+        Name("embeddings.tokens.weight", ("shared.weight", "encoder.embed_tokens.weight")),
+        Name("encoder.relative_bias.weight", ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",)),
+        Name("decoder.relative_bias.weight", ("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",)),
+        *_t5_layer("encoder", "", 1),
+        *_t5_layer("decoder", "cross", 2),
+        *norm("encoder.final_norm", "encoder.final_layer_norm", bias=False),
+        *norm("decoder.final_norm", "decoder.final_layer_norm", bias=False),
+        Name("heads.{head}.proj.weight", ("lm_head.weight",)),
+    ),
+    prefixes=("",),
+    extra=_t5_extra,
+    sources={"encoder": "num_layers, num_heads, d_kv, d_ff, feed_forward_proj",
+             "decoder": "num_decoder_layers, num_heads, d_kv, d_ff, feed_forward_proj",
+             "position.max_length": "n_positions", "tokens.decoder_start": "decoder_start_token_id"},
+)
+
+
+FAMILIES = (BERT, ROBERTA, ELECTRA, DISTILBERT, GPT2, OPT, LLAMA, QWEN2, QWEN3, OLMO2, GEMMA, GEMMA2, GEMMA3, PHI3, STABLELM, BLOOM, GPT_NEOX, GPTJ, FALCON, SEQ2SEQ, T5)
 BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
