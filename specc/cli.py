@@ -359,13 +359,37 @@ def import_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help='{"spec": path, "weights": path} on stdout.')
 def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as_json: bool) -> None:
     """Import a local Hugging Face checkpoint folder (config.json + model.safetensors or
-    pytorch_model.bin): BERT, GPT-2, LLaMA-style, BART / mBART / Marian / Pegasus.
+    pytorch_model.bin): 23 families (docs/import.md), from BERT and GPT-2 to Qwen3, Gemma 3 and T5.
 
     Anything in the config or the weights that specc cannot compute exactly is refused, naming
     the field."""
     from specc.importers.hf import import_hf
 
     spec_path, weights_path = import_hf(src_dir, out_spec, name=name, force=force)
+    if as_json:
+        _emit_json({"spec": str(spec_path), "weights": str(weights_path)})
+        return
+    from specc.report import human_bytes
+
+    click.echo(f"wrote {spec_path} and {weights_path} ({human_bytes(weights_path.stat().st_size)})")
+    click.echo(f"next: specc build {spec_path} -o DIR")
+
+
+@import_group.command("gguf")
+@click.argument("src_file", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_spec", required=True, type=click.Path(dir_okay=False),
+              help="The spec to write (SPEC.yaml); the weights go to SPEC.safetensors beside it.")
+@click.option("--name", default=None, help="The spec's name (default: from the file's name).")
+@click.option("--force", is_flag=True, help="Replace SPEC.yaml / SPEC.safetensors if they exist.")
+@click.option("--json", "as_json", is_flag=True, help='{"spec": path, "weights": path} on stdout.')
+def import_gguf_cmd(src_file: str, out_spec: str, name: str | None, force: bool, as_json: bool) -> None:
+    """Import a llama.cpp GGUF file (llama, qwen2, qwen3 architectures), its tensors dequantized
+    to fp32 one at a time.
+
+    Refused as `import hf` refuses: anything specc cannot compute exactly, naming it."""
+    from specc.importers.gguf import import_gguf
+
+    spec_path, weights_path = import_gguf(src_file, out_spec, name=name, force=force)
     if as_json:
         _emit_json({"spec": str(spec_path), "weights": str(weights_path)})
         return

@@ -4,7 +4,8 @@ and all-MiniLM-L6-v2 from their PyPI packages (`make install-real-models`), impo
 text against the fp32 build (itself verified against torch). The bars sit below the figures of a
 full run (docs/benchmarks_quality.md, benchmarks/quality.py) and are the integer-quality issue's
 goals: perplexity within 2% (int8) and 5% (int4) of fp32's, next-token agreement 97% and 95%
-(llama.cpp's Q4_0 on the same weights keeps 71%)."""
+(llama.cpp's Q4_0 on the same weights keeps 71%). And the packaged GGUF file read by `specc import
+gguf` computes what transformers' own GGUF loading computes from it."""
 from __future__ import annotations
 
 import sys
@@ -88,3 +89,24 @@ def test_minilm_int8_keeps_its_embeddings_and_neighbours(work):
     assert cos.mean() >= 0.999 and cos.min() >= 0.998
     same, near_ties = rm.neighbour_agreement(emb["fp32"], emb["int8"], margin=0.01)
     assert round((1 - same) * len(ids)) == near_ties  # only near ties may flip
+
+
+def test_smollm2_gguf_imports_to_what_transformers_reads_from_it(work):
+    """`specc import gguf` on the packaged Q4_1 file, built at fp32, against transformers' own
+    GGUF loading of the same file (both dequantize with the same block formula)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specc.importers.gguf import import_gguf
+
+    path = rm.smollm2_gguf()
+    spec, _ = import_gguf(path, work / "smollm2-gguf.yaml", force=True)
+    res = specc.build(spec, work / "smollm2-gguf-fp32", progress=None)
+    ref = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    ids = rm.token_windows(list(range(1, 4000, 7)), 1, 64)[0]
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor(ids[None])).logits.numpy()
+    got = Session(res.out_dir, threads=2).run(input_ids=ids[None])["logits"]
+    # the build verification's bound (1e-4 + 1e-4 x the largest logit): 30 layers through another
+    # runtime's fp32 sums (measured: 4.7e-4 on logits up to 33.6)
+    assert np.abs(got - want).max() <= 1e-4 + 1e-4 * float(np.abs(want).max())

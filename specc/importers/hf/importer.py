@@ -36,9 +36,17 @@ def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str 
               force: bool = False) -> tuple[Path, Path]:
     """Write OUT.yaml and OUT.safetensors (beside it) for the checkpoint folder SRC; returns both
     paths. Nothing is written unless the import succeeds and the spec validates."""
-    from specc.weights.io import write_safetensors  # imports torch
+    src = Path(src)
+    weights = check_outputs(out_spec, force)
+    config, tensors = read_checkpoint(src)
+    return write_import(config, tensors, str(src / "config.json"), Path(out_spec), weights, name or _name_from(src),
+                        "Imported from a Hugging Face {arch} checkpoint (model_type {model_type}) by specc import hf")
 
-    src, out_spec = Path(src), Path(out_spec)
+
+def check_outputs(out_spec: str | os.PathLike, force: bool) -> Path:
+    """OUT.safetensors for OUT.yaml, once both may be written: a .yaml name, no file in the way
+    (unless force), an existing folder. CheckpointError otherwise."""
+    out_spec = Path(out_spec)
     if out_spec.suffix not in (".yaml", ".yml"):
         raise CheckpointError(f"{out_spec}: the spec file must end in .yaml or .yml")
     weights = out_spec.with_suffix(".safetensors")
@@ -47,14 +55,23 @@ def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str 
             if p.exists():
                 raise CheckpointError(f"{p} exists; pass --force (force=True) to replace it")
     if not out_spec.parent.is_dir():
-        raise CheckpointError(f"{out_spec.parent}: no such directory")
-    config, tensors = read_checkpoint(src)
-    where = str(src / "config.json")
-    data = config_to_spec(config, tensors, name or _name_from(src), where)
+        raise CheckpointError(f"{out_spec.parent}: the folder for the spec does not exist (create it first)")
+    return weights
+
+
+def write_import(config: dict, tensors, where: str, out_spec: Path, weights: Path, name: str,
+                 description: str) -> tuple[Path, Path]:
+    """A Hugging Face config and its tensors (by Hugging Face's names) as OUT.yaml + weights, both
+    or neither; WHERE names the config in messages; DESCRIPTION may name {arch} (the config's
+    architectures entry) and {model_type}. Shared by import hf and import gguf (which reads a
+    GGUF file into that form)."""
+    from specc.weights.io import write_safetensors  # imports torch
+
+    data = config_to_spec(config, tensors, name, where)
     fam, arch = family_of(config, where)  # both checked by config_to_spec
     arch = arch if config.get("architectures") else "?"  # what the config names, not the default head
-    data = {"specc": 1, "name": data.pop("name"),
-            "description": f"Imported from a Hugging Face {arch} checkpoint (model_type {config.get('model_type')}) by specc import hf",
+    description = description.format(arch=arch, model_type=config.get("model_type"))
+    data = {"specc": 1, "name": data.pop("name"), "description": description,
             **{k: v for k, v in data.items() if k != "specc"}, "weights": weights.name}
     text = dump_yaml(_reading_order(data))
     try:
