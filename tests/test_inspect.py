@@ -67,6 +67,9 @@ TODAY = {
     "phi-3-mini": ("Phi3ForCausalLM", "Phi3Config", dict(
         hidden_size=3072, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, intermediate_size=8192,
         vocab_size=32064), 3_821_079_552),
+    "gemma-3-1b": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        hidden_size=1152, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        intermediate_size=6912, vocab_size=262144), None),
     "gpt-j-6b": ("GPTJForCausalLM", "GPTJConfig", dict(
         n_embd=4096, n_layer=28, n_head=16, rotary_dim=64, vocab_size=50400, n_positions=2048), None),
 }
