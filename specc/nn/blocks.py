@@ -160,8 +160,7 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(Layer(layer, r) for layer in stack.layers)
         self.final_norm = make_norm(r.norm, d) if stack.final_norm else None
         self.drop = Dropout(r.dropout.hidden)
-        self.rotary = stack.layers[0].attention.rotary_dims  # the same in every layer
-        self.bases = [layer.attention.rotary_base for layer in stack.layers]  # may differ (overrides)
+        self.rotary = stack.layers[0].attention.rotary_dims  # the same in every layer (its base may differ)
 
     def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         """tokens [B,T,D] (already looked up, scaled) + positions (+ types) -> norm -> dropout."""
@@ -181,15 +180,15 @@ class Stack(nn.Module):
                 cross_past=None, memory_keep=None):
         """Runs the layers. past / cross_past: per-layer (k, v) lists or None.
         Returns hidden [B,T,D], presents, cross presents."""
-        ropes = {}  # rotary base -> (cos, sin), made once for the layers that share it
-        if self.rotary:
-            for base in dict.fromkeys(self.bases[: len(self.layers)]):
-                ropes[base] = rotary_cos_sin(position_ids, self.rotary, base, x.dtype,
-                                             self.r.position.layout == "interleaved")
+        ropes = {}  # rotary base -> (cos, sin), made once for the layers that share it (overrides)
         presents, cross_presents = [], []
         for i, layer in enumerate(self.layers):
+            base = layer.attention.spec.rotary_base
+            if self.rotary and base not in ropes:
+                ropes[base] = rotary_cos_sin(position_ids, self.rotary, base, x.dtype,
+                                             self.r.position.layout == "interleaved")
             x, present, cross_present = layer(
-                x, allowed, q_idx, rope=ropes.get(self.bases[i]), bucket_table=self.relative_bias,
+                x, allowed, q_idx, rope=ropes.get(base), bucket_table=self.relative_bias,
                 past=past[i] if past is not None else None,
                 memory=memory, memory_allowed=memory_allowed,
                 cross_past=cross_past[i] if cross_past is not None else None,

@@ -254,6 +254,11 @@ def spec_data(draw) -> dict:
     if tokens:
         data["tokens"] = tokens
     precision = draw(pick("fp32", "fp32", "fp32", "fp16", "int8", "int4"))
+    if precision in ("int8", "int4") and d_model < 32:
+        # integer weights are quantized in blocks of 16 / 32 along the input width: a model narrower
+        # than one block (random weights, d_ff down to 8) meets quantization noise the integer
+        # verification bar is not set for (a 24-wide int4 encoder: cosine 0.997 against 0.999)
+        precision = "fp16"
     data["serving"] = {"batch": {"min": 1, "opt": 1, "max": 2},
                        "length": {"min": 1, "opt": draw(st.integers(1, length)), "max": length},
                        "precision": precision}
