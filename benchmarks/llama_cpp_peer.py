@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import platform
 import subprocess
@@ -60,11 +61,18 @@ def check_llama_shaped(spec: dict) -> None:
     """What llama.cpp's `llama` architecture computes: refuse a spec that differs from it."""
     dec, pos, norm = spec["decoder"], spec["position"], spec["norm"]
     att = dec["attention"]
+    heads = spec.get("outputs") or [{"kind": "lm"}]
     wrong = {"architecture": spec["architecture"] != "decoder", "rotary positions": pos["kind"] != "rotary",
-             "whole rotary": pos.get("fraction", 1.0) != 1.0, "rmsnorm": norm["kind"] != "rmsnorm",
-             "pre-norm": norm["placement"] != "pre", "no biases": att["bias"] or dec["ffn"]["bias"],
+             "whole rotary": pos.get("fraction", 1.0) != 1.0, "rotary halves": pos.get("layout", "halves") != "halves",
+             "rmsnorm": norm["kind"] != "rmsnorm", "pre-norm": norm["placement"] != "pre",
+             "plain norm gains": norm.get("unit_offset", False),
+             "no biases": att["bias"] or bool(att.get("output_bias")) or dec["ffn"]["bias"],
              "swiglu": dec["ffn"]["activation"] != "swiglu", "full attention": att["pattern"]["kind"] != "full",
-             "scaled dot scores": att["score"] != "scaled_dot"}
+             "scaled dot scores": att["score"] != "scaled_dot" or att.get("scale") is not None,
+             "uncapped scores": att.get("softcap") is not None, "no qk norm": att.get("qk_norm", "none") != "none",
+             "sequential layers": dec.get("parallel", "none") != "none", "alike layers": bool(dec.get("overrides")),
+             "unscaled embeddings": spec["vocab"].get("scale", "none") != "none",
+             "a plain lm head": any(h.get("bias") or h.get("softcap") or h.get("scale") for h in heads)}
     if any(wrong.values()):
         raise SystemExit(f"{spec['name']} is not LLaMA-shaped: needs {', '.join(k for k, v in wrong.items() if v)}")
 
@@ -260,7 +268,7 @@ def write(args, spec: dict, rows: dict, sizes: dict, bandwidth: float) -> None:
     import llama_cpp
     import onnxruntime
 
-    same = sum(a == b for a, b in zip(rows["specc"]["ids"], rows["llama.cpp"]["ids"]))
+    same = sum(1 for _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(rows["specc"]["ids"], rows["llama.cpp"]["ids"])))
     lines = [
         f"## {spec['name']}: specc int4 against llama.cpp Q4_0 (benchmarks/llama_cpp_peer.py)",
         "",

@@ -66,11 +66,19 @@ def _config(reader, where: str) -> tuple[dict, bool]:
                               + ", ".join(sorted(ARCHITECTURES)))
     model_type, head, permuted = ARCHITECTURES[arch]
 
-    def need(key: str):
-        value = _field(reader, f"{arch}.{key}")
+    def need(key: str, default=None):
+        value = _field(reader, f"{arch}.{key}", default)
         if value is None:
             raise CheckpointError(f"{where}: no {arch}.{key} in the file's metadata")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise CheckpointError(f"{where}: {arch}.{key} is {str(value)[:40]}; specc reads one number here "
+                                  "(a value per layer is not expressible)")
         return value
+
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise CheckpointError(f"{where}: {arch}.rope.scaling.type {scaling!r}: specc implements plain rotary "
+                              "positions only")
 
     tensors = {t.name: t for t in reader.tensors}
     embd = tensors.get("token_embd.weight")
@@ -81,11 +89,11 @@ def _config(reader, where: str) -> tuple[dict, bool]:
         "model_type": model_type, "architectures": [head],
         "hidden_size": int(need("embedding_length")), "num_hidden_layers": int(need("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        "num_key_value_heads": int(need("attention.head_count_kv", heads)),
         "intermediate_size": int(need("feed_forward_length")),
         "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 2048)),
+        "rope_theta": float(need("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(need("context_length", 2048)),
         "vocab_size": int(embd.shape[1]),  # ggml's shape: [d_model, vocab]
         "tie_word_embeddings": "output.weight" not in tensors,
         "hidden_act": "silu",
@@ -125,7 +133,8 @@ class GGUFTensors(Mapping):
         from gguf import quants
 
         t = self._by_name[name]
-        data = np.array(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # a copy: the file is read-only
+        data = quants.dequantize(t.data, t.tensor_type)  # a new array, or (F32) a view of the mapped file
+        data = np.array(data, dtype=np.float32, copy=not data.flags.writeable or data.dtype != np.float32)
         data = data.reshape(tuple(int(d) for d in reversed(t.shape)))
         proj = name.split(".")[-2]
         if self._permuted and proj in self._heads and name.endswith(".weight"):
@@ -137,6 +146,9 @@ class GGUFTensors(Mapping):
 
         t = self._by_name[name]
         return torch.empty(tuple(int(d) for d in reversed(t.shape)), dtype=torch.float32, device="meta")
+
+    def __contains__(self, name) -> bool:  # Mapping's would dequantize the tensor to answer
+        return name in self._by_name
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
@@ -171,5 +183,6 @@ def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: s
     config, permuted = _config(reader, where)
     tensors = GGUFTensors(reader, config, permuted, where)
     stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "imported"
+    label = path.name.replace("{", "{{").replace("}", "}}")  # write_import formats the description
     return write_import(config, tensors, where, Path(out_spec), weights, name or stem,
-                        f"Imported from a GGUF file ({config['model_type']}, {path.name}) by specc import gguf")
+                        f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf")

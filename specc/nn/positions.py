@@ -90,7 +90,9 @@ def distance_buckets(buckets: int, max_distance: int, bidirectional: bool) -> tu
     far = exact + (torch.log(n.float().clamp(min=1.0) / exact) / math.log(max_distance / exact)
                    * (buckets - exact)).to(torch.int64)
     table = torch.where(n < exact, n, far.clamp(max=buckets - 1)).tolist()
-    return exact, tuple(table.index(b) for b in range(exact + 1, table[-1] + 1))
+    # the first distance in each bucket past the exact ones (a bucket the log spacing skips gets
+    # the same threshold as the next, so the count still lands on the right bucket)
+    return exact, tuple(next(n for n, v in enumerate(table) if v >= b) for b in range(exact + 1, table[-1] + 1))
 
 
 def relative_bucket(q_pos: torch.Tensor, k_pos: torch.Tensor, exact: int, thresholds: tuple[int, ...],

@@ -1,8 +1,8 @@
 """`specc graph`: the architecture drawn from the resolved spec, the way papers draw it.
 
 The diagram is built as DOT with the `graphviz` package and rendered by graphviz's `dot`
-program. Each stack is a cluster labelled "×N" holding one expanded layer (every layer of a
-stack has the same configuration in the spec language): its sublayers in the order the norm
+program. Each stack is a cluster labelled "×N" holding one expanded layer, its first (layers a
+stack's `overrides` configure apart are not drawn apart): its sublayers in the order the norm
 placement gives (post: sublayer, Add, Norm; pre: Norm, sublayer, Add; sandwich: Norm,
 sublayer, Norm, Add; sublayer_output: sublayer, Norm, Add; parallel layers: one Norm or two, attention and feed-forward side by
 side into one Add), with the residual paths dashed. Node names are stable (`encoder_attn`,

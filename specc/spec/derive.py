@@ -14,8 +14,10 @@ def head_dims(att: AttentionSpec, d_model: int) -> tuple[int, int, int]:
 
 
 def rotary_dims(d_k: int, fraction: float) -> int:
-    """How many of each head's query/key dims rotate (the first ones): floor(d_k * fraction)."""
-    return int(d_k * fraction)
+    """How many of each head's query/key dims rotate (the first ones): floor(d_k * fraction), the
+    product taken to within 1e-9 (a fraction written as r / d_k, GPT-J's rotary_dim over its head
+    size, gives back r where binary rounding would land just below it)."""
+    return int(d_k * fraction + 1e-9)
 
 
 def stacks(spec: ModelSpec) -> tuple[str, ...]:

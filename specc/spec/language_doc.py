@@ -175,9 +175,9 @@ NOTES = {
                  "own `pattern` and (rotary positions) `rotary_base`, as Gemma 2 interleaves global "
                  "layers with sliding-window ones (Gemma Team 2024, arXiv:2408.00118, section 2) and "
                  "Gemma 3 adds a rotary base of 1e6 to its global layers against 1e4 (arXiv:2503.19786, "
-                 "section 2). A stack with overrides is exported whole (its layers are not alike), not "
-                 "stitched or streamed; every layer's cache holds the whole sequence (a sliding layer "
-                 "masks what its window does not see).",
+                 "section 2). Where overrides make layers 1 and on differ, the stack is exported whole (not "
+                 "stitched from two traced layers) and cannot be streamed; every layer's cache holds "
+                 "the whole sequence (a sliding layer masks what its window does not see).",
     "AttentionSpec": "`d_k` defaults to `d_model / heads` and `d_v` to `d_k`; `kv_heads` (grouped-query "
                      "attention) defaults to `heads`. `bias` gives the q, k, v and output projections "
                      "biases; `output_bias` (null: as `bias`) sets the output projection's alone, as Qwen2 "

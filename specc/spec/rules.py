@@ -14,14 +14,20 @@ Path = tuple
 Problem = tuple[Path, str]
 
 
-def _attentions(spec: ModelSpec) -> Iterator[tuple[Path, AttentionSpec, str]]:
-    """(path, attention spec, role) for every attention block; role: self | causal | cross."""
-    if spec.encoder is not None:
-        yield ("encoder", "attention"), spec.encoder.attention, "self"
-    if spec.decoder is not None:
-        yield ("decoder", "attention"), spec.decoder.attention, "causal"
-        if spec.decoder.cross_attention is not None:
-            yield ("decoder", "cross_attention"), spec.decoder.cross_attention, "cross"
+def _attentions(spec: ModelSpec, overrides: bool = False) -> Iterator[tuple[Path, AttentionSpec, str]]:
+    """(path, attention spec, role) for every attention block; role: self | causal | cross. With
+    `overrides`, also each override's pattern as its layers' attention, at the override's path
+    (for the rules about patterns; the others would repeat the stack's own problems there)."""
+    for name, role in (("encoder", "self"), ("decoder", "causal")):
+        st = getattr(spec, name)
+        if st is None:
+            continue
+        yield (name, "attention"), st.attention, role
+        for n, ov in enumerate(st.overrides if overrides else ()):
+            if ov.pattern is not None:
+                yield (name, "overrides", n), st.attention.model_copy(update={"pattern": ov.pattern}), role
+        if name == "decoder" and st.cross_attention is not None:
+            yield ("decoder", "cross_attention"), st.cross_attention, "cross"
 
 
 def stacks_match_architecture(spec: ModelSpec) -> Iterable[Problem]:
@@ -83,7 +89,7 @@ def rotary_even(spec: ModelSpec) -> Iterable[Problem]:
 
 
 def patterns_fit_roles(spec: ModelSpec) -> Iterable[Problem]:
-    for path, att, role in _attentions(spec):
+    for path, att, role in _attentions(spec, overrides=True):
         kind = att.pattern.kind
         if role == "causal" and kind == "linformer":
             yield path + ("pattern", "kind"), (
@@ -108,7 +114,7 @@ def lengths_fit(spec: ModelSpec) -> Iterable[Problem]:
             f"learned positions cover {spec.position.max_length} tokens, shorter than "
             f"serving.length.max {longest}"
         )
-    for path, att, _ in _attentions(spec):
+    for path, att, _ in _attentions(spec, overrides=True):
         if att.pattern.kind in ("linformer", "bigbird") and spec.position.max_length < longest:
             yield ("position", "max_length"), (
                 f"{att.pattern.kind} attention in {'.'.join(path)} is sized for position.max_length "
@@ -188,7 +194,7 @@ def linformer_positions(spec: ModelSpec) -> Iterable[Problem]:
     exist after the projection: relative, ALiBi and bucketed positions cannot apply."""
     if spec.position.kind not in ("relative", "alibi", "bucketed"):
         return
-    for path, att, role in _attentions(spec):
+    for path, att, role in _attentions(spec, overrides=True):
         if att.pattern.kind == "linformer" and role != "cross":
             yield path + ("pattern", "kind"), (
                 f"linformer projects the key axis, so {spec.position.kind} positions (which need the "
@@ -224,8 +230,8 @@ def scale_is_scaled_dots(spec: ModelSpec) -> Iterable[Problem]:
 
 def overrides_fit(spec: ModelSpec) -> Iterable[Problem]:
     """Each override chooses layers of its stack by `every` or by `indices` (not both), changes
-    something, and no layer is chosen twice; its pattern fits the stack's role as `attention`'s
-    must, and `rotary_base` needs rotary positions."""
+    something, and no layer is chosen twice; `rotary_base` needs rotary positions. (Its pattern
+    meets the pattern rules through _attentions, as the stack's `attention` does.)"""
     for name in ("encoder", "decoder"):
         st = getattr(spec, name)
         if st is None:
@@ -250,10 +256,6 @@ def overrides_fit(spec: ModelSpec) -> Iterable[Problem]:
                 yield path + ("first",), f"first {ov.first} is past the stack's {st.layers} layers"
             if ov.rotary_base is not None and spec.position.kind != "rotary":
                 yield path + ("rotary_base",), f"rotary_base needs rotary positions; position.kind is {spec.position.kind}"
-            kind = ov.pattern.kind if ov.pattern is not None else None
-            if kind == "linformer" and name == "decoder":
-                yield path + ("pattern", "kind"), ("linformer projects keys and values over the whole sequence, so a "
-                                                   "decoder cannot cache them token by token")
 
 
 def buckets_reach(spec: ModelSpec) -> Iterable[Problem]:

@@ -240,6 +240,11 @@ class LayerOverride(Node):
     pattern: PatternSpec | None = None
     rotary_base: Annotated[float, Field(gt=1.0)] | None = None
 
+    @field_validator("pattern", mode="before")
+    @classmethod
+    def _pattern_kind(cls, v: Any) -> Any:
+        return v if v is None else _default_kind(v, "full")
+
 
 class StackSpec(Node):
     layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 6

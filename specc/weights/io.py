@@ -106,6 +106,9 @@ class SafetensorsFile(Mapping):
             raise WeightsError(f"{self.path}: tensor {name} was cut short; the file may be truncated")
         return torch.frombuffer(buf, dtype=dtype).reshape(shape)
 
+    def __contains__(self, name) -> bool:  # Mapping's would read the tensor to answer
+        return name in self._entries
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
 
@@ -175,6 +178,9 @@ class ShardedSafetensors(Mapping):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._shards[self._map[name]][name]
+
+    def __contains__(self, name) -> bool:  # Mapping's would read the tensor to answer
+        return name in self._map
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._map)

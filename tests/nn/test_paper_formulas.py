@@ -660,7 +660,7 @@ def test_qk_norm(qk_norm, kv_heads):
     close(v_present.double().numpy(), v)
 
 
-@pytest.mark.parametrize("buckets,max_distance", [(32, 128), (8, 8), (4, 8), (32, 64)])
+@pytest.mark.parametrize("buckets,max_distance", [(32, 128), (8, 8), (4, 8), (32, 64), (32, 17), (64, 40)])
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_bucketed_positions_match_t5s_buckets(buckets, max_distance, bidirectional):
     # Raffel et al.'s buckets as Hugging Face's T5 computes them at every call, over every distance

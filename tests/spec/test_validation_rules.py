@@ -442,6 +442,14 @@ CASES = [
         "overrides_fit",
     ),
     Case(
+        "override-pattern-linformer-in-a-decoder",
+        DEC + "  overrides:\n    - {indices: [1], pattern: {kind: linformer, k: 4}}\n",
+        "decoder.overrides.0.pattern.kind",
+        "kind: ^linformer",
+        "a decoder cannot cache them token by token",
+        "patterns_fit_roles",
+    ),
+    Case(
         "override-past-the-last-layer",
         DEC + "  overrides:\n    - {indices: [5], pattern: {kind: full}}\n",
         "decoder.overrides.0.indices",

@@ -138,6 +138,9 @@ class Checkpoint(Mapping):
         source, stored = self._where[name]
         return source[stored]
 
+    def __contains__(self, name) -> bool:  # Mapping's would read the tensor to answer
+        return name in self._where
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
 

@@ -476,7 +476,7 @@ def _layer_kinds(cfg: dict, every: int) -> list[str]:
     return kinds
 
 
-def _gemma_rope(cfg: dict) -> dict[str, float]:
+def _gemma_rope(cfg: dict, global_theta: float = 10000.0) -> dict[str, float]:
     """Rotary base per layer kind: `rope_parameters` keyed by layer kind (Gemma 3 in transformers
     5), one `rope_parameters` / `rope_theta` for both (Gemma 2), or Gemma 3's older `rope_theta`
     (global) and `rope_local_base_freq`; a rope_type other than default is refused."""
@@ -485,20 +485,22 @@ def _gemma_rope(cfg: dict) -> dict[str, float]:
     if not per_kind:
         scaling = read(cfg, "rope_scaling", OBJECT_OR_NULL, None) or {}
         glob = {**params, **scaling}
-        glob.setdefault("rope_theta", read(cfg, "rope_theta", NUMBER, 10000.0))
+        glob.setdefault("rope_theta", read(cfg, "rope_theta", NUMBER, global_theta))
         local = {"rope_theta": read(cfg, "rope_local_base_freq", NUMBER, glob["rope_theta"])}
         per_kind = {"full_attention": glob, "sliding_attention": local}
     out = {}
     for kind, p in per_kind.items():
-        rope_type = read(p, "rope_type", STR_OR_NULL, None, label=f"rope_parameters.{kind}.rope_type") or "default"
+        rope_type = (read(p, "rope_type", STR_OR_NULL, None, label=f"rope_parameters.{kind}.rope_type")
+                     or read(p, "type", STR_OR_NULL, None, label=f"rope_parameters.{kind}.type") or "default")
         if rope_type != "default":
             raise ValueError(f"rope_parameters.{kind}.rope_type {rope_type!r}: specc implements plain rotary "
                              "positions (rope_type 'default') only")
-        out[kind] = float(read(p, "rope_theta", NUMBER, 10000.0, label=f"rope_parameters.{kind}.rope_theta"))
+        default = global_theta if kind == "full_attention" else 10000.0
+        out[kind] = float(read(p, "rope_theta", NUMBER, default, label=f"rope_parameters.{kind}.rope_theta"))
     return out
 
 
-def _gemma2_extra(spec: dict, cfg: dict, every: int = 2) -> None:
+def _gemma2_extra(spec: dict, cfg: dict, gemma3: bool = False) -> None:
     """`decoder.attention.d_k` = `head_dim`; `scale` = `query_pre_attn_scalar`^-1/2;
     `softcap` = `attn_logit_softcapping`. Layers: the sliding ones (`layer_types`, else every
     layer but each 2nd: Gemma 2, each 6th or `sliding_window_pattern`-th: Gemma 3) see the token
@@ -513,12 +515,13 @@ def _gemma2_extra(spec: dict, cfg: dict, every: int = 2) -> None:
     if scalar <= 0:
         raise ValueError(f"query_pre_attn_scalar {scalar}: must be positive")
     set_key(spec, "decoder.attention.scale", float(scalar) ** -0.5)
-    cap = read(cfg, "attn_logit_softcapping", NUMBER_OR_NULL, None)
+    # Gemma 3's attention keeps attn_logit_softcapping in its config and never applies it
+    cap = None if gemma3 else read(cfg, "attn_logit_softcapping", NUMBER_OR_NULL, 50.0)
     if cap is not None:
         set_key(spec, "decoder.attention.softcap", float(cap))
-    kinds = _layer_kinds(cfg, read(cfg, "sliding_window_pattern", INT, every))
-    bases = _gemma_rope(cfg)
-    window = read(cfg, "sliding_window", INT_OR_NULL, None)
+    kinds = _layer_kinds(cfg, read(cfg, "sliding_window_pattern", INT, 6 if gemma3 else 2))
+    bases = _gemma_rope(cfg, 1000000.0 if gemma3 else 10000.0)
+    window = read(cfg, "sliding_window", INT_OR_NULL, 4096)
     sliding = [i for i, k in enumerate(kinds) if k == "sliding_attention"] if window is not None else []
     if window is not None and window < 2:
         raise ValueError(f"sliding_window {window}: a window must hold more than the token itself")
@@ -541,12 +544,15 @@ def _gemma2_extra(spec: dict, cfg: dict, every: int = 2) -> None:
 
 
 def _gemma3_extra(spec: dict, cfg: dict) -> None:
-    """As Gemma 2's, with every 6th layer global by default and QK-norm (`qk_norm: head`)."""
-    _gemma2_extra(spec, cfg, every=6)
+    """As Gemma 2's, with every 6th layer global by default (their rotary base 1e6 unless the
+    config says), QK-norm (`qk_norm: head`), and no soft-capping of the scores: Gemma 3's
+    attention does not apply `attn_logit_softcapping` (transformers' Gemma3Attention)."""
+    _gemma2_extra(spec, cfg, gemma3=True)
 
 
-def _softcapped_lm(cfg: dict, t: dict) -> list:
-    cap = read(cfg, "final_logit_softcapping", NUMBER_OR_NULL, None)
+def _softcapped_lm(cfg: dict, t: dict, default: float | None = 30.0) -> list:
+    """The lm head, its logits capped by `final_logit_softcapping` (Gemma 2's default 30)."""
+    cap = read(cfg, "final_logit_softcapping", NUMBER_OR_NULL, default)
     return [{"kind": "lm", "name": "logits", **({"softcap": float(cap)} if cap is not None else {})}]
 
 
@@ -575,7 +581,7 @@ GEMMA3 = replace(
     GEMMA2,
     model_types=("gemma3_text",),
     fixed={**GEMMA2.fixed, "decoder": {"attention": {"qk_norm": "head"}}},
-    heads={"Gemma3ForCausalLM": _softcapped_lm},
+    heads={"Gemma3ForCausalLM": lambda cfg, t: _softcapped_lm(cfg, t, None)},
     names=GEMMA2.names + (
         *norm("decoder.layers.{i}.attention.q_norm", _G2 + "self_attn.q_norm", "decoder", bias=False),
         *norm("decoder.layers.{i}.attention.k_norm", _G2 + "self_attn.k_norm", "decoder", bias=False),
@@ -590,7 +596,8 @@ _PHI3 = "layers.{i}."
 PHI3 = replace(
     LLAMA,
     model_types=("phi3",),
-    fields=tuple(f for f in LLAMA.fields if f.name not in ("attention_bias", "mlp_bias")),
+    fields=_overridden(tuple(f for f in LLAMA.fields if f.name not in ("attention_bias", "mlp_bias")),
+                       (Field_("norm.eps", "rms_norm_eps", 1e-5, kind=NUMBER),)),
     fixed={**LLAMA.fixed, "decoder": {"attention": {"bias": False}, "ffn": {"bias": False}}},
     heads={"Phi3ForCausalLM": lambda cfg, t: [{"kind": "lm", "name": "logits"}]},
     names=(
@@ -614,6 +621,9 @@ PHI3 = replace(
 def _stablelm_extra(spec: dict, cfg: dict) -> None:
     """As LLaMA's (rope_theta, partial_rotary_factor, rope_type); `use_parallel_residual` true:
     `decoder.parallel: one_norm` (input_layernorm feeds both)."""
+    params = read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
+    if "partial_rotary_factor" not in cfg and "partial_rotary_factor" not in params:
+        cfg = {**cfg, "partial_rotary_factor": 0.25}  # StableLM's default
     _llama_extra(spec, {k: v for k, v in cfg.items() if k != "sliding_window"})
     if read(cfg, "use_parallel_residual", BOOL, False):
         set_key(spec, "decoder.parallel", "one_norm")
@@ -709,11 +719,15 @@ BLOOM = Family(
 def _rope(cfg: dict, theta_field: str, fraction_field: str, fraction_default: float) -> tuple[float, float]:
     """(rope_theta, partial_rotary_factor) from `rope_parameters` (transformers 5 configs) or the
     family's own older fields; a rope_type other than default is refused."""
-    params = read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or read(cfg, "rope_scaling", OBJECT_OR_NULL, None) or {}
-    kind = read(params, "rope_type", STR_OR_NULL, None, label="rope_parameters.rope_type") or "default"
+    scaling = read(cfg, "rope_scaling", OBJECT_OR_NULL, None)
+    field_name = "rope_scaling" if scaling else "rope_parameters"
+    params = scaling or read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
+    kind = (read(params, "rope_type", STR_OR_NULL, None, label=f"{field_name}.rope_type")
+            or read(params, "type", STR_OR_NULL, None, label=f"{field_name}.type") or "default")
     if kind != "default":
-        raise ValueError(f"rope_parameters.rope_type {kind!r}: specc implements plain rotary positions "
+        raise ValueError(f"{field_name}.rope_type {kind!r}: specc implements plain rotary positions "
                          "(rope_type 'default') only")
+    params = {**(read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}), **params}
     theta = read(params, "rope_theta", NUMBER, None, label="rope_parameters.rope_theta")
     if theta is None:
         theta = read(cfg, theta_field, NUMBER, 10000.0)
@@ -864,9 +878,9 @@ def _falcon_extra(spec: dict, cfg: dict) -> None:
     if new:
         kv = read(cfg, "num_kv_heads", INT_OR_NULL, None) or heads
         norms = read(cfg, "num_ln_in_parallel_attn", INT_OR_NULL, None) or 2
-        if norms not in (1, 2) or (norms == 1 and not parallel):
-            raise ValueError(f"num_ln_in_parallel_attn {norms} with parallel_attn {str(parallel).lower()}: "
-                             "transformers' Falcon defines 2, or 1 with parallel_attn true")
+        if norms not in (1, 2) or not parallel:
+            raise ValueError(f"new_decoder_architecture with num_ln_in_parallel_attn {norms} and parallel_attn "
+                             f"{str(parallel).lower()}: transformers' Falcon defines 1 or 2 norms, with parallel_attn true")
         mode = "two_norms" if norms == 2 else "one_norm"
     else:
         kv = 1 if read(cfg, "multi_query", BOOL, True) else heads
