@@ -71,7 +71,7 @@ def check_llama_shaped(spec: dict) -> None:
              "scaled dot scores": att["score"] != "scaled_dot" or att.get("scale") is not None,
              "uncapped scores": att.get("softcap") is not None, "no qk norm": att.get("qk_norm", "none") != "none",
              "sequential layers": dec.get("parallel", "none") != "none", "alike layers": bool(dec.get("overrides")),
-             "unscaled embeddings": spec["vocab"].get("scale", "none") != "none",
+             "unscaled embeddings": spec.get("vocab", {}).get("scale", "none") != "none",
              "a plain lm head": any(h.get("bias") or h.get("softcap") or h.get("scale") for h in heads)}
     if any(wrong.values()):
         raise SystemExit(f"{spec['name']} is not LLaMA-shaped: needs {', '.join(k for k, v in wrong.items() if v)}")
