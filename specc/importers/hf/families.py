@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specc.importers.hf.table import (BOOL, INT, INT_OR_NULL, LIST_OR_NULL, NUMBER, NUMBER_OR_NULL, OBJECT_OR_NULL, STR,
-                                     STR_OR_NULL, TOKEN, Family, Field_, Name, Refuse, has_tensor, linear, lookup, norm,
-                                     read, set_key)
+                                     STR_OR_NULL, TOKEN, Family, Field_, Name, Refuse, fused_qkv, has_tensor, linear, lookup,
+                                     norm, read, set_key)
 
 # Hugging Face activation names (transformers' ACT2FN) that specc computes exactly.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
@@ -697,8 +697,7 @@ BLOOM = Family(
         Name("embeddings.tokens.weight", ("word_embeddings.weight",)),
         *norm("decoder.embed_norm", "word_embeddings_layernorm"),
         *norm("decoder.layers.{i}.attention_norm", _BLOOM + "input_layernorm", "decoder"),
-        *(Name(f"decoder.layers.{{i}}.attention.{p}.{w}", (_BLOOM + f"self_attention.query_key_value.{w}",),
-               f"groups_qkv{n}:{{heads}}:{{kv_heads}}", "decoder") for n, p in enumerate("qkv") for w in ("weight", "bias")),
+        *fused_qkv("decoder.layers.{i}.attention", _BLOOM + "self_attention.query_key_value", "decoder"),
         *linear("decoder.layers.{i}.attention.o", _BLOOM + "self_attention.dense", "decoder"),
         *norm("decoder.layers.{i}.ffn_norm", _BLOOM + "post_attention_layernorm", "decoder"),
         *linear("decoder.layers.{i}.ffn.up", _BLOOM + "mlp.dense_h_to_4h", "decoder"),
@@ -776,8 +775,7 @@ GPT_NEOX = Family(
     names=(
         Name("embeddings.tokens.weight", ("embed_in.weight",)),
         *norm("decoder.layers.{i}.attention_norm", _NEOX + "input_layernorm", "decoder"),
-        *(Name(f"decoder.layers.{{i}}.attention.{p}.{w}", (_NEOX + f"attention.query_key_value.{w}",),
-               f"groups_qkv{n}:{{heads}}:{{kv_heads}}", "decoder") for n, p in enumerate("qkv") for w in ("weight", "bias")),
+        *fused_qkv("decoder.layers.{i}.attention", _NEOX + "attention.query_key_value", "decoder"),
         *linear("decoder.layers.{i}.attention.o", _NEOX + "attention.dense", "decoder"),
         *norm("decoder.layers.{i}.ffn_norm", _NEOX + "post_attention_layernorm", "decoder"),
         *linear("decoder.layers.{i}.ffn.up", _NEOX + "mlp.dense_h_to_4h", "decoder"),
@@ -923,8 +921,7 @@ FALCON = Family(
         *(Name(f"decoder.layers.{{i}}.{ours}.{w}", tuple(f"{_FALCON}{t}.{w}" for t in theirs), stack="decoder")
           for ours, theirs in (("attention_norm", ("ln_attn", "input_layernorm")),
                                ("ffn_norm", ("ln_mlp", "post_attention_layernorm"))) for w in ("weight", "bias")),
-        *(Name(f"decoder.layers.{{i}}.attention.{p}.{w}", (_FALCON + f"self_attention.query_key_value.{w}",),
-               f"groups_qkv{n}:{{heads}}:{{kv_heads}}", "decoder") for n, p in enumerate("qkv") for w in ("weight", "bias")),
+        *fused_qkv("decoder.layers.{i}.attention", _FALCON + "self_attention.query_key_value", "decoder"),
         *linear("decoder.layers.{i}.attention.o", _FALCON + "self_attention.dense", "decoder"),
         *linear("decoder.layers.{i}.ffn.up", _FALCON + "mlp.dense_h_to_4h", "decoder"),
         *linear("decoder.layers.{i}.ffn.down", _FALCON + "mlp.dense_4h_to_h", "decoder"),

@@ -1,7 +1,7 @@
 """The vocabulary the family tables (specc.importers.hf.families) are written in.
 
 A family is one `Family` record: config fields, fixed values, refusals, output heads and parameter
-names, each a row of the types below. Row builders (`linear`, `norm`) and the helpers a family's
+names, each a row of the types below. Row builders (`linear`, `norm`, `fused_qkv`) and the helpers a family's
 hooks use to write into a spec (`set_key`) or to look at a checkpoint (`has_tensor`) live here too,
 so that families.py holds the tables alone and convert.py reads them without importing any table.
 Nothing here reads files or imports torch.
@@ -152,6 +152,13 @@ def linear(specc: str, hf: str, stack: str = "", transform: str = "copy", bias: 
     if bias:
         rows += (Name(specc + ".bias", (hf + ".bias",), "copy", stack),)
     return rows
+
+
+def fused_qkv(specc: str, hf: str, stack: str) -> tuple[Name, ...]:
+    """q, k, v weights and biases of an attention SPECC from one fused projection HF, split by
+    key-value group (groups_qkv: BLOOM, GPT-NeoX, Falcon)."""
+    return tuple(Name(f"{specc}.{p}.{w}", (f"{hf}.{w}",), f"groups_qkv{n}:{{heads}}:{{kv_heads}}", stack)
+                 for n, p in enumerate("qkv") for w in ("weight", "bias"))
 
 
 def norm(specc: str, hf: str, stack: str = "", bias: bool = True) -> tuple[Name, ...]:
