@@ -1,8 +1,8 @@
 """`specc graph`: the architecture drawn from the resolved spec, the way papers draw it.
 
 The diagram is built as DOT with the `graphviz` package and rendered by graphviz's `dot`
-program. Each stack is a cluster labelled "×N" holding one expanded layer, its first (layers a
-stack's `overrides` configure apart are not drawn apart): its sublayers in the order the norm
+program. Each stack is a cluster labelled "×N" holding one expanded layer, its first (the label
+lists the layers a stack's `overrides` configure apart, and how): its sublayers in the order the norm
 placement gives (post: sublayer, Add, Norm; pre: Norm, sublayer, Add; sandwich: Norm,
 sublayer, Norm, Add; sublayer_output: sublayer, Norm, Add; parallel layers: one Norm or two, attention and feed-forward side by
 side into one Add), with the residual paths dashed. Node names are stable (`encoder_attn`,
@@ -77,6 +77,20 @@ def _position_label(r: ResolvedSpec) -> str:
         "bucketed": f"bucketed (T5: {getattr(p, 'buckets', '')} buckets to {getattr(p, 'max_distance', '')})",
     }.get(p.kind, p.kind)
     return f"positions: {extra}\nmax length {p.max_length}"
+
+
+def _apart(st) -> str:
+    """The stack's layers configured apart from its first (overrides), one line per kind:
+    "layers 5, 11, 17: full attention, rotary base 1e+06"."""
+    first = st.layers[0].attention
+    kinds: dict[str, list[int]] = {}
+    for layer in st.layers[1:]:
+        a = layer.attention
+        parts = ([f"{a.pattern.kind} attention"] if a.pattern != first.pattern else []) + (
+            [f"rotary base {a.rotary_base:g}"] if a.rotary_base != first.rotary_base else [])
+        if parts:
+            kinds.setdefault(", ".join(parts), []).append(layer.index)
+    return "".join(f"\nlayers {', '.join(map(str, idx))}: {what}" for what, idx in kinds.items())
 
 
 def _output_label(r: ResolvedSpec, o) -> str:
@@ -168,7 +182,7 @@ class _Builder:
         n = len(st.layers)
         with self.g.subgraph(name=f"cluster_{role}") as c:
             hl = f"{role}_layers" in self.hl
-            c.attr(label=f"{role} layer ×{n}", labeljust="r", style="rounded,filled",
+            c.attr(label=f"{role} layer ×{n}" + _apart(st), labeljust="r", style="rounded,filled",
                    fillcolor=HIGHLIGHT if hl else "#f7f7fb", color="#999999", penwidth="2" if hl else "1")
             title = "masked multi-head self-attention" if layer.attention.causal else "multi-head self-attention"
             attn = attention_label(layer.attention, title)

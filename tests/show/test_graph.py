@@ -144,6 +144,12 @@ def test_sublayer_output_norm_order(spec_file):
           "decoder_ffn_norm", "decoder_ffn_add", "decoder_final_norm")
 
 
+def test_layers_configured_apart_are_named_in_the_stack_label():
+    source = build_graph(specc.resolve(specc.load_spec("gemma-3-1b"))).source
+    assert "decoder layer ×26\nlayers 5, 11, 17, 23: full attention, rotary base 1e+06" in source
+    assert "layers 5" not in build_graph(specc.resolve(specc.load_spec("llama-style-1b"))).source
+
+
 @pytest.mark.parametrize("parallel", ["one_norm", "two_norms"])
 def test_parallel_layers_side_by_side(spec_file, parallel):
     path = spec_file(f"""\
