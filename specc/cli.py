@@ -365,14 +365,7 @@ def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as
     the field."""
     from specc.importers.hf import import_hf
 
-    spec_path, weights_path = import_hf(src_dir, out_spec, name=name, force=force)
-    if as_json:
-        _emit_json({"spec": str(spec_path), "weights": str(weights_path)})
-        return
-    from specc.report import human_bytes
-
-    click.echo(f"wrote {spec_path} and {weights_path} ({human_bytes(weights_path.stat().st_size)})")
-    click.echo(f"next: specc build {spec_path} -o DIR")
+    _report_import(*import_hf(src_dir, out_spec, name=name, force=force), as_json)
 
 
 @import_group.command("gguf")
@@ -389,7 +382,11 @@ def import_gguf_cmd(src_file: str, out_spec: str, name: str | None, force: bool,
     Refused as `import hf` refuses: anything specc cannot compute exactly, naming it."""
     from specc.importers.gguf import import_gguf
 
-    spec_path, weights_path = import_gguf(src_file, out_spec, name=name, force=force)
+    _report_import(*import_gguf(src_file, out_spec, name=name, force=force), as_json)
+
+
+def _report_import(spec_path, weights_path, as_json: bool) -> None:
+    """What an import wrote: JSON, or a line and the next command."""
     if as_json:
         _emit_json({"spec": str(spec_path), "weights": str(weights_path)})
         return

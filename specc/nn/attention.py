@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from specc.nn.ops import Dropout, cast
-from specc.nn.positions import alibi_slopes, apply_rotary, distance_buckets, relative_bucket, relative_index
+from specc.nn.positions import alibi_slopes, apply_rotary, relative_index
 from specc.spec.resolve import ResolvedAttention
 from specc.spec.schema import PositionSpec
 
@@ -70,13 +70,6 @@ class Attention(nn.Module):
             self.rel_v = nn.Embedding(2 * position.clip + 1, dv) if position.values else None
         self.alibi = positional and position.kind == "alibi"
         self.interleaved = position.kind == "rotary" and position.layout == "interleaved"
-        # T5's bucketed bias: (exact, thresholds, the upper half's offset: 0 in a decoder); the
-        # [buckets, H] table of values is the stack's
-        self.buckets = None
-        if positional and position.kind == "bucketed":
-            both = not spec.causal
-            self.buckets = (*distance_buckets(position.buckets, position.max_distance, both),
-                            position.buckets // 2 if both else 0)
         if self.alibi:
             self.register_buffer("slopes", torch.tensor(alibi_slopes(h)).view(1, h, 1, 1), persistent=False)
         if spec.pattern.kind == "linformer":
@@ -165,10 +158,10 @@ class Attention(nn.Module):
         past: KV | None = None,
         memory: torch.Tensor | None = None,
         key_keep: torch.Tensor | None = None,
-        bucket_table: nn.Embedding | None = None,
+        position_bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KV]:
         """x [B,T,D]; allowed [B,1,T,S] bool; q_idx [T] sequence index of each query;
-        bucket_table: the stack's [buckets, H] table of bucketed positions;
+        position_bias [1,H,T,S]: added to the scores (the stack's bucketed positions);
         rope (cos, sin) [B,1,T,R]; past: cached (k, v) [B,Hkv,P,Dk|Dv] (for cross-attention:
         the source's k, v, used as they are); memory [B,S,D]: the encoder output (cross-attention
         without a cache); key_keep [B,S] bool: real (not padding) keys, for linformer.
@@ -194,8 +187,7 @@ class Attention(nn.Module):
         n_keys = k.shape[2]
         # key positions, only where something reads them (else a dead op in every traced layer)
         k_idx = (torch.arange(n_keys, device=x.device)
-                 if self.rel_k is not None or self.alibi or self.buckets is not None or s.pattern.kind in ("local", "bigbird")
-                 else None)
+                 if self.rel_k is not None or self.alibi or s.pattern.kind in ("local", "bigbird") else None)
 
         if s.pattern.kind == "linformer":
             # project the key axis: K' = E[:, :S] K (padding keys zeroed first)
@@ -206,9 +198,7 @@ class Attention(nn.Module):
             v = torch.einsum("ks,bhsd->bhkd", self.proj_v[:, :n_keys], v)
             allowed = None
 
-        bias = None
-        if self.buckets is not None:  # [1, H, T, S]
-            bias = bucket_table(relative_bucket(q_idx, k_idx, *self.buckets)).permute(2, 0, 1).unsqueeze(0)
+        bias = position_bias
         rel_k = rel_v = None
         if self.rel_k is not None:
             idx = relative_index(q_idx, k_idx, self.clip)  # [T, S]

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from specc.nn.attention import KV, Attention
 from specc.nn.ops import Dropout, cast
-from specc.nn.positions import rotary_cos_sin, sinusoidal
+from specc.nn.positions import distance_buckets, relative_bucket, rotary_cos_sin, sinusoidal
 from specc.spec.resolve import ResolvedLayer, ResolvedSpec, ResolvedStack
 from specc.spec.schema import GATED_ACTIVATIONS, FFNSpec, NormSpec
 
@@ -125,14 +125,14 @@ class Layer(nn.Module):
         return x + self.drop(y), extra
 
     def forward(self, x, allowed, q_idx, rope=None, past=None, memory=None, memory_allowed=None,
-                cross_past=None, memory_keep=None, bucket_table=None) -> tuple[torch.Tensor, KV, KV | None]:
+                cross_past=None, memory_keep=None, position_bias=None) -> tuple[torch.Tensor, KV, KV | None]:
         if self.parallel != "none":  # pre-norm, no cross-attention (rules.parallel_layers)
             h = self.attention_norm(x)
-            y, present = self.attention(h, allowed, q_idx, rope=rope, past=past, bucket_table=bucket_table)
+            y, present = self.attention(h, allowed, q_idx, rope=rope, past=past, position_bias=position_bias)
             f = self.ffn(h if self.parallel == "one_norm" else self.ffn_norm(x))
             return x + self.drop(y) + self.drop(f), present, None
         x, present = self._sublayer(x, "attention", lambda h: self.attention(h, allowed, q_idx, rope=rope, past=past,
-                                                                             bucket_table=bucket_table))
+                                                                             position_bias=position_bias))
         cross_present = None
         if self.cross_attention is not None:
             x, cross_present = self._sublayer(
@@ -153,9 +153,14 @@ class Stack(nn.Module):
         self.role = stack.role
         d = r.d_model
         self.positions = nn.Embedding(r.position.max_length, d) if r.position.kind == "learned" else None
-        # bucketed positions: the stack's [buckets, H] table, read by every layer's self-attention
-        self.relative_bias = (nn.Embedding(r.position.buckets, stack.layers[0].attention.heads)
-                              if r.position.kind == "bucketed" else None)
+        # bucketed positions: the stack's [buckets, H] table, and how a distance finds its bucket
+        # (exact, thresholds, the upper half's offset: 0 in a decoder, which sees only the past)
+        self.relative_bias = self.buckets = None
+        if r.position.kind == "bucketed":
+            both = not stack.layers[0].attention.causal
+            self.relative_bias = nn.Embedding(r.position.buckets, stack.layers[0].attention.heads)
+            self.buckets = (*distance_buckets(r.position.buckets, r.position.max_distance, both),
+                            r.position.buckets // 2 if both else 0)
         self.embed_norm = make_norm(r.norm, d) if r.vocab.norm else None
         self.layers = nn.ModuleList(Layer(layer, r) for layer in stack.layers)
         self.final_norm = make_norm(r.norm, d) if stack.final_norm else None
@@ -181,6 +186,10 @@ class Stack(nn.Module):
         """Runs the layers. past / cross_past: per-layer (k, v) lists or None.
         Returns hidden [B,T,D], presents, cross presents."""
         ropes = {}  # rotary base -> (cos, sin), made once for the layers that share it (overrides)
+        bias = None  # bucketed positions: [1, H, T, S], made once for every layer's self-attention
+        if self.relative_bias is not None:
+            keys = torch.arange(allowed.shape[-1], device=x.device)
+            bias = self.relative_bias(relative_bucket(q_idx, keys, *self.buckets)).permute(2, 0, 1).unsqueeze(0)
         presents, cross_presents = [], []
         for i, layer in enumerate(self.layers):
             base = layer.attention.spec.rotary_base
@@ -188,7 +197,7 @@ class Stack(nn.Module):
                 ropes[base] = rotary_cos_sin(position_ids, self.rotary, base, x.dtype,
                                              self.r.position.layout == "interleaved")
             x, present, cross_present = layer(
-                x, allowed, q_idx, rope=ropes.get(base), bucket_table=self.relative_bias,
+                x, allowed, q_idx, rope=ropes.get(base), position_bias=bias,
                 past=past[i] if past is not None else None,
                 memory=memory, memory_allowed=memory_allowed,
                 cross_past=cross_past[i] if cross_past is not None else None,

@@ -174,41 +174,43 @@ NEW = 8
 
 # families whose biases Hugging Face initialises to zero but checkpoints do not have at zero: drawn
 # at random, so that a bias mapped to the wrong projection (or dropped) changes the outputs
-RANDOM_BIASES = {"qwen2", "stablelm"}
-RANDOM_NORMS = {"gemma", "gemma2", "gemma3", "qwen3", "stablelm", "stablelm-parallel"}
-DRAWN_NEAR_ONE_NORMS = {"olmo2"}  # norms drawn about a gain of 1 (the sublayer outputs' scale)
-# BLOOM's norms drawn about a gain of 1 and its biases small: drawn as the others, its tied
-# embeddings repeat one token
-DRAWN_NEAR_ONE = {"bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new", "falcon-7b-form",
-                  "falcon-sequential"}  # Gemma's norm weights start at 0 (a gain of 1): drawn, so that the 1 + w form is seen
+def _bias(name: str) -> bool:
+    return name.endswith(".bias")
+
+
+def _norm(name: str) -> bool:
+    return "norm" in name
+
+
+# Parameters Hugging Face initialises to constants but checkpoints do not have at them, drawn at
+# random so that one mapped to the wrong place (or dropped) changes the outputs: label -> passes
+# over the parameters, each drawing a parameter by the first of its rules (which, mean, std) that
+# picks it. Biases start at zero (Qwen2's q, k, v); Gemma's norm weights at 0 (a gain of 1 + w,
+# drawn so that the form is seen). BLOOM, GPT-NeoX, GPT-J and Falcon get norms about a gain of 1
+# and small biases (drawn as the others, their heads repeat one token), as OLMo 2's norms (the
+# sublayer outputs' scale).
+ZERO_MEAN_BIASES = ((_bias, 0.0, 0.5),)
+ZERO_MEAN_NORMS = ((_norm, 0.0, 0.5),)
+NEAR_ONE = ((_bias, 0.0, 0.1), (_norm, 1.0, 0.3))
+DRAWS = {
+    "qwen2": (ZERO_MEAN_BIASES,), "stablelm": (ZERO_MEAN_BIASES, ZERO_MEAN_NORMS),
+    **{label: (ZERO_MEAN_NORMS,) for label in ("gemma", "gemma2", "gemma3", "qwen3", "stablelm-parallel")},
+    "olmo2": (((_norm, 1.0, 0.3),),),
+    **{label: (NEAR_ONE,) for label in ("bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new",
+                                        "falcon-7b-form", "falcon-sequential")},
+}
 
 
 def hf_model(label: str):
     model_cls, cfg_cls, kwargs = CASES[label]
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kwargs))
-    if label in RANDOM_BIASES:
-        with torch.no_grad():
+    with torch.no_grad():
+        for rules in DRAWS.get(label, ()):
             for name, p in model.named_parameters():
-                if name.endswith(".bias"):
-                    p.normal_(0.0, 0.5)
-    if label in RANDOM_NORMS:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "norm" in name:
-                    p.normal_(0.0, 0.5)
-    if label in DRAWN_NEAR_ONE_NORMS:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "norm" in name:
-                    p.normal_(1.0, 0.3)
-    if label in DRAWN_NEAR_ONE:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(".bias"):
-                    p.normal_(0.0, 0.1)
-                elif "norm" in name:
-                    p.normal_(1.0, 0.3)
+                rule = next(((mean, std) for picks, mean, std in rules if picks(name)), None)
+                if rule is not None:
+                    p.normal_(*rule)
     return model.eval()
 
 

@@ -285,6 +285,27 @@ GPT2 = Family(
 # --- LLaMA --------------------------------------------------------------------------------------
 
 
+def _rope(cfg: dict, theta_field: str, fraction_field: str, fraction_default: float) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor) from `rope_parameters` (transformers 5 configs) or the
+    family's own older fields; a rope_type other than default is refused."""
+    scaling = read(cfg, "rope_scaling", OBJECT_OR_NULL, None)
+    field_name = "rope_scaling" if scaling else "rope_parameters"
+    params = scaling or read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
+    kind = (read(params, "rope_type", STR_OR_NULL, None, label=f"{field_name}.rope_type")
+            or read(params, "type", STR_OR_NULL, None, label=f"{field_name}.type") or "default")
+    if kind != "default":
+        raise ValueError(f"{field_name}.rope_type {kind!r}: specc implements plain rotary positions "
+                         "(rope_type 'default') only")
+    params = {**(read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}), **params}
+    theta = read(params, "rope_theta", NUMBER, None, label="rope_parameters.rope_theta")
+    if theta is None:
+        theta = read(cfg, theta_field, NUMBER, 10000.0)
+    fraction = read(params, "partial_rotary_factor", NUMBER, None, label="rope_parameters.partial_rotary_factor")
+    if fraction is None:
+        fraction = read(cfg, fraction_field, NUMBER, fraction_default)
+    return float(theta), float(fraction)
+
+
 def _llama_extra(spec: dict, cfg: dict) -> None:
     """`decoder.attention.d_k` = `head_dim` where it is not hidden_size / heads; `position.base` =
     `rope_theta` (or `rope_parameters.rope_theta`); `position.fraction` = `partial_rotary_factor`;
@@ -301,23 +322,9 @@ def _llama_extra(spec: dict, cfg: dict) -> None:
     head_dim = read(cfg, "head_dim", INT_OR_NULL, None)
     if head_dim is not None and head_dim * heads != read(cfg, "hidden_size", INT):
         set_key(spec, "decoder.attention.d_k", head_dim)
-    scaling = read(cfg, "rope_scaling", OBJECT_OR_NULL, None) or {}
-    params = read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
-    kind = (read(scaling, "rope_type", STR_OR_NULL, None, label="rope_scaling.rope_type")
-            or read(scaling, "type", STR_OR_NULL, None, label="rope_scaling.type")
-            or read(params, "rope_type", STR_OR_NULL, None, label="rope_parameters.rope_type") or "default")
-    if kind != "default":
-        field_name = "rope_scaling" if scaling else "rope_parameters"
-        raise ValueError(f"{field_name}.rope_type {kind!r}: specc implements plain rotary positions "
-                         "(rope_type 'default') only")
-    theta = read(cfg, "rope_theta", NUMBER, None)
-    if theta is None:
-        theta = read(params, "rope_theta", NUMBER, 10000.0, label="rope_parameters.rope_theta")
-    set_key(spec, "position.base", float(theta))
-    fraction = read(cfg, "partial_rotary_factor", NUMBER, None)
-    if fraction is None:
-        fraction = read(params, "partial_rotary_factor", NUMBER, 1.0, label="rope_parameters.partial_rotary_factor")
-    set_key(spec, "position.fraction", float(fraction))
+    base, fraction = _rope(cfg, "rope_theta", "partial_rotary_factor", 1.0)
+    set_key(spec, "position.base", base)
+    set_key(spec, "position.fraction", fraction)
 
 
 LLAMA = Family(
@@ -713,28 +720,6 @@ BLOOM = Family(
 
 
 # --- GPT-NeoX: attention and feed-forward side by side, q, k, v fused per head, partial rotary -----
-
-
-def _rope(cfg: dict, theta_field: str, fraction_field: str, fraction_default: float) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor) from `rope_parameters` (transformers 5 configs) or the
-    family's own older fields; a rope_type other than default is refused."""
-    scaling = read(cfg, "rope_scaling", OBJECT_OR_NULL, None)
-    field_name = "rope_scaling" if scaling else "rope_parameters"
-    params = scaling or read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
-    kind = (read(params, "rope_type", STR_OR_NULL, None, label=f"{field_name}.rope_type")
-            or read(params, "type", STR_OR_NULL, None, label=f"{field_name}.type") or "default")
-    if kind != "default":
-        raise ValueError(f"{field_name}.rope_type {kind!r}: specc implements plain rotary positions "
-                         "(rope_type 'default') only")
-    params = {**(read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}), **params}
-    theta = read(params, "rope_theta", NUMBER, None, label="rope_parameters.rope_theta")
-    if theta is None:
-        theta = read(cfg, theta_field, NUMBER, 10000.0)
-    fraction = read(params, "partial_rotary_factor", NUMBER, None, label="rope_parameters.partial_rotary_factor")
-    if fraction is None:
-        fraction = read(cfg, fraction_field, NUMBER, fraction_default)
-    return float(theta), float(fraction)
-
 
 def _neox_extra(spec: dict, cfg: dict) -> None:
     """`position.base` and `position.fraction` from `rope_parameters` (rope_theta,
