@@ -137,9 +137,7 @@ def _common(m: _Meta, model_type: str, head: str, *, rms: bool = True, context: 
     """The fields most architectures share, under LLaMA's config names: sizes, heads, the norm's
     eps (RMSNorm's or LayerNorm's key), the context length (CONTEXT when absent), the feed-forward
     width (required where FFN), the vocabulary (token_embd's rows), tying (no output.weight:
-    llama.cpp computes the logits with token_embd), the special token ids. Rope scaling is
-    refused."""
-    _refuse_rope_scaling(m)
+    llama.cpp computes the logits with token_embd), the special token ids."""
     heads = int(m.number("attention.head_count"))
     cfg = {
         "model_type": model_type, "architectures": [head],
@@ -435,6 +433,9 @@ ARCHITECTURES: dict[str, _Arch] = {
                   prefix="transformer.h.{i}.", fix=_fix_gpt2, transposed=_GPT2_CONV1D),
 }
 
+# architectures of families `import hf` reads whose GGUF form is not read
+_NOT_READ = {a: "GGUF import reads decoders; import the Hugging Face checkpoint with specc import hf"
+             for a in ("bert", "t5", "t5encoder")}
 # tensors some converters write for rope scaling: refused by name rather than as "no place"
 _ROPE_FACTORS = {"rope_freqs.weight": "llama 3's rope scaling (per-frequency factors)",
                  "rope_factors_long.weight": "Phi-3's long-context rope scaling (longrope)",
@@ -446,14 +447,16 @@ def _config(reader, where: str) -> tuple[dict, _Arch, Mapping[str, str]]:
     names for this file."""
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
-        raise CheckpointError(f"{where}: general.architecture {arch!r} has no importer (no specc family computes "
-                              "it); specc import gguf reads " + ", ".join(sorted(ARCHITECTURES)))
+        why = _NOT_READ.get(arch, "no specc family computes it")
+        raise CheckpointError(f"{where}: general.architecture {arch!r} has no importer ({why}); specc import gguf "
+                              "reads " + ", ".join(sorted(ARCHITECTURES)))
     m = _Meta(reader, arch, where)
-    if not m.has("token_embd.weight"):
-        raise CheckpointError(f"{where}: no token_embd.weight tensor")
+    _refuse_rope_scaling(m)
     for name, what in _ROPE_FACTORS.items():
         if m.has(name):
             m.refuse(name, f"{what}: specc implements plain rotary positions only")
+    if not m.has("token_embd.weight"):
+        raise CheckpointError(f"{where}: no token_embd.weight tensor")
     table = ARCHITECTURES[arch]
     return table.config(m), table, table.variant(m) if table.variant else table.layer
 
