@@ -139,6 +139,8 @@ def _common(m: _Meta, model_type: str, head: str, *, rms: bool = True, context: 
     width (required where FFN), the vocabulary (token_embd's rows), tying (no output.weight:
     llama.cpp computes the logits with token_embd), the special token ids."""
     heads = int(m.number("attention.head_count"))
+    if heads < 1:
+        m.refuse(f"{m.arch}.attention.head_count", f"{heads}: a model has at least one head")
     cfg = {
         "model_type": model_type, "architectures": [head],
         "hidden_size": int(m.number("embedding_length")), "num_hidden_layers": int(m.number("block_count")),
@@ -455,8 +457,8 @@ def _config(reader, where: str) -> tuple[dict, _Arch, Mapping[str, str]]:
     for name, what in _ROPE_FACTORS.items():
         if m.has(name):
             m.refuse(name, f"{what}: specc implements plain rotary positions only")
-    if not m.has("token_embd.weight"):
-        raise CheckpointError(f"{where}: no token_embd.weight tensor")
+    if not m.has("token_embd.weight") or len(m.tensors["token_embd.weight"].shape) != 2:
+        raise CheckpointError(f"{where}: no token_embd.weight tensor (a table of [d_model, vocab])")
     table = ARCHITECTURES[arch]
     return table.config(m), table, table.variant(m) if table.variant else table.layer
 

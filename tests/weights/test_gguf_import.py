@@ -164,6 +164,7 @@ def test_what_cannot_be_imported_is_refused_naming_it(tmp_path):
     for keys, tensors, message in [
         ({**llama, "llama.rope.scaling.type": "yarn"}, None,
          "llama.rope.scaling.type: 'yarn': specc implements plain rotary positions only"),
+        ({**llama, "llama.attention.head_count": 0}, None, "llama.attention.head_count: 0: a model has at least one"),
         ({**llama, "llama.attention.head_count_kv": [1, 1]}, None,
          r"llama.attention.head_count_kv is \[1, 1\]; specc reads one number here \(a value per layer"),
         (llama, {"token_embd.weight": np.zeros((8, 4), np.float32), "rope_freqs.weight": np.ones(2, np.float32)},
