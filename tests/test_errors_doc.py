@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,17 @@ BERT = "specc: 1\nname: bad\nextends: tiny-bert\n"
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcde", "bcdef")
 )
+
+
+
+def gguf_text(arch: str, *strings: tuple[str, str]) -> str:
+    """A GGUF file (version 3) of string metadata and no tensors; its bytes are all ASCII."""
+    kv = [("general.architecture", arch), *strings]
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv))
+    for key, value in kv:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<IQ", 8, len(value)) + value.encode()
+    return out.decode("ascii")
+
 
 # id: (files, command, exit code)
 CASES: dict[str, tuple[dict[str, str], str, int]] = {
@@ -61,6 +73,9 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
     "weights-shard-missing": ({"bad.yaml": GPT, "w.safetensors.index.json":
                                '{"weight_map": {"decoder.final_norm.weight": "w-00002-of-00002.safetensors"}}'},
                               "build -q bad.yaml -o build/bad --weights w.safetensors.index.json", 1),
+    "gguf-architecture": ({"model.gguf": gguf_text("mamba")}, "import gguf model.gguf -o model.yaml", 1),
+    "gguf-metadata": ({"model.gguf": gguf_text("llama", ("llama.rope.scaling.type", "yarn"))},
+                      "import gguf model.gguf -o model.yaml", 1),
     "memory": ({}, "build -q tiny-gpt2 -o build/tiny --max-memory 1MiB", 1),
     "memory-streamed": ({"deep.yaml": GPT.replace("bad", "deep") + "decoder: {layers: 4}\n"},
                         "build -q deep.yaml -o build/deep --max-memory 1MiB", 1),

@@ -2,150 +2,512 @@
 
 Contract: `import_gguf(path, out_spec)` reads the file with the `gguf` package's reader (memory
 mapped), turns its metadata into the Hugging Face config of the same model and its tensors into
-Hugging Face's names, each dequantized to fp32 by gguf's own routines when it is asked for (one
-tensor in memory at a time, never the model), and hands both to the Hugging Face importer's
-writer (specc.importers.hf.importer.write_import): the same family tables, refusals and
-all-or-nothing writing as `specc import hf`. Architectures: llama (LLaMA, Mistral and the models
-converted as llama), qwen2, qwen3; any other is refused naming `general.architecture`.
+Hugging Face's names and layouts, each dequantized to fp32 by gguf's own routines when it is
+asked for (one tensor in memory at a time, never the model), and hands both to the Hugging Face
+importer's writer (specc.importers.hf.importer.write_import): the same family tables, refusals and
+all-or-nothing writing as `specc import hf`.
 
-llama.cpp's converter stores a llama model's q and k rows permuted for its rotary layout (pairs
-of adjacent dims); they are permuted back to Hugging Face's (each head's halves), as
-transformers' own GGUF loading does. qwen2 and qwen3 are stored unpermuted. The tokenizer in the
-file is not carried (its text handling belongs to the tokenizer work, docs/import.md).
+Architectures (`general.architecture`, ARCHITECTURES): llama (LLaMA, Mistral and the models
+converted as llama), qwen2, qwen3, gemma, gemma2, gemma3 (its text model), phi3, stablelm,
+gptneox, falcon, bloom, gpt2, olmo2. Any other is refused naming `general.architecture`. Every
+change llama.cpp's converter (convert_hf_to_gguf.py) makes to a tensor is undone here, exactly:
+
+- llama: the q and k rows (weights and biases) are permuted for llama.cpp's rotary layout
+  (adjacent dims paired); they are permuted back to Hugging Face's (each head's halves);
+- gemma, gemma2, gemma3: 1 is added to every RMSNorm weight (Hugging Face's norms compute with
+  1 + weight); it is taken off again;
+- gpt2: the Conv1D weights (stored [in, out]) are transposed; they are transposed back;
+- bloom, gptneox, falcon: the fused q/k/v rows, which Hugging Face groups per head (per
+  key-value group for Falcon: its query heads, its key head, its value head), are stored as all
+  q rows, then all k, then all v; they are grouped back.
+
+What the file does not say is what llama.cpp assumes, stated at each architecture below (Gemma 2
+and 3's query scale, Gemma 3's layer pattern and local rotary base). Metadata specc cannot compute
+is refused naming its GGUF key (rope scaling, per-layer values, OLMo 3's sliding windows); so are
+tensors with no place in the model (llama 3's `rope_freqs`, Phi-3's long-context factors,
+StableLM's per-head q/k norms). The tokenizer in the file is not carried: `tokenizer_metadata`
+gives its `tokenizer.*` fields for a tokenizer writer to take up (docs/import.md).
 """
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from specc.importers.hf.checkpoint import CheckpointError
 from specc.importers.hf.importer import check_outputs, write_import
 
-# general.architecture -> (model_type, architectures entry, q/k rows permuted by the converter)
-ARCHITECTURES = {
-    "llama": ("llama", "LlamaForCausalLM", True),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
-}
-# GGUF tensor names -> Hugging Face's (blk.N. -> model.layers.N.)
-_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+_MISSING = object()
+
+
+class _Meta:
+    """One file's metadata and tensor names, read for its architecture ARCH; each refusal names
+    the file and the GGUF key."""
+
+    def __init__(self, reader, arch: str, where: str):
+        self.reader, self.arch, self.where = reader, arch, where
+        self.tensors = {t.name: t for t in reader.tensors}
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        """The value of KEY (a full GGUF key) as Python, or DEFAULT when absent."""
+        f = self.reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    def number(self, key: str, default: Any = _MISSING) -> int | float:
+        """`ARCH.KEY` as one number; DEFAULT when absent (refused when there is none)."""
+        full = f"{self.arch}.{key}"
+        value = self.raw(full, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise CheckpointError(f"{self.where}: no {full} in the file's metadata")
+            return default
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise CheckpointError(f"{self.where}: {full} is {str(value)[:40]}; specc reads one number here "
+                                  "(a value per layer is not expressible)")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        full = f"{self.arch}.{key}"
+        value = self.raw(full, default)
+        if not isinstance(value, bool):
+            raise CheckpointError(f"{self.where}: {full} is {str(value)[:40]}; expected true or false")
+        return value
+
+    def has(self, tensor: str) -> bool:
+        return tensor in self.tensors
+
+    def refuse(self, key: str, why: str):
+        raise CheckpointError(f"{self.where}: {key}: {why}")
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Rows of q or k (a weight or a bias) from llama.cpp's rotary layout (adjacent dims paired)
+    back to Hugging Face's (each head's halves): per head, row j*d/2 + i of the result is row
+    2i + j."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _regroup(w: np.ndarray, heads: int, kv: int) -> np.ndarray:
+    """Fused q/k/v rows (a weight or a bias) from llama.cpp's order (every query head, then every
+    key head, then every value head) back to Hugging Face's: per key-value group, its heads/kv
+    query heads, its key head, its value head (Falcon; with kv = heads, q, k, v per head: BLOOM,
+    GPT-NeoX)."""
+    d = w.shape[0] // (heads + 2 * kv)
+    rest = w.shape[1:]
+    q = w[:heads * d].reshape(kv, heads // kv, d, *rest)
+    k = w[heads * d:(heads + kv) * d].reshape(kv, 1, d, *rest)
+    v = w[(heads + kv) * d:].reshape(kv, 1, d, *rest)
+    return np.concatenate([q, k, v], axis=1).reshape(w.shape)
+
+
+@dataclass(frozen=True)
+class _Arch:
+    """How one `general.architecture` maps to a Hugging Face model: the config from the metadata,
+    GGUF tensor names to Hugging Face's (`blk.N.KIND` -> LAYER[KIND] under PREFIX with {i} = N,
+    TOP for the rest; `variant(meta)` gives LAYER where it depends on the file), and the
+    converter's changes to undo (`fix(kind, part, array, config)`,
+    `transposed`: kinds whose 2-D weights the converter transposed)."""
+    model_type: str
+    head: str
+    config: Callable[[_Meta], dict]
+    layer: Mapping[str, str]
+    top: Mapping[str, str]
+    prefix: str = "model.layers.{i}."
+    fix: Callable[[str, str, np.ndarray, dict], np.ndarray] | None = None
+    transposed: frozenset[str] = field(default_factory=frozenset)
+    variant: Callable[[_Meta], Mapping[str, str]] | None = None  # LAYER for this file, where it depends on it
+
+
+# --- metadata -> config, by architecture -------------------------------------------------------
+
+
+def _refuse_rope_scaling(m: _Meta) -> None:
+    scaling = m.raw(f"{m.arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        m.refuse(f"{m.arch}.rope.scaling.type", f"{scaling!r}: specc implements plain rotary positions only")
+
+
+def _common(m: _Meta, model_type: str, head: str, *, rms: bool = True, context: int = 2048,
+            ffn: bool = True) -> dict:
+    """The fields most architectures share, under LLaMA's config names: sizes, heads, the norm's
+    eps (RMSNorm's or LayerNorm's key), the context length (CONTEXT when absent), the feed-forward
+    width (required where FFN), the vocabulary (token_embd's rows), tying (no output.weight:
+    llama.cpp computes the logits with token_embd), the special token ids."""
+    heads = int(m.number("attention.head_count"))
+    if heads < 1:
+        m.refuse(f"{m.arch}.attention.head_count", f"{heads}: a model has at least one head")
+    cfg = {
+        "model_type": model_type, "architectures": [head],
+        "hidden_size": int(m.number("embedding_length")), "num_hidden_layers": int(m.number("block_count")),
+        "num_attention_heads": heads, "num_key_value_heads": int(m.number("attention.head_count_kv", heads)),
+        "max_position_embeddings": int(m.number("context_length", context)),
+        "vocab_size": int(m.tensors["token_embd.weight"].shape[1]),  # ggml's shape: [d_model, vocab]
+        "tie_word_embeddings": not m.has("output.weight"),
+    }
+    if rms:
+        cfg["rms_norm_eps"] = float(m.number("attention.layer_norm_rms_epsilon"))
+    else:
+        cfg["layer_norm_eps"] = float(m.number("attention.layer_norm_epsilon"))
+    if ffn or m.raw(f"{m.arch}.feed_forward_length") is not None:
+        cfg["intermediate_size"] = int(m.number("feed_forward_length"))
+    # the file's ids, or none: a family's defaults (OLMo 2's eos 50279) describe Hugging Face's
+    # checkpoints, not this file's vocabulary
+    for ours, key in (("bos_token_id", "bos"), ("eos_token_id", "eos")):
+        value = m.raw(f"tokenizer.ggml.{key}_token_id")
+        cfg[ours] = None if value is None else int(value)
+    cfg["pad_token_id"] = None
+    return cfg
+
+
+def _head_dim(m: _Meta, cfg: dict) -> int:
+    """`attention.key_length` (written where a head is not d_model / heads), else d_model / heads."""
+    d = m.raw(f"{m.arch}.attention.key_length")
+    if d is not None:
+        cfg["head_dim"] = int(m.number("attention.key_length"))
+        return cfg["head_dim"]
+    return cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def _rotary_fraction(m: _Meta, head_dim: int, default: float = 1.0) -> float:
+    """`rope.dimension_count` (the rotated dims of a head) over the head size."""
+    dims = m.raw(f"{m.arch}.rope.dimension_count")
+    return default if dims is None else int(m.number("rope.dimension_count")) / head_dim
+
+
+def _llama(model_type: str, head: str) -> Callable[[_Meta], dict]:
+    def config(m: _Meta) -> dict:
+        """LLaMA and Qwen: SiLU-gated, RMSNorm, rotary at `rope.freq_base` (10000 when absent,
+        as llama.cpp), partial where `rope.dimension_count` is less than a head; LLaMA's biases
+        where the file has them."""
+        cfg = _common(m, model_type, head)
+        cfg["rope_theta"] = float(m.number("rope.freq_base", 10000.0))
+        cfg["hidden_act"] = "silu"
+        fraction = _rotary_fraction(m, _head_dim(m, cfg))
+        if fraction != 1.0:
+            cfg["partial_rotary_factor"] = fraction
+        if model_type == "qwen2":
+            cfg["use_sliding_window"] = False
+        elif model_type == "llama":  # biases where the file has them (LLaMA's attention_bias, mlp_bias)
+            cfg["attention_bias"] = m.has("blk.0.attn_q.bias")
+            cfg["mlp_bias"] = m.has("blk.0.ffn_up.bias")
+        return cfg
+    return config
+
+
+def _gemma(m: _Meta) -> dict:
+    """Gemma: GeGLU (tanh), head size `attention.key_length`; the converter writes no rotary
+    base, and llama.cpp's is 10000 (Gemma's)."""
+    cfg = _common(m, "gemma", "GemmaForCausalLM", context=8192)
+    _head_dim(m, cfg)
+    cfg["rope_theta"] = float(m.number("rope.freq_base", 10000.0))
+    cfg["hidden_act"] = "gelu_pytorch_tanh"
+    return cfg
+
+
+# llama.cpp takes the 27B Gemma 2 and Gemma 3 by their layer counts (46, 62) and scales their
+# queries by (d_model / heads)^-1/2, every other size by head_size^-1/2 (query_pre_attn_scalar
+# 144 and 168 against 256); the file has no key for it
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def _gemma2(m: _Meta) -> dict:
+    """Gemma 2: Gemma's, sandwich norms, a sliding window (`attention.sliding_window`, 4096 when
+    absent) in every other layer, the scores and logits soft-capped (`attn_logit_softcapping`,
+    `final_logit_softcapping`; llama.cpp's 50 and 30 when absent); Gemma 3: a window in five
+    layers of six (llama.cpp's pattern; `attention.sliding_window_pattern` where the file has
+    one), the global layers' rotary base `rope.freq_base`, the sliding ones' `rope.freq_base_swa`
+    (llama.cpp's 10000 when absent), the logits capped only where the file says."""
+    g3 = m.arch == "gemma3"
+    cfg = _common(m, "gemma3_text" if g3 else "gemma2", "Gemma3ForCausalLM" if g3 else "Gemma2ForCausalLM",
+                  context=131072 if g3 else 8192)
+    head_dim = _head_dim(m, cfg)
+    cfg["hidden_activation"] = "gelu_pytorch_tanh"
+    cfg["query_pre_attn_scalar"] = (cfg["hidden_size"] // cfg["num_attention_heads"]
+                                    if cfg["num_hidden_layers"] == _GEMMA_27B_LAYERS[m.arch] else head_dim)
+    if g3:
+        cfg["sliding_window"] = int(m.number("attention.sliding_window"))
+        cfg["rope_theta"] = float(m.number("rope.freq_base", 1000000.0))
+        cfg["rope_local_base_freq"] = float(m.number("rope.freq_base_swa", 10000.0))
+        cap = m.raw("gemma3.final_logit_softcapping")
+        cfg["final_logit_softcapping"] = None if cap is None else float(m.number("final_logit_softcapping"))
+        pattern = m.raw("gemma3.attention.sliding_window_pattern")
+        if isinstance(pattern, list):  # one flag per layer, true where the layer slides
+            if len(pattern) != cfg["num_hidden_layers"] or not all(isinstance(p, bool) for p in pattern):
+                m.refuse("gemma3.attention.sliding_window_pattern", f"{str(pattern)[:60]}: expected one "
+                         f"true/false per layer ({cfg['num_hidden_layers']})")
+            cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+        elif pattern is not None:
+            cfg["sliding_window_pattern"] = int(m.number("attention.sliding_window_pattern"))
+    else:
+        cfg["sliding_window"] = int(m.number("attention.sliding_window", 4096))
+        cfg["rope_theta"] = float(m.number("rope.freq_base", 10000.0))
+        cfg["attn_logit_softcapping"] = float(m.number("attn_logit_softcapping", 50.0))
+        cfg["final_logit_softcapping"] = float(m.number("final_logit_softcapping", 30.0))
+    return cfg
+
+
+def _phi3(m: _Meta) -> dict:
+    """Phi-3: LLaMA's with q/k/v and gate/up fused (kept fused by the converter), partial rotary
+    from `rope.dimension_count`, a sliding window where `attention.sliding_window` is not 0.
+    Its long-context rope (rope_factors_long / _short tensors) is refused with the tensors."""
+    cfg = _common(m, "phi3", "Phi3ForCausalLM", context=4096)
+    cfg["rope_theta"] = float(m.number("rope.freq_base", 10000.0))
+    cfg["hidden_act"] = "silu"
+    fraction = _rotary_fraction(m, _head_dim(m, cfg))
+    if fraction != 1.0:
+        cfg["partial_rotary_factor"] = fraction
+    window = int(m.number("attention.sliding_window", 0))
+    cfg["sliding_window"] = window or None
+    return cfg
+
+
+def _stablelm(m: _Meta) -> dict:
+    """StableLM: LayerNorm, a quarter of each head rotated (`rope.dimension_count`), q/k/v biased
+    where the file has their biases, attention and feed-forward side by side from one norm
+    (`use_parallel_residual`, else: no ffn_norm). Per-head q/k LayerNorms are refused."""
+    if m.has("blk.0.attn_q_norm.weight"):
+        m.refuse("blk.0.attn_q_norm.weight", "a LayerNorm of its own for each head's queries and keys "
+                 "(StableLM 2 12B's qk_layernorm) is not expressible")
+    cfg = _common(m, "stablelm", "StableLmForCausalLM", rms=False, context=4096)
+    cfg["rope_theta"] = float(m.number("rope.freq_base", 10000.0))
+    cfg["hidden_act"] = "silu"
+    cfg["partial_rotary_factor"] = _rotary_fraction(m, _head_dim(m, cfg), 0.25)
+    cfg["use_qkv_bias"] = m.has("blk.0.attn_q.bias")
+    cfg["use_parallel_residual"] = m.flag("use_parallel_residual", not m.has("blk.0.ffn_norm.weight"))
+    return cfg
+
+
+def _gptneox(m: _Meta) -> dict:
+    """GPT-NeoX (Pythia): `use_parallel_residual` (true when absent), partial rotary, GELU (exact:
+    the model's own; llama.cpp computes its tanh approximation)."""
+    cfg = _common(m, "gpt_neox", "GPTNeoXForCausalLM", rms=False)
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    cfg["rotary_pct"] = _rotary_fraction(m, head_dim, 0.25)
+    cfg["rotary_emb_base"] = float(m.number("rope.freq_base", 10000.0))
+    cfg["use_parallel_residual"] = m.flag("use_parallel_residual", True)
+    cfg["attention_bias"] = m.has("blk.0.attn_qkv.bias")
+    cfg["hidden_act"] = "gelu"
+    return cfg
+
+
+def _falcon(m: _Meta) -> dict:
+    """Falcon: attention and feed-forward side by side (llama.cpp's only form), from two norms
+    where the file has attn_norm_2 (the new decoder architecture: 40B, 180B), else from one;
+    `attention.head_count_kv` key-value groups (1: 7B's multi-query); biases where the file has
+    them; GELU (exact: the model's own; llama.cpp computes its tanh approximation)."""
+    cfg = _common(m, "falcon", "FalconForCausalLM", rms=False, ffn=False)
+    heads, kv = cfg["num_attention_heads"], cfg.pop("num_key_value_heads")
+    if kv < 1 or heads % kv:
+        m.refuse("falcon.attention.head_count_kv", f"{kv} does not divide the {heads} heads into groups")
+    two = m.has("blk.0.attn_norm_2.weight")
+    if two or kv not in (1, heads):
+        cfg.update(new_decoder_architecture=True, num_kv_heads=kv, num_ln_in_parallel_attn=2 if two else 1)
+    else:  # the older layout: multi-query, or one key-value head per query head
+        cfg.update(new_decoder_architecture=False, multi_query=kv == 1, num_kv_heads=kv)
+    cfg["layer_norm_epsilon"] = cfg.pop("layer_norm_eps")
+    cfg["ffn_hidden_size"] = cfg.pop("intermediate_size", 4 * cfg["hidden_size"])
+    cfg.update(parallel_attn=True, alibi=False, bias=m.has("blk.0.attn_qkv.bias"), activation="gelu",
+               rope_theta=float(m.number("rope.freq_base", 10000.0)))
+    return cfg
+
+
+def _falcon_layer(m: _Meta) -> Mapping[str, str]:
+    """llama.cpp names the new architecture's norms by what they feed in its graph: attn_norm is
+    Hugging Face's ln_mlp (it normalises the feed-forward's input), attn_norm_2 is ln_attn."""
+    if m.has("blk.0.attn_norm_2.weight"):
+        return {**_FUSED, "attn_norm": "ln_mlp", "attn_norm_2": "ln_attn"}
+    return _FUSED
+
+
+def _bloom(m: _Meta) -> dict:
+    """BLOOM: ALiBi, LayerNorm on the embeddings, every head its own keys and values."""
+    cfg = _common(m, "bloom", "BloomForCausalLM", rms=False, ffn=False)
+    if cfg["num_key_value_heads"] != cfg["num_attention_heads"]:
+        m.refuse("bloom.attention.head_count_kv", f"{cfg['num_key_value_heads']}: BLOOM has a key and a value "
+                 f"head per query head ({cfg['num_attention_heads']})")
+    return {"model_type": "bloom", "architectures": ["BloomForCausalLM"], "hidden_size": cfg["hidden_size"],
+            "n_layer": cfg["num_hidden_layers"], "n_head": cfg["num_attention_heads"],
+            "layer_norm_epsilon": cfg["layer_norm_eps"], "seq_length": cfg["max_position_embeddings"],
+            **{k: cfg[k] for k in ("vocab_size", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+                                   "pad_token_id")}}
+
+
+def _gpt2(m: _Meta) -> dict:
+    """GPT-2: learned positions (`context_length` rows), GELU (tanh), `feed_forward_length`."""
+    cfg = _common(m, "gpt2", "GPT2LMHeadModel", rms=False, context=1024, ffn=False)
+    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": cfg["hidden_size"],
+            "n_layer": cfg["num_hidden_layers"], "n_head": cfg["num_attention_heads"],
+            "n_positions": cfg["max_position_embeddings"], "n_ctx": cfg["max_position_embeddings"],
+            "n_inner": cfg.get("intermediate_size"), "layer_norm_epsilon": cfg["layer_norm_eps"],
+            "activation_function": "gelu_new",
+            **{k: cfg[k] for k in ("vocab_size", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+                                   "pad_token_id")}}
+
+
+def _olmo2(m: _Meta) -> dict:
+    """OLMo 2: LLaMA's with each sublayer's output normalised and RMSNorm over all heads' q and k.
+    OLMo 3 (the same architecture with sliding windows) is refused."""
+    if m.raw("olmo2.attention.sliding_window") is not None:
+        m.refuse("olmo2.attention.sliding_window", "sliding windows in some layers (OLMo 3) are not imported")
+    cfg = _common(m, "olmo2", "Olmo2ForCausalLM")
+    cfg["rope_theta"] = float(m.number("rope.freq_base", 10000.0))
+    cfg["hidden_act"] = "silu"
+    _head_dim(m, cfg)
+    return cfg
+
+
+# --- the converter's changes, undone -----------------------------------------------------------
+
+
+def _fix_llama(kind: str, part: str, w: np.ndarray, cfg: dict) -> np.ndarray:
+    if kind == "attn_q":
+        return _unpermute(w, cfg["num_attention_heads"])
+    if kind == "attn_k":
+        return _unpermute(w, cfg["num_key_value_heads"])
+    return w
+
+
+def _fix_gemma(kind: str, part: str, w: np.ndarray, cfg: dict) -> np.ndarray:
+    return w - np.float32(1.0) if kind.endswith("norm") and part == "weight" else w
+
+
+def _fix_gpt2(kind: str, part: str, w: np.ndarray, cfg: dict) -> np.ndarray:
+    return np.ascontiguousarray(w.T) if kind in _GPT2_CONV1D and part == "weight" else w
+
+
+def _fix_fused(kind: str, part: str, w: np.ndarray, cfg: dict) -> np.ndarray:
+    if kind != "attn_qkv":
+        return w
+    heads = cfg.get("num_attention_heads") or cfg["n_head"]
+    return _regroup(w, heads, cfg.get("num_kv_heads") or heads)
+
+
+_LLAMA = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
           "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
           "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Gemma 2 / 3 and OLMo 2 name their norms after where they sit
+_SANDWICH = {**_LLAMA, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+             "post_ffw_norm": "post_feedforward_layernorm"}
+_OLMO2 = {k: v for k, v in _SANDWICH.items() if k not in ("attn_norm", "ffn_norm")}
+_PHI3 = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+         "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+_GPT2_CONV1D = frozenset({"attn_qkv", "attn_output", "ffn_up", "ffn_down"})
+# BLOOM's and Falcon's (under transformer.) and GPT-NeoX's (under gpt_neox.) blocks
+_FUSED = {"attn_norm": "input_layernorm", "attn_qkv": "self_attention.query_key_value",
+          "attn_output": "self_attention.dense", "ffn_norm": "post_attention_layernorm",
+          "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
+
+ARCHITECTURES: dict[str, _Arch] = {
+    "llama": _Arch("llama", "LlamaForCausalLM", _llama("llama", "LlamaForCausalLM"), _LLAMA, _LLAMA_TOP,
+                   fix=_fix_llama),
+    "qwen2": _Arch("qwen2", "Qwen2ForCausalLM", _llama("qwen2", "Qwen2ForCausalLM"), _LLAMA, _LLAMA_TOP),
+    "qwen3": _Arch("qwen3", "Qwen3ForCausalLM", _llama("qwen3", "Qwen3ForCausalLM"), _LLAMA, _LLAMA_TOP),
+    "gemma": _Arch("gemma", "GemmaForCausalLM", _gemma, _LLAMA, _LLAMA_TOP, fix=_fix_gemma),
+    "gemma2": _Arch("gemma2", "Gemma2ForCausalLM", _gemma2, _SANDWICH, _LLAMA_TOP, fix=_fix_gemma),
+    "gemma3": _Arch("gemma3_text", "Gemma3ForCausalLM", _gemma2, _SANDWICH, _LLAMA_TOP, fix=_fix_gemma),
+    "phi3": _Arch("phi3", "Phi3ForCausalLM", _phi3, _PHI3, _LLAMA_TOP),
+    "stablelm": _Arch("stablelm", "StableLmForCausalLM", _stablelm, _LLAMA, _LLAMA_TOP),
+    "olmo2": _Arch("olmo2", "Olmo2ForCausalLM", _olmo2, _OLMO2, _LLAMA_TOP),
+    "gptneox": _Arch("gpt_neox", "GPTNeoXForCausalLM", _gptneox,
+                     {**_FUSED, "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense"},
+                     {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm",
+                      "output": "embed_out"}, prefix="gpt_neox.layers.{i}.", fix=_fix_fused),
+    "falcon": _Arch("falcon", "FalconForCausalLM", _falcon, _FUSED,
+                    {"token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f",
+                     "output": "lm_head"}, prefix="transformer.h.{i}.", fix=_fix_fused, variant=_falcon_layer),
+    "bloom": _Arch("bloom", "BloomForCausalLM", _bloom, _FUSED,
+                   {"token_embd": "transformer.word_embeddings",
+                    "token_embd_norm": "transformer.word_embeddings_layernorm",
+                    "output_norm": "transformer.ln_f", "output": "lm_head"},
+                   prefix="transformer.h.{i}.", fix=_fix_fused),
+    "gpt2": _Arch("gpt2", "GPT2LMHeadModel", _gpt2,
+                  {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+                   "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
+                  {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
+                   "output_norm": "transformer.ln_f", "output": "lm_head"},
+                  prefix="transformer.h.{i}.", fix=_fix_gpt2, transposed=_GPT2_CONV1D),
+}
+
+# architectures of families `import hf` reads whose GGUF form is not read
+_NOT_READ = {a: "GGUF import reads decoders; import the Hugging Face checkpoint with specc import hf"
+             for a in ("bert", "t5", "t5encoder")}
+# tensors some converters write for rope scaling: refused by name rather than as "no place"
+_ROPE_FACTORS = {"rope_freqs.weight": "llama 3's rope scaling (per-frequency factors)",
+                 "rope_factors_long.weight": "Phi-3's long-context rope scaling (longrope)",
+                 "rope_factors_short.weight": "Phi-3's long-context rope scaling (longrope)"}
 
 
-def _hf_name(name: str) -> str | None:
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in _LAYER:
-        return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
-    m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
-    if m and m.group(1) in _TOP:
-        return f"{_TOP[m.group(1)]}.{m.group(2)}"
-    return None
+def _config(reader, where: str) -> tuple[dict, _Arch, Mapping[str, str]]:
+    """The Hugging Face config of the file's model, its architecture's table, and the layer
+    names for this file."""
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        why = _NOT_READ.get(arch, "no specc family computes it")
+        raise CheckpointError(f"{where}: general.architecture {arch!r} has no importer ({why}); specc import gguf "
+                              "reads " + ", ".join(sorted(ARCHITECTURES)))
+    m = _Meta(reader, arch, where)
+    _refuse_rope_scaling(m)
+    for name, what in _ROPE_FACTORS.items():
+        if m.has(name):
+            m.refuse(name, f"{what}: specc implements plain rotary positions only")
+    if not m.has("token_embd.weight") or len(m.tensors["token_embd.weight"].shape) != 2:
+        raise CheckpointError(f"{where}: no token_embd.weight tensor (a table of [d_model, vocab])")
+    table = ARCHITECTURES[arch]
+    return table.config(m), table, table.variant(m) if table.variant else table.layer
 
 
 def _field(reader, key: str, default=None):
     """A metadata value as Python (a string, a number or a list), or DEFAULT when absent."""
     f = reader.fields.get(key)
-    if f is None:
-        return default
-    value = f.contents()
-    return value
+    return default if f is None else f.contents()
 
 
-def _config(reader, where: str) -> tuple[dict, bool]:
-    """The Hugging Face config of the file's model, and whether its q/k rows are permuted."""
-    arch = _field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise CheckpointError(f"{where}: general.architecture {arch!r} has no importer; specc import gguf reads "
-                              + ", ".join(sorted(ARCHITECTURES)))
-    model_type, head, permuted = ARCHITECTURES[arch]
-
-    def need(key: str, default=None):
-        value = _field(reader, f"{arch}.{key}", default)
-        if value is None:
-            raise CheckpointError(f"{where}: no {arch}.{key} in the file's metadata")
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise CheckpointError(f"{where}: {arch}.{key} is {str(value)[:40]}; specc reads one number here "
-                                  "(a value per layer is not expressible)")
-        return value
-
-    scaling = _field(reader, f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise CheckpointError(f"{where}: {arch}.rope.scaling.type {scaling!r}: specc implements plain rotary "
-                              "positions only")
-
-    tensors = {t.name: t for t in reader.tensors}
-    embd = tensors.get("token_embd.weight")
-    if embd is None:
-        raise CheckpointError(f"{where}: no token_embd.weight tensor")
-    heads = int(need("attention.head_count"))
-    config = {
-        "model_type": model_type, "architectures": [head],
-        "hidden_size": int(need("embedding_length")), "num_hidden_layers": int(need("block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(need("attention.head_count_kv", heads)),
-        "intermediate_size": int(need("feed_forward_length")),
-        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(need("rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(need("context_length", 2048)),
-        "vocab_size": int(embd.shape[1]),  # ggml's shape: [d_model, vocab]
-        "tie_word_embeddings": "output.weight" not in tensors,
-        "hidden_act": "silu",
-    }
-    head_dim = _field(reader, f"{arch}.attention.key_length")
-    if head_dim is not None:
-        config["head_dim"] = int(head_dim)
-    rope_dims = _field(reader, f"{arch}.rope.dimension_count")
-    d_k = config.get("head_dim") or config["hidden_size"] // heads
-    if rope_dims is not None and int(rope_dims) != d_k:
-        config["partial_rotary_factor"] = int(rope_dims) / d_k
-    if arch == "qwen2":
-        config["use_sliding_window"] = False
-    for ours, key in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id")):
-        value = _field(reader, key)
-        if value is not None:
-            config[ours] = int(value)
-    return config, permuted
+def tokenizer_metadata(reader) -> dict[str, Any]:
+    """The file's `tokenizer.*` fields (model, token list, scores, types, merges, special ids),
+    keys without the prefix: what a tokenizer writer needs; import_gguf does not carry them."""
+    return {k[len("tokenizer."):]: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
 
 class GGUFTensors(Mapping):
     """A GGUF file's tensors under Hugging Face's names, each dequantized to fp32 (gguf's own
-    routines) when asked for; q/k rows permuted back where the converter permuted them."""
+    routines) and the converter's change undone (its architecture's `fix`) when asked for."""
 
-    def __init__(self, reader, config: dict, permuted: bool, where: str):
-        self._by_name: dict[str, object] = {}
+    def __init__(self, reader, config: dict, arch: _Arch, layer: Mapping[str, str], where: str):
+        self._by_name: dict[str, tuple[object, str, str]] = {}  # HF name -> (tensor, kind, part)
+        self._config, self._arch = config, arch
         for t in reader.tensors:
-            hf = _hf_name(t.name)
+            hf, kind, part = _hf_name(arch, layer, t.name)
             if hf is None:
                 raise CheckpointError(f"{where}: tensor {t.name} has no place in a {config['model_type']} model")
-            self._by_name[hf] = t
-        self._heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
-        self._permuted = permuted
+            self._by_name[hf] = (t, kind, part)
 
     def __getitem__(self, name: str):
         import torch
         from gguf import quants
 
-        t = self._by_name[name]
+        t, kind, part = self._by_name[name]
         data = quants.dequantize(t.data, t.tensor_type)  # a new array, or (F32) a view of the mapped file
         data = np.array(data, dtype=np.float32, copy=not data.flags.writeable or data.dtype != np.float32)
         data = data.reshape(tuple(int(d) for d in reversed(t.shape)))
-        proj = name.split(".")[-2]
-        if self._permuted and proj in self._heads and name.endswith(".weight"):
-            data = _unpermute(data, self._heads[proj])
+        if self._arch.fix is not None:
+            data = self._arch.fix(kind, part, data, self._config)
         return torch.from_numpy(np.ascontiguousarray(data))
 
     def meta(self, name: str):
         import torch
 
-        t = self._by_name[name]
-        return torch.empty(tuple(int(d) for d in reversed(t.shape)), dtype=torch.float32, device="meta")
+        t, kind, part = self._by_name[name]
+        shape = tuple(int(d) for d in reversed(t.shape))
+        if kind in self._arch.transposed and part == "weight" and len(shape) == 2:
+            shape = shape[::-1]
+        return torch.empty(shape, dtype=torch.float32, device="meta")
 
     def __contains__(self, name) -> bool:  # Mapping's would dequantize the tensor to answer
         return name in self._by_name
@@ -157,11 +519,15 @@ class GGUFTensors(Mapping):
         return len(self._by_name)
 
 
-def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
-    """Rows of q or k from llama.cpp's rotary layout (adjacent dims paired) back to Hugging
-    Face's (each head's halves): per head, row j*d/2 + i of the result is row 2i + j."""
-    rows, cols = w.shape
-    return w.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+def _hf_name(arch: _Arch, layer: Mapping[str, str], name: str) -> tuple[str | None, str, str]:
+    """(Hugging Face name, GGUF kind, weight/bias) of a GGUF tensor name; None where it has no place."""
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+    if m and m.group(2) in layer:
+        return f"{arch.prefix.format(i=m.group(1))}{layer[m.group(2)]}.{m.group(3)}", m.group(2), m.group(3)
+    m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
+    if m and m.group(1) in arch.top:
+        return f"{arch.top[m.group(1)]}.{m.group(2)}", m.group(1), m.group(2)
+    return None, "", ""
 
 
 def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: str | None = None,
@@ -180,8 +546,8 @@ def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: s
     except (ValueError, OSError, IndexError) as exc:
         raise CheckpointError(f"{path}: not a GGUF file gguf can read ({exc})") from None
     where = str(path)
-    config, permuted = _config(reader, where)
-    tensors = GGUFTensors(reader, config, permuted, where)
+    config, arch, layer = _config(reader, where)
+    tensors = GGUFTensors(reader, config, arch, layer, where)
     stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "imported"
     label = path.name.replace("{", "{{").replace("}", "}}")  # write_import formats the description
     return write_import(config, tensors, where, Path(out_spec), weights, name or stem,

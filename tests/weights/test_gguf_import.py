@@ -1,8 +1,13 @@
-"""`specc import gguf`: small LLaMA- and Qwen2-shaped models written as GGUF files the way
-llama.cpp's converter writes them (q/k rows permuted for llama, fp32 or Q8_0 blocks), imported,
-built and run: an fp32 file gives the Hugging Face model's logits, a Q8_0 file gives what
-transformers' own GGUF loading computes from it (both within 1e-4), and greedy tokens match."""
+"""`specc import gguf`: small random-weight models of every architecture specc reads from GGUF,
+written as llama.cpp's converter writes them (tests/ggufwrite.py: its names, metadata and tensor
+changes; fp32 or Q8_0 blocks), imported, built and run in onnxruntime. An fp32 file gives the
+Hugging Face model's logits within 1e-4 and its greedy tokens; where transformers' own GGUF
+loading reads the architecture, the same file loaded by transformers gives the same logits and
+tokens too (for a Q8_0 file, that is the reference: the blocks are not the model's weights)."""
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,82 +15,90 @@ import torch
 
 import specc
 from specc.cli import main as cli
-from specc.importers.gguf import import_gguf
+from specc.importers.gguf import import_gguf, tokenizer_metadata
 from specc.importers.hf import CheckpointError
 from specc.runtime import Session
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf", reason="the gguf package (make install-real-models)")
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from ggufwrite import write_gguf  # noqa: E402  (a model as llama.cpp's converter writes it)
+
 PROMPT = [5, 7, 9, 11, 3]
-THETA = 500.0
-LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-         "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+SMALL = dict(vocab_size=99, max_position_embeddings=64, initializer_range=0.5, bos_token_id=1, eos_token_id=2)
+DEC = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+           **SMALL)
+
+# label -> (model class, config class, config kwargs, draws, transformers' GGUF loading reads it).
+# Draws: parameters Hugging Face starts at constants (biases at 0, norms at 1 or 0) drawn at
+# random, so that one mapped wrongly, or a change of the converter's left in place, shows.
+# transformers' GGUF loading (5.24) reads fewer keys than llama.cpp writes: a case it is compared
+# with keeps its defaults where it does not read the key (Gemma's query_pre_attn_scalar 256 and
+# soft-caps 50 / 30, StableLM's quarter rotated, Phi-3 without a window).
+BIASES = ("bias", 0.0, 0.5)
+NORMS_0 = ("norm", 0.0, 0.5)
+NORMS_1 = ("norm", 1.0, 0.3)
+SMALL_BIASES = ("bias", 0.0, 0.1)
+# Gemma 2's sublayer outputs normalised with gains about 5: at 1 its tied head repeats one token
+POST_NORMS = ("post", 4.0, 1.0)
+CASES = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", dict(DEC, rope_theta=500.0), (), True),
+    # q and k biases: permuted by the converter like the weights (transformers reads no attention_bias)
+    "llama-bias": ("LlamaForCausalLM", "LlamaConfig", dict(DEC, attention_bias=True), (BIASES,), False),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", DEC, (BIASES,), True),
+    # transformers reads no head size for qwen3 (its default 128); this one's is 16
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(DEC, head_dim=16), (NORMS_0,), False),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(DEC, head_dim=16), (NORMS_0,), False),
+    # Gemma 2: a window of 4 in layers 0 and 2; the file's caps (2 and 3 bind here); head size 16
+    "gemma2-caps": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+        DEC, num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0), (POST_NORMS, NORMS_0), False),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+        DEC, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=256, sliding_window=4),
+        (POST_NORMS, NORMS_0), True),
+    # Gemma 3: layer 5 of 6 global, with its own rotary base (the sliding layers' from freq_base_swa)
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        DEC, tie_word_embeddings=False, num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}), (NORMS_0,), False),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(DEC, sliding_window=4, pad_token_id=0), (), False),
+    "phi3-nowindow": ("Phi3ForCausalLM", "Phi3Config", dict(DEC, pad_token_id=0), (), True),
+    "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(DEC, use_qkv_bias=True), (BIASES, NORMS_0), True),
+    "stablelm-parallel": ("StableLmForCausalLM", "StableLmConfig", dict(DEC, use_parallel_residual=True),
+                          (NORMS_0,), True),
+    "gptneox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(DEC, rotary_pct=0.5), (SMALL_BIASES, NORMS_1), False),
+    "falcon-7b-form": ("FalconForCausalLM", "FalconConfig", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, **SMALL), (SMALL_BIASES, NORMS_1), True),
+    # the new architecture (Falcon-40B's): 2 key-value groups, two norms side by side
+    "falcon-new": ("FalconForCausalLM", "FalconConfig", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True,
+        **SMALL), (SMALL_BIASES, NORMS_1), False),
+    "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=32, n_layer=2, n_head=8, initializer_range=0.5,
+                                                       vocab_size=99, bos_token_id=1, eos_token_id=2),
+              (SMALL_BIASES, NORMS_1), True),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=1024,
+                                                   bos_token_id=1, eos_token_id=2, initializer_range=0.5), (), True),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(DEC, pad_token_id=0), (NORMS_1,), False),
+}
+# the seed a case's weights are drawn with, where 0's greedy tokens repeat
+SEEDS = {"gemma3": 1, "stablelm-parallel": 1, "falcon-7b-form": 2, "bloom": 4}
+# label, file type: fp32 for every case, Q8_0 blocks for some
+RUNS = [(label, "F32") for label in CASES] + [("llama", "Q8_0"), ("gemma2", "Q8_0"), ("falcon-7b-form", "Q8_0"),
+                                              ("gpt2", "Q8_0")]
 
 
-def _hf(arch: str):
-    torch.manual_seed(0)
-    common = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=64, rope_theta=THETA, initializer_range=0.5, bos_token_id=1, eos_token_id=2,
-                  max_position_embeddings=64, tie_word_embeddings=False)
-    if arch == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
-    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
-    with torch.no_grad():  # Hugging Face starts q/k/v biases at zero; checkpoints do not
+def hf_model(label: str):
+    model_cls, cfg_cls, kwargs, draws, _ = CASES[label]
+    torch.manual_seed(SEEDS.get(label, 0))
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kwargs))
+    with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(".bias"):
-                p.normal_(0.0, 0.5)
-    return model
-
-
-def _gguf_name(hf: str) -> str:
-    base, kind = hf.rsplit(".", 1)
-    if base in TOP:
-        return f"{TOP[base]}.{kind}"
-    _, _, i, rest = base.split(".", 3)
-    return f"blk.{i}.{LAYER[rest]}.{kind}"
-
-
-def _permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter: each head's halves of q/k rows interleaved (its rotary layout)."""
-    rows, cols = w.shape
-    return w.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
-
-
-def write_gguf(model, arch: str, path, qtype: str = "F32") -> None:
-    """MODEL as a GGUF file as llama.cpp's converter writes one (a placeholder vocabulary)."""
-    cfg = model.config
-    w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(THETA)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    tokens = ["<unk>", "<s>", "</s>", *(f"t{i}" for i in range(3, cfg.vocab_size))]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types([2, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    for name, t in model.state_dict().items():
-        t = t.numpy().astype(np.float32)
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            t = _permute(t, cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads)
-        if qtype == "Q8_0" and t.ndim == 2:
-            w.add_tensor(_gguf_name(name), gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(_gguf_name(name), t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            rule = next(((mean, std) for part, mean, std in draws
+                         if (name.endswith(".bias") if part == "bias" else part in name)), None)
+            if rule is not None:
+                p.normal_(*rule)
+    return model.eval()
 
 
 def _logits(model, ids: list[int]) -> np.ndarray:
@@ -100,43 +113,79 @@ def _greedy(model, ids: list[int], new: int = 8) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("arch,qtype", [("llama", "F32"), ("llama", "Q8_0"), ("qwen2", "F32")])
-def test_a_gguf_file_imports_to_the_model_it_holds(tmp_path, arch, qtype):
-    model = _hf(arch)
-    path = tmp_path / f"tiny-{arch}-{qtype}.gguf"
-    write_gguf(model, arch, path, qtype)
-    # fp32: the model itself; Q8_0: what transformers' own GGUF loading computes from the file
-    ref = model if qtype == "F32" else transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, gguf_file=path.name).eval()
-    spec, weights = import_gguf(path, tmp_path / "m.yaml")
+@pytest.mark.parametrize("label,qtype", RUNS)
+def test_a_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype):
+    model = hf_model(label)
+    path = tmp_path / f"tiny-{label}-{qtype}.gguf"
+    write_gguf(model, path, qtype)
+    spec, _ = import_gguf(path, tmp_path / "m.yaml")
     out = tmp_path / "build"
     specc.build(spec, out, progress=None)
     s = Session(out)
     got = s.run(input_ids=[PROMPT])["logits"]
-    assert np.abs(got - _logits(ref, PROMPT)).max() <= 1e-4
-    want = _greedy(ref, PROMPT)
-    assert len(set(want)) > 2
-    assert s.generate(PROMPT, max_new_tokens=8).new_ids[0] == want
+    refs = [] if qtype != "F32" else [model]
+    if CASES[label][4]:  # transformers' own reading of the same file
+        refs.append(transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval())
+    assert refs
+    new = s.generate(PROMPT, max_new_tokens=8).new_ids[0]
+    for ref in refs:
+        assert np.abs(got - _logits(ref, PROMPT)).max() <= 1e-4
+        want = _greedy(ref, PROMPT)
+        assert len(set(want)) > 2
+        assert new == want
 
 
-def test_what_cannot_be_imported_is_refused_naming_it(tmp_path):
-    w = gguf.GGUFWriter(tmp_path / "x.gguf", "gpt2")
-    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+def _file(path, arch: str, keys: dict, tensors: dict | None = None) -> None:
+    w = gguf.GGUFWriter(path, arch)
+    for key, value in keys.items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, list):
+            w.add_array(key, value)
+        else:
+            w.add_uint32(key, value)
+    for name, t in (tensors or {"token_embd.weight": np.zeros((8, 4), np.float32)}).items():
+        w.add_tensor(name, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(CheckpointError, match="general.architecture 'gpt2' has no importer; specc import gguf reads"):
+
+
+def test_what_cannot_be_imported_is_refused_naming_it(tmp_path):
+    _file(tmp_path / "x.gguf", "mamba", {})
+    with pytest.raises(CheckpointError, match="general.architecture 'mamba' has no importer .*; specc import gguf "
+                                              "reads bloom, falcon, gemma, gemma2, gemma3, gpt2, gptneox, llama"):
         import_gguf(tmp_path / "x.gguf", tmp_path / "m.yaml")
     (tmp_path / "y.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(CheckpointError, match="y.gguf: not a GGUF file"):
         import_gguf(tmp_path / "y.gguf", tmp_path / "m.yaml")
+    llama = {"llama.embedding_length": 4, "llama.block_count": 1, "llama.attention.head_count": 1}
+    for keys, tensors, message in [
+        ({**llama, "llama.rope.scaling.type": "yarn"}, None,
+         "llama.rope.scaling.type: 'yarn': specc implements plain rotary positions only"),
+        ({**llama, "llama.attention.head_count": 0}, None, "llama.attention.head_count: 0: a model has at least one"),
+        ({**llama, "llama.attention.head_count_kv": [1, 1]}, None,
+         r"llama.attention.head_count_kv is \[1, 1\]; specc reads one number here \(a value per layer"),
+        (llama, {"token_embd.weight": np.zeros((8, 4), np.float32), "rope_freqs.weight": np.ones(2, np.float32)},
+         "rope_freqs.weight: llama 3's rope scaling"),
+        ({"olmo2.attention.sliding_window": 4}, None, "olmo2.attention.sliding_window: sliding windows"),
+        ({"stablelm.embedding_length": 4}, {"token_embd.weight": np.zeros((8, 4), np.float32),
+                                            "blk.0.attn_q_norm.weight": np.ones((1, 4), np.float32)},
+         "blk.0.attn_q_norm.weight: a LayerNorm of its own for each head"),
+        ({"gemma3.embedding_length": 4, "gemma3.block_count": 1, "gemma3.attention.head_count": 1,
+          "gemma3.feed_forward_length": 8, "gemma3.context_length": 8}, None, "no gemma3.attention.layer_norm_rms_epsilon"),
+    ]:
+        arch = next(iter(keys)).split(".")[0]
+        _file(tmp_path / "z.gguf", arch, keys, tensors)
+        with pytest.raises(CheckpointError, match=message):
+            import_gguf(tmp_path / "z.gguf", tmp_path / "m.yaml")
     assert not list(tmp_path.glob("m.*"))
 
 
 def test_cli_import_gguf(tmp_path, capsys):
     path = tmp_path / "tiny.gguf"
-    write_gguf(_hf("llama"), "llama", path)
+    write_gguf(hf_model("llama"), path)
     with pytest.raises(SystemExit) as done:
         cli(["import", "gguf", str(path), "-o", str(tmp_path / "m.yaml"), "--json"])
     assert done.value.code in (0, None)
@@ -144,3 +193,12 @@ def test_cli_import_gguf(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:  # exists: refused without --force
         cli(["import", "gguf", str(path), "-o", str(tmp_path / "m.yaml")])
     assert done.value.code != 0
+
+
+def test_the_tokenizer_is_left_for_a_tokenizer_writer(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_gguf(hf_model("llama"), path)
+    tok = tokenizer_metadata(gguf.GGUFReader(path))
+    assert tok["ggml.model"] == "llama"
+    assert tok["ggml.tokens"][:4] == ["<unk>", "<s>", "</s>", "t3"] and len(tok["ggml.tokens"]) == 99
+    assert (tok["ggml.bos_token_id"], tok["ggml.eos_token_id"]) == (1, 2)

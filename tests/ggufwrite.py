@@ -1,0 +1,173 @@
+"""A Hugging Face model written as a GGUF file the way llama.cpp's converter (convert_hf_to_gguf.py)
+writes it: its metadata keys for the architecture, the tensor names of the gguf package's own
+TensorNameMap (the table the converter names tensors by), and the converter's changes to the
+tensors (llama's q/k rows permuted for its rotary layout, Gemma's norms + 1, GPT-2's Conv1D
+weights transposed, BLOOM / GPT-NeoX / Falcon's fused q/k/v regrouped as all q, all k, all v),
+with fp32 or Q8_0 blocks. Written from the converter's behaviour for these tests, independently
+of specc's importer (which undoes each change); the tokenizer is a placeholder vocabulary."""
+from __future__ import annotations
+
+import numpy as np
+
+import gguf
+
+# transformers' model_type -> general.architecture
+ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+        "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "stablelm": "stablelm", "gpt_neox": "gptneox",
+        "falcon": "falcon", "bloom": "bloom", "gpt2": "gpt2", "olmo2": "olmo2"}
+
+
+def _metadata(w: gguf.GGUFWriter, arch: str, c: dict) -> None:
+    """The keys each converter class writes (set_gguf_parameters), from the config C."""
+    heads = c.get("num_attention_heads") or c.get("n_head")
+    hidden = c.get("hidden_size") or c.get("n_embd")
+    layers = c.get("num_hidden_layers") or c.get("n_layer")
+    rope = c.get("rope_parameters") or {}
+    w.add_block_count(layers)
+    w.add_embedding_length(hidden)
+    w.add_head_count(heads)
+    if arch in ("llama", "qwen2", "qwen3", "olmo2", "gemma3"):  # TextModel's own keys
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_feed_forward_length(c["intermediate_size"])
+        w.add_head_count_kv(c["num_key_value_heads"])
+        theta = rope.get("full_attention", rope).get("rope_theta")
+        if theta is not None:
+            w.add_rope_freq_base(theta)
+        if (swa := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
+            w.add_rope_freq_base_swa(swa)
+        w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+        if c.get("head_dim") is not None:
+            w.add_key_length(c["head_dim"])
+            w.add_value_length(c["head_dim"])
+        if arch == "llama":
+            w.add_vocab_size(c["vocab_size"])
+            w.add_rope_dimension_count(c.get("head_dim") or hidden // heads)
+        if arch == "gemma3":
+            w.add_sliding_window(c["sliding_window"])
+            if c.get("final_logit_softcapping"):
+                w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    elif arch in ("gemma", "gemma2"):
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_feed_forward_length(c["intermediate_size"])
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
+        if arch == "gemma2":
+            w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
+            w.add_final_logit_softcapping(c["final_logit_softcapping"])
+            w.add_sliding_window(c["sliding_window"])
+    elif arch == "phi3":
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_rope_scaling_orig_ctx_len(c.get("original_max_position_embeddings") or c["max_position_embeddings"])
+        w.add_feed_forward_length(c["intermediate_size"])
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+        w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * hidden) // heads)
+        w.add_rope_freq_base(rope["rope_theta"])
+        w.add_sliding_window(c.get("sliding_window") or 0)
+    elif arch in ("stablelm", "gptneox"):
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_feed_forward_length(c["intermediate_size"])
+        fraction = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", c.get("rotary_pct")))
+        w.add_rope_dimension_count(int(fraction * (hidden // heads)))
+        if arch == "stablelm":
+            w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_parallel_residual(c.get("use_parallel_residual", True))
+        w.add_layer_norm_eps(c["layer_norm_eps"])
+    elif arch == "falcon":
+        w.add_context_length(2048)  # "not in config.json"
+        w.add_tensor_data_layout("jploski")
+        w.add_feed_forward_length(4 * hidden)
+        w.add_head_count_kv(_falcon_kv(c))
+        w.add_layer_norm_eps(c["layer_norm_epsilon"])
+    elif arch == "bloom":
+        w.add_context_length(c.get("seq_length", hidden))
+        w.add_feed_forward_length(4 * hidden)
+        w.add_head_count_kv(heads)
+        w.add_layer_norm_eps(c["layer_norm_epsilon"])
+    elif arch == "gpt2":
+        w.add_context_length(c["n_ctx"] if "n_ctx" in c else c["n_positions"])
+        w.add_feed_forward_length(4 * hidden)
+        w.add_layer_norm_eps(c["layer_norm_epsilon"])
+
+
+def _falcon_kv(c: dict) -> int:
+    """Key-value heads as the falcon converter counts them: num_kv_heads where the model's layout
+    groups by them (the new architecture, or one per head), 1 for multi-query."""
+    if c.get("new_decoder_architecture") or not c.get("multi_query", True):
+        return c.get("num_kv_heads") or c["num_attention_heads"]
+    return 1
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama's converter: each head's two halves of q/k rows interleaved (a weight or a bias)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _ungroup(w: np.ndarray, heads: int, kv: int) -> np.ndarray:
+    """Fused q/k/v rows grouped per key-value group (q heads, k, v) to all q, all k, all v."""
+    d = w.shape[0] // (heads + 2 * kv)
+    g = w.reshape(kv, heads // kv + 2, d, *w.shape[1:])
+    q = g[:, :-2].reshape(heads * d, *w.shape[1:])
+    k = g[:, -2].reshape(kv * d, *w.shape[1:])
+    v = g[:, -1].reshape(kv * d, *w.shape[1:])
+    return np.concatenate([q, k, v])
+
+
+def _converted(arch: str, c: dict, name: str, t: np.ndarray) -> np.ndarray:
+    """The tensor NAME as the converter's modify_tensors leaves it."""
+    heads = c.get("num_attention_heads") or c.get("n_head")
+    if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+        return _permute(t, heads)
+    if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+        return _permute(t, c["num_key_value_heads"])
+    if arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight"):
+        return t + 1
+    if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+        return t.T
+    if arch in ("bloom", "gptneox") and "query_key_value" in name:
+        return _ungroup(t, heads, heads)
+    if arch == "falcon" and "query_key_value" in name:
+        return _ungroup(t, heads, _falcon_kv(c))
+    return t
+
+
+def write_gguf(model, path, qtype: str = "F32") -> None:
+    """MODEL (a transformers causal LM) as llama.cpp's converter writes it, 2-D tensors in QTYPE
+    (F32 or Q8_0, where a row is whole blocks of 32)."""
+    c = model.config.to_dict()
+    arch = ARCH[c["model_type"]]
+    w = gguf.GGUFWriter(path, arch)
+    _metadata(w, arch, c)
+    vocab = c["vocab_size"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"t{i}" for i in range(3, vocab))]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_types([2, 3, 3] + [1] * (vocab - 3))
+    for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
+                     ("pad_token_id", w.add_pad_token_id)):
+        if isinstance(c.get(key), int):
+            add(c[key])
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), c.get("num_hidden_layers") or c["n_layer"])
+    tied = c.get("tie_word_embeddings", True)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and (tied or arch in ("gemma", "gemma2")):
+            continue  # save_pretrained drops a tied head; Gemma's converters skip lm_head
+        if name.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")):
+            continue
+        if arch == "bloom":
+            name = name.removeprefix("transformer.")  # the bloom converter drops it before naming
+        t = _converted(arch, c, name, t.float().numpy())
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, f"no GGUF name for {name}"
+        if qtype == "Q8_0" and t.ndim == 2 and t.shape[1] % 32 == 0:
+            w.add_tensor(gguf_name, gguf.quants.quantize(np.ascontiguousarray(t), gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(gguf_name, np.ascontiguousarray(t, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
