@@ -1,9 +1,12 @@
 """`specc import gguf`: small random-weight models of every architecture specc reads from GGUF,
 written as llama.cpp's converter writes them (tests/ggufwrite.py: its names, metadata and tensor
 changes; fp32 or Q8_0 blocks), imported, built and run in onnxruntime. An fp32 file gives the
-Hugging Face model's logits within 1e-4 and its greedy tokens; where transformers' own GGUF
-loading reads the architecture, the same file loaded by transformers gives the same logits and
-tokens too (for a Q8_0 file, that is the reference: the blocks are not the model's weights)."""
+Hugging Face model's logits (BERT: its last hidden state, pooled embedding or classifier logits)
+within 1e-4 and its greedy tokens; where transformers' own GGUF loading reads the architecture,
+the same file loaded by transformers gives the same logits and tokens too (for a Q8_0 file, that
+is the reference: the blocks are not the model's weights; for a BERT Q8_0 file, which
+transformers does not read, the Hugging Face model with its weights put through gguf's own Q8_0
+round trip is)."""
 from __future__ import annotations
 
 import sys
@@ -90,8 +93,16 @@ RUNS = [(label, "F32") for label in CASES] + [("llama", "Q8_0"), ("gemma2", "Q8_
 
 def hf_model(label: str):
     model_cls, cfg_cls, kwargs, draws, _ = CASES[label]
-    torch.manual_seed(SEEDS.get(label, 0))
+    return _drawn(model_cls, cfg_cls, kwargs, draws, SEEDS.get(label, 0))
+
+
+def _drawn(model_cls: str, cfg_cls: str, kwargs: dict, draws, seed: int, untie: bool = False):
+    """A transformers model with DRAWS drawn at random (UNTIE: T5's head a parameter of its own,
+    as FLAN-T5's checkpoints have it; transformers ties it to the table otherwise)."""
+    torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kwargs))
+    if untie:
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     with torch.no_grad():
         for name, p in model.named_parameters():
             rule = next(((mean, std) for part, mean, std in draws
@@ -133,6 +144,130 @@ def test_a_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype):
         want = _greedy(ref, PROMPT)
         assert len(set(want)) > 2
         assert new == want
+
+
+# --- BERT-family encoders and T5 ----------------------------------------------------------------
+
+Pool = gguf.PoolingType
+BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, initializer_range=0.2,
+            vocab_size=99, max_position_embeddings=64)
+ROBERTA = dict(BERT, pad_token_id=1, type_vocab_size=1, max_position_embeddings=66)
+LAYER_NORMS = (("LayerNorm", 1.0, 0.3), ("layer_norm", 1.0, 0.3))
+# label -> (model class, config class, config kwargs, the pooling type the file names, draws).
+# The BERT converter's subclasses write DistilBERT and RoBERTa as bert (RoBERTa's positions cut to
+# start at its padding id + 1): each is imported as the BERT it is stored as.
+ENCODERS = {
+    "bert": ("BertModel", "BertConfig", BERT, Pool.MEAN, (SMALL_BIASES, *LAYER_NORMS)),
+    "bert-nopool": ("BertModel", "BertConfig", BERT, None, ()),
+    "distilbert": ("DistilBertModel", "DistilBertConfig", dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+                                                               initializer_range=0.2, vocab_size=99,
+                                                               max_position_embeddings=64), Pool.CLS, LAYER_NORMS),
+    "roberta": ("RobertaModel", "RobertaConfig", ROBERTA, Pool.LAST, (SMALL_BIASES, *LAYER_NORMS)),
+    # RoBERTa's classification head (dense, tanh, projection on the first token): cls, cls.output
+    "roberta-classifier": ("RobertaForSequenceClassification", "RobertaConfig", dict(ROBERTA, num_labels=3), None,
+                           (SMALL_BIASES,)),
+}
+ENCODER_RUNS = [(label, "F32") for label in ENCODERS] + [("bert", "Q8_0")]
+IDS = [[2, 5, 7, 9, 11, 3, 0], [2, 4, 8, 15, 16, 3, 0]]  # no real token is RoBERTa's padding id 1
+TYPES = [[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
+MASK = [[1] * 7, [1] * 5 + [0, 0]]  # right padding in the second row
+
+
+def _q8_0_round_trip(model):
+    """MODEL with every weight the writer stores as Q8_0 (2-D, rows of whole 32-blocks) quantized
+    and dequantized by gguf's own routines: what a Q8_0 file holds."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2 and p.shape[1] % 32 == 0:
+                q = gguf.quants.quantize(p.numpy(), gguf.GGMLQuantizationType.Q8_0)
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)))
+    return model
+
+
+@pytest.mark.parametrize("label,qtype", ENCODER_RUNS)
+def test_a_bert_family_gguf_file_imports_to_the_encoder_it_holds(tmp_path, label, qtype):
+    model_cls, cfg_cls, kwargs, pooling, draws = ENCODERS[label]
+    model = _drawn(model_cls, cfg_cls, kwargs, draws, 0).eval()
+    path = tmp_path / f"tiny-{label}-{qtype}.gguf"
+    write_gguf(model, path, qtype, pooling=pooling)
+    spec, _ = import_gguf(path, tmp_path / "m.yaml")
+    specc.build(spec, tmp_path / "build", progress=None)
+    ids, mask = torch.tensor(IDS), torch.tensor(MASK)
+    typed = {"token_type_ids": torch.tensor(TYPES)} if model.config.to_dict().get("type_vocab_size", 1) > 1 else {}
+    got = Session(tmp_path / "build").run(input_ids=ids.numpy(), attention_mask=mask.numpy(),
+                                          **{k: v.numpy() for k, v in typed.items()})
+    ref = model if qtype == "F32" else _q8_0_round_trip(model)
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask, output_hidden_states=True, **typed)
+    keep = mask.bool()
+    hidden = want.hidden_states[-1]
+    assert np.abs(got["last_hidden_state"][keep.numpy()] - hidden[keep].numpy()).max() <= 1e-4
+    names = {"last_hidden_state"}
+    if pooling is not None:  # the embedding llama.cpp gives for the file's pooling type
+        last = keep.sum(1) - 1
+        pooled = {Pool.MEAN: (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True),
+                  Pool.CLS: hidden[:, 0], Pool.LAST: hidden[torch.arange(len(IDS)), last]}[pooling]
+        assert np.abs(got["sentence_embedding"] - pooled.numpy()).max() <= 1e-4
+        names.add("sentence_embedding")
+    if "Classification" in model_cls:
+        assert np.abs(got["logits"] - want.logits.numpy()).max() <= 1e-4
+        names.add("logits")
+    assert set(got) == names  # the converter writes no pooler and no MLM head
+
+
+T5 = dict(vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+          decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+# label -> (config kwargs, seed, untied head, the tied head written as output.weight, draws).
+# 8 buckets to llama.cpp's distance of 128 (the file has no key for it; the log buckets bind in the
+# decoder by its tenth position)
+T5_CASES = {
+    # the original T5: ReLU, the head tied to the table (no output.weight), its input scaled
+    "t5": (dict(T5, initializer_factor=2.0), 2, False, False, ()),
+    # the same with the tied head in the file (an older checkpoint holds it as a tensor)
+    "t5-head-copy": (dict(T5, initializer_factor=2.0), 2, False, True, ()),
+    # FLAN-T5's form: gated GELU, an untied head not scaled; fewer decoder layers than encoder ones
+    # (decoder_block_count; the converter names both stacks' blocks up to block_count)
+    "t5-gated": (dict(T5, feed_forward_proj="gated-gelu", initializer_factor=1.5, num_layers=3, num_decoder_layers=2,
+                      tie_word_embeddings=False), 0, True, False,
+                 (("lm_head", 0.0, 0.5),)),
+}
+T5_RUNS = [(label, "F32") for label in T5_CASES] + [("t5-gated", "Q8_0")]
+
+
+def _t5_greedy(model, ids: list[int], new: int = 8) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=new, do_sample=False)
+    return out[0, 1:].tolist()  # after the decoder start token
+
+
+@pytest.mark.parametrize("label,qtype", T5_RUNS)
+def test_a_t5_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype):
+    kwargs, seed, untie, head_copy, draws = T5_CASES[label]
+    model = _drawn("T5ForConditionalGeneration", "T5Config", kwargs, draws, seed, untie=untie).eval()
+    path = tmp_path / f"tiny-{label}-{qtype}.gguf"
+    write_gguf(model, path, qtype, head_copy=head_copy)
+    spec, _ = import_gguf(path, tmp_path / "m.yaml")
+    specc.build(spec, tmp_path / "build", progress=None)
+    s = Session(tmp_path / "build")
+    dec = [0, 5, 6, 7]
+    got = s.run(input_ids=[PROMPT], decoder_input_ids=[dec])["logits"]
+    refs = [] if qtype != "F32" else [model]
+    if untie:  # transformers reads the gated (FLAN-T5) form, told what it does not read (5.24): the
+        # gate's activation (it sets is_gated_act, and computes the gate with ReLU where llama.cpp
+        # computes GELU (tanh)) and decoder_block_count (it builds block_count decoder layers)
+        refs.append(transformers.AutoModelForSeq2SeqLM.from_pretrained(
+            tmp_path, gguf_file=path.name, dense_act_fn="gelu_new",
+            num_decoder_layers=kwargs["num_decoder_layers"]).eval())
+    assert refs
+    new = s.generate(PROMPT, max_new_tokens=8).new_ids[0]
+    for ref in refs:
+        with torch.no_grad():
+            want = ref(input_ids=torch.tensor([PROMPT]), decoder_input_ids=torch.tensor([dec])).logits.numpy()
+        assert np.abs(got - want).max() <= 1e-4
+        tokens = _t5_greedy(ref, PROMPT)
+        assert len(set(tokens)) > 2
+        assert new == tokens
 
 
 def _file(path, arch: str, keys: dict, tensors: dict | None = None) -> None:

@@ -60,14 +60,16 @@ def check_outputs(out_spec: str | os.PathLike, force: bool) -> Path:
 
 
 def write_import(config: dict, tensors, where: str, out_spec: Path, weights: Path, name: str,
-                 description: str) -> tuple[Path, Path]:
+                 description: str, outputs: list[dict] | None = None) -> tuple[Path, Path]:
     """A Hugging Face config and its tensors (by Hugging Face's names) as OUT.yaml + weights, both
     or neither; WHERE names the config in messages; DESCRIPTION may name {arch} (the config's
-    architectures entry) and {model_type}. Shared by import hf and import gguf (which reads a
-    GGUF file into that form)."""
+    architectures entry) and {model_type}; OUTPUTS (parameter-free, such as a pooled embedding)
+    follow the family head's. Shared by import hf and import gguf (which reads a GGUF file into
+    that form, with the pooled output its pooling type names)."""
     from specc.weights.io import write_safetensors  # imports torch
 
     data = config_to_spec(config, tensors, name, where)
+    data["outputs"] += outputs or []
     fam, arch = family_of(config, where)  # both checked by config_to_spec
     arch = arch if config.get("architectures") else "?"  # what the config names, not the default head
     description = description.format(arch=arch, model_type=config.get("model_type"))
