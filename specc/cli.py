@@ -377,7 +377,7 @@ def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as
 @click.option("--json", "as_json", is_flag=True, help='{"spec": path, "weights": path} on stdout.')
 def import_gguf_cmd(src_file: str, out_spec: str, name: str | None, force: bool, as_json: bool) -> None:
     """Import a llama.cpp GGUF file (llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, stablelm,
-    gptneox, falcon, bloom, gpt2, olmo2), its tensors dequantized to fp32 one at a time.
+    gptneox, falcon, bloom, gpt2, olmo2; bert; t5), its tensors dequantized to fp32 one at a time.
 
     Refused as `import hf` refuses: anything specc cannot compute exactly, naming it."""
     from specc.importers.gguf import import_gguf

@@ -76,6 +76,7 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
     "gguf-architecture": ({"model.gguf": gguf_text("mamba")}, "import gguf model.gguf -o model.yaml", 1),
     "gguf-metadata": ({"model.gguf": gguf_text("llama", ("llama.rope.scaling.type", "yarn"))},
                       "import gguf model.gguf -o model.yaml", 1),
+    "gguf-t5encoder": ({"model.gguf": gguf_text("t5encoder")}, "import gguf model.gguf -o model.yaml", 1),
     "memory": ({}, "build -q tiny-gpt2 -o build/tiny --max-memory 1MiB", 1),
     "memory-streamed": ({"deep.yaml": GPT.replace("bad", "deep") + "decoder: {layers: 4}\n"},
                         "build -q deep.yaml -o build/deep --max-memory 1MiB", 1),

@@ -275,6 +275,8 @@ def _file(path, arch: str, keys: dict, tensors: dict | None = None) -> None:
     for key, value in keys.items():
         if isinstance(value, str):
             w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
         elif isinstance(value, list):
             w.add_array(key, value)
         else:
@@ -290,12 +292,19 @@ def _file(path, arch: str, keys: dict, tensors: dict | None = None) -> None:
 def test_what_cannot_be_imported_is_refused_naming_it(tmp_path):
     _file(tmp_path / "x.gguf", "mamba", {})
     with pytest.raises(CheckpointError, match="general.architecture 'mamba' has no importer .*; specc import gguf "
-                                              "reads bloom, falcon, gemma, gemma2, gemma3, gpt2, gptneox, llama"):
+                                              "reads bert, bloom, falcon, gemma, gemma2, gemma3, gpt2, gptneox, llama, "
+                                              "olmo2, phi3, qwen2, qwen3, stablelm, t5$"):
+        import_gguf(tmp_path / "x.gguf", tmp_path / "m.yaml")
+    _file(tmp_path / "x.gguf", "t5encoder", {})
+    with pytest.raises(CheckpointError, match="'t5encoder' has no importer \\(a T5 encoder alone \\(T5EncoderModel\\); "
+                                              "specc's t5 family imports T5ForConditionalGeneration\\)"):
         import_gguf(tmp_path / "x.gguf", tmp_path / "m.yaml")
     (tmp_path / "y.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(CheckpointError, match="y.gguf: not a GGUF file"):
         import_gguf(tmp_path / "y.gguf", tmp_path / "m.yaml")
     llama = {"llama.embedding_length": 4, "llama.block_count": 1, "llama.attention.head_count": 1}
+    bert = {"bert.embedding_length": 4, "bert.block_count": 1, "bert.attention.head_count": 1,
+            "bert.feed_forward_length": 8, "bert.attention.layer_norm_epsilon": 1, "bert.context_length": 8}
     for keys, tensors, message in [
         ({**llama, "llama.rope.scaling.type": "yarn"}, None,
          "llama.rope.scaling.type: 'yarn': specc implements plain rotary positions only"),
@@ -310,11 +319,29 @@ def test_what_cannot_be_imported_is_refused_naming_it(tmp_path):
          "blk.0.attn_q_norm.weight: a LayerNorm of its own for each head"),
         ({"gemma3.embedding_length": 4, "gemma3.block_count": 1, "gemma3.attention.head_count": 1,
           "gemma3.feed_forward_length": 8, "gemma3.context_length": 8}, None, "no gemma3.attention.layer_norm_rms_epsilon"),
+        ({**bert, "bert.attention.causal": True}, None, "bert.attention.causal: true: a BERT used as a causal decoder"),
+        ({**bert, "bert.attention.head_count_kv": 2}, None, "bert.attention.head_count_kv: 2: bert has a key and a value "
+                                                           r"head per query head \(1\)"),
+        ({**bert, "bert.pooling_type": 4}, None, r"bert.pooling_type: 4: rank pooling without a classification head"),
+        ({**bert, "bert.pooling_type": 9}, None, "bert.pooling_type: 9: not one of llama.cpp's pooling types specc pools"),
+        ({"t5.embedding_length": 4}, {"token_embd.weight": np.zeros((8, 4), np.float32),
+                                      "enc.blk.1.attn_rel_b.weight": np.zeros((1, 4), np.float32)},
+         r"enc.blk.1.attn_rel_b.weight: a relative-position table in more than the first layer's self-attention \(UMT5\)"),
     ]:
         arch = next(iter(keys)).split(".")[0]
         _file(tmp_path / "z.gguf", arch, keys, tensors)
         with pytest.raises(CheckpointError, match=message):
             import_gguf(tmp_path / "z.gguf", tmp_path / "m.yaml")
+    assert not list(tmp_path.glob("m.*"))
+
+
+def test_a_bert_classifier_without_its_pooler_is_refused(tmp_path):
+    """BertForSequenceClassification's classifier reads the pooler, which the converter drops:
+    its file (cls.output without cls) cannot give the model's logits."""
+    model = _drawn("BertForSequenceClassification", "BertConfig", dict(BERT, num_labels=3), (), 0)
+    write_gguf(model, tmp_path / "c.gguf")
+    with pytest.raises(CheckpointError, match="c.gguf: cls.output.weight: BERT's classifier reads its pooler"):
+        import_gguf(tmp_path / "c.gguf", tmp_path / "m.yaml")
     assert not list(tmp_path.glob("m.*"))
 
 
