@@ -404,8 +404,12 @@ def _heads(m: _Meta) -> int:
 
 
 def _token(m: _Meta, key: str) -> int | None:
-    value = m.raw(f"tokenizer.ggml.{key}")
-    return None if value is None else int(value)
+    """`tokenizer.ggml.KEY`, a token id, or None where absent."""
+    full = f"tokenizer.ggml.{key}"
+    value = m.raw(full)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        m.refuse(full, f"{str(value)[:40]}: expected a token id")
+    return value
 
 
 def _bert(m: _Meta) -> dict:

@@ -322,6 +322,7 @@ def test_what_cannot_be_imported_is_refused_naming_it(tmp_path):
         ({**bert, "bert.attention.causal": True}, None, "bert.attention.causal: true: a BERT used as a causal decoder"),
         ({**bert, "bert.attention.head_count_kv": 2}, None, "bert.attention.head_count_kv: 2: bert has a key and a value "
                                                            r"head per query head \(1\)"),
+        ({**bert, "tokenizer.ggml.padding_token_id": "x"}, None, "tokenizer.ggml.padding_token_id: x: expected a token"),
         ({**bert, "bert.pooling_type": 4}, None, r"bert.pooling_type: 4: rank pooling without a classification head"),
         ({**bert, "bert.pooling_type": 9}, None, "bert.pooling_type: 9: not one of llama.cpp's pooling types specc pools"),
         ({"t5.embedding_length": 4}, {"token_embd.weight": np.zeros((8, 4), np.float32),
