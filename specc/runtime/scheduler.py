@@ -258,9 +258,14 @@ class Scheduler:
     def check(self, request: GenerationRequest) -> tuple[int, int | None]:
         """A request checked as Session.generate checks one prompt, and against this server's
         budget; returns (positions it needs, its eos). RunError (HTTP 400) with one line."""
-        check_generation(self.model.limits, "decoder", list(request.ids), request.max_tokens,
-                         temperature=request.temperature or None, top_k=request.top_k, top_p=request.top_p,
-                         seed=request.seed, eos_id=request.eos)
+        if not request.ids:
+            raise RunError("input_ids: an empty prompt; give at least one token")
+        try:
+            check_generation(self.model.limits, "decoder", list(request.ids), request.max_tokens,
+                             temperature=request.temperature or None, top_k=request.top_k, top_p=request.top_p,
+                             seed=request.seed, eos_id=request.eos)
+        except RunError as exc:  # Session.generate's rules, in the words of a request's fields
+            raise RunError(str(exc).replace("max_new_tokens", "max_tokens").replace("eos_id", "eos")) from None
         need = len(request.ids) + request.max_tokens
         if need > self.limits.max_cache_tokens:
             raise RunError(f"prompt ({len(request.ids)} tokens) + max_tokens ({request.max_tokens}) is more than "
@@ -345,16 +350,16 @@ class Scheduler:
         whether work remains."""
         with self._lock:
             cancelled, self._cancelled = self._cancelled, set()
-            for seq in [s for s in self._waiting if s.ticket in cancelled]:
+            dropped = [s for s in self._waiting if s.ticket in cancelled]
+            for seq in dropped:
                 self._waiting.remove(seq)
-                self._end(seq, CANCELLED)
+        for seq in dropped + [s for s in self._active if s.ticket in cancelled]:
+            self._end(seq, CANCELLED)  # before admission: their places are free for it
+        with self._lock:
             admitted = []
             while self._waiting and self._fits(self._waiting[0].need, admitted):
                 admitted.append(self._waiting.popleft())
             self.stats.waiting = len(self._waiting)
-        for seq in self._active:
-            if seq.ticket in cancelled:
-                self._end(seq, CANCELLED)
         joining = []
         for seq in admitted:
             if seq.ticket in cancelled:

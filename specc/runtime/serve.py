@@ -535,6 +535,9 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     models = []
     cancels = None
     try:
+        if scheduler is not None:  # before Triton starts: its backend stubs inherit the variable
+            cancels = Cancels(scheduler)
+            os.environ[CANCEL_ENV] = cancels.path
         with _one_line_refusals(), _triton_output(verbose), Triton(config=config) as triton:
             for graph_name, graph in session.graphs.items():
                 models.append(names[graph_name])
@@ -552,8 +555,6 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
                 )
             generation = None
             if scheduler is not None:
-                cancels = Cancels(scheduler)
-                os.environ[CANCEL_ENV] = cancels.path  # read by the backend stub (STUB_ADDITION)
                 scheduler.start()
                 triton.bind(model_name=info.name, infer_func=_generate_fn(scheduler, codec, cancels),
                             inputs=_fields(endpoint.INPUTS, optional=True), outputs=_fields(endpoint.OUTPUTS),
