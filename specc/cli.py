@@ -426,19 +426,31 @@ def export_weights_cmd(spec: str, out_file: str, seed: int) -> None:
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider (repeat; default: the best available).")
 @click.option("--verbose", is_flag=True, help="Triton's own log on the terminal (verbose), instead of in a file.")
+@click.option("--max-sequences", type=click.IntRange(min=1), default=None,
+              help="Decoders: sequences decoded together (default: serving.generation.max_sequences, else serving.batch.max).")
+@click.option("--max-cache-tokens", type=click.IntRange(min=1), default=None,
+              help="Decoders: positions the server's KV cache holds, rows x the longest (default: serving.generation.max_cache_tokens).")
+@click.option("--max-waiting", type=click.IntRange(min=0), default=None,
+              help="Decoders: generate requests queued for a place; more answer 503 (default: serving.generation.max_waiting).")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="At Ctrl-C / SIGTERM: seconds that running generate requests get to finish.")
 def serve(build_dir: str, host: str, http_port: int, grpc_port: int, metrics_port: int, providers: tuple[str, ...],
-          verbose: bool) -> None:
+          verbose: bool, max_sequences: int | None, max_cache_tokens: int | None, max_waiting: int | None,
+          drain_timeout: float) -> None:
     """Serve a build on a real Triton Inference Server (PyTriton), with dynamic batching from the
-    spec's serving: shapes, until Ctrl-C. Needs the serve environment: `make install-serve`, then
-    `.venv-serve/bin/specc serve DIR`."""
-    from specc.runtime.serve import describe, serve as serve_build
+    spec's serving: shapes, until Ctrl-C. A decoder is also served for generation (POST
+    /v2/models/NAME/generate and generate_stream), its requests decoded together on the server.
+    Needs the serve environment: `make install-serve`, then `.venv-serve/bin/specc serve DIR`."""
+    from specc.runtime.serve import describe, serve as serve_build, summary
 
     def ready(info: dict) -> None:
         click.echo(describe(info), err=True)
 
-    serve_build(build_dir, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                providers=list(providers) or None, on_ready=ready, verbose=verbose)
-    click.echo("specc: server stopped", err=True)
+    stats = serve_build(build_dir, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                        providers=list(providers) or None, on_ready=ready, verbose=verbose,
+                        max_sequences=max_sequences, max_cache_tokens=max_cache_tokens, max_waiting=max_waiting,
+                        drain_timeout=drain_timeout)
+    click.echo("specc: server stopped" + (f"; {summary(stats)}" if stats is not None else ""), err=True)
 
 
 # --- run / generate -------------------------------------------------------------------------

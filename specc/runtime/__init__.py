@@ -10,6 +10,8 @@ importing only those before it:
     arrays    prompt padding, NPZ output
     generate  the decode loops (greedy, sampling, beam search) over a model's graphs
     session   Session: a build directory opened, run(), generate()
+    scheduler server-side generation: one cache block, one batched decode step for every sequence
+    endpoint  the generate endpoint's fields, checked into a scheduler request
     serve     `specc serve` on Triton (PyTriton, in its own environment)
 """
 from specc.runtime.errors import RunError

@@ -232,7 +232,7 @@ def _models() -> list[tuple[type[BaseModel], str | None]]:
     return [
         (s.ModelSpec, None), (s.VocabSpec, None), (s.NormSpec, "norm"), (s.DropoutSpec, None),
         (s.StackSpec, "stack"), (s.AttentionSpec, "score"), (s.FFNSpec, "activation"),
-        (s.TokensSpec, None), (s.ServingSpec, None), (s.RangeSpec, None),
+        (s.TokensSpec, None), (s.ServingSpec, None), (s.RangeSpec, None), (s.GenerationServingSpec, None),
     ]
 
 

@@ -97,6 +97,16 @@ class Range:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """serving.generation: what `specc serve` decodes at once (None: its default from the batch
+    and length ranges). A build made before the key existed reads as every default."""
+
+    max_sequences: int | None = None
+    max_cache_tokens: int | None = None
+    max_waiting: int = 64
+
+
+@dataclass(frozen=True)
 class Tokens:
     """The spec's special token ids (tokens:), None where it names none."""
 
@@ -132,6 +142,7 @@ class BuildInfo:
     tokens: Tokens
     batch: Range  # serving.batch
     length: Range  # serving.length
+    generation: Generation = Generation()  # serving.generation
 
     @property
     def main_graph(self) -> GraphInfo:
@@ -186,7 +197,8 @@ class BuildInfo:
                        target_vocab_size=_int(vocab.get("target_size") or vocab["size"]),
                        type_vocab_size=_int(vocab.get("type_size") or 0), outputs=outputs,
                        lm_output=lm, learned_positions=learned, tokens=tokens,
-                       batch=_range(serving["batch"]), length=_range(serving["length"]))
+                       batch=_range(serving["batch"]), length=_range(serving["length"]),
+                       generation=_generation(serving.get("generation") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise NotAManifest(f"malformed '{field}' ({type(exc).__name__}: {exc})") from None
         return info
@@ -196,6 +208,13 @@ def _tensors(entries: Any) -> tuple[TensorInfo, ...]:
     return tuple(TensorInfo(name=_str(t["name"]), dtype=_str(t["dtype"]),
                             dims=tuple(d if isinstance(d, str) else _int(d) for d in t["dims"]))
                  for t in entries)
+
+
+def _generation(entry: Any) -> Generation:
+    default = Generation()
+    return Generation(max_sequences=_opt_int(entry.get("max_sequences")),
+                      max_cache_tokens=_opt_int(entry.get("max_cache_tokens")),
+                      max_waiting=_int(entry.get("max_waiting", default.max_waiting)))
 
 
 def _range(entry: Any) -> Range:

@@ -130,6 +130,15 @@ def serving_ranges_ordered(spec: ModelSpec) -> Iterable[Problem]:
             yield ("serving", name), f"needs min <= opt <= max, got min {r.min}, opt {r.opt}, max {r.max}"
 
 
+def generation_fits_the_batch(spec: ModelSpec) -> Iterable[Problem]:
+    """The scheduler's batched step runs the graphs at no more rows than they are built for."""
+    g = spec.serving.generation
+    if g.max_sequences is not None and g.max_sequences > spec.serving.batch.max:
+        yield ("serving", "generation", "max_sequences"), (
+            f"{g.max_sequences} sequences decoded at once, more than serving.batch.max "
+            f"{spec.serving.batch.max} (the most rows the graphs are built for)")
+
+
 def outputs_consistent(spec: ModelSpec) -> Iterable[Problem]:
     outs = effective_outputs(spec)
     if spec.outputs is not None and not outs:
@@ -180,6 +189,7 @@ RULES: tuple[Callable[[ModelSpec], Iterable[Problem]], ...] = (
     patterns_fit_roles,
     lengths_fit,
     serving_ranges_ordered,
+    generation_fits_the_batch,
     outputs_consistent,
     vocab_consistent,
 )

@@ -334,10 +334,24 @@ class RangeSpec(Node):
     max: PosInt
 
 
+class GenerationServingSpec(Node):
+    """What `specc serve` decodes at once for its generate endpoint (docs/serving.md, "The
+    scheduler"): at most `max_sequences` sequences in one batched decode step (null:
+    serving.batch.max; never more), their KV cache at most `max_cache_tokens` positions, counted
+    as the cache holds them: rows x the longest row, padding included (null: max_sequences x
+    serving.length.max), and at most `max_waiting` requests queued for a place; one more is
+    answered 503. `specc serve` flags override each."""
+
+    max_sequences: PosInt | None = None
+    max_cache_tokens: PosInt | None = None
+    max_waiting: NonNegInt = 64
+
+
 class ServingSpec(Node):
     batch: RangeSpec = RangeSpec(min=1, opt=8, max=32)
     length: RangeSpec = RangeSpec(min=1, opt=128, max=512)
     precision: PrecisionName = "fp32"  # the names of specc/spec/targets.py's PRECISIONS
+    generation: GenerationServingSpec = GenerationServingSpec()
 
 
 # --- the whole model ------------------------------------------------------------------------

@@ -278,6 +278,14 @@ CASES = [
         "min <= opt <= max",
         "serving_ranges_ordered",
     ),
+    Case(
+        "generation-more-sequences-than-the-batch",
+        DEC + "serving:\n  batch: {min: 1, opt: 2, max: 4}\n  generation:\n    max_sequences: 8\n",
+        "serving.generation.max_sequences",
+        "max_sequences: ^8",
+        "more than serving.batch.max 4",
+        "generation_fits_the_batch",
+    ),
     # --- outputs ------------------------------------------------------------------------------
     Case(
         "tie_output-without-lm-output",
