@@ -233,7 +233,6 @@ NEAR_ONE = ((_bias, 0.0, 0.1), (_norm, 1.0, 0.3))
 DRAWS = {
     "qwen2": (ZERO_MEAN_BIASES,), "stablelm": (ZERO_MEAN_BIASES, ZERO_MEAN_NORMS),
     **{label: (ZERO_MEAN_NORMS,) for label in ("gemma", "gemma2", "gemma3", "gemma3-scaled", "qwen3", "stablelm-parallel")},
-    "qwen2-yarn": (ZERO_MEAN_BIASES,),
     "olmo2": (((_norm, 1.0, 0.3),),),
     **{label: (NEAR_ONE,) for label in ("bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gpt-neox-yarn", "gptj",
                                         "falcon-new",
