@@ -58,6 +58,9 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
                             "validate bad.yaml", 1),
     "rule-outputs": ({"bad.yaml": BERT + "outputs:\n  - {kind: hidden}\n  - {kind: classifier, classes: 2, name: last_hidden_state}\n"},
                      "validate bad.yaml", 1),
+    "rule-rotary-scaling": ({"bad.yaml": "specc: 1\nname: bad\nextends: tiny-llama\nposition:\n  kind: rotary\n"
+                                         "  scaling: {kind: longrope, original_max_length: 8, short_factor: [1.0, 2.0], "
+                                         "long_factor: [1.0, 2.0]}\n"}, "validate bad.yaml", 1),
     "extends-missing": ({"bad.yaml": "specc: 1\nname: bad\nextends: tiny-gtp2\n"}, "validate bad.yaml", 1),
     "extends-cycle": ({"a.yaml": "specc: 1\nname: a\nextends: b.yaml\n", "b.yaml": "specc: 1\nname: b\nextends: a.yaml\n"},
                       "validate a.yaml", 1),
