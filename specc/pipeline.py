@@ -142,9 +142,11 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         facts["name"] = r.name
     precision = r.serving.precision
     weights_file = _weights_file(weights, r)
+    tokenizer = build_manifest.tokenizer_files(r)  # copied into DIR's root, hashed in the manifest
     engines = _builds_engines(target, precision)
     made = build_manifest.inputs(r, target=target, precision=precision, opset=opset, weights=weights_file,
-                                 seed=seed, passes=_ort_passes(engines) if TARGETS[target].ort_passes else [])
+                                 seed=seed, passes=_ort_passes(engines) if TARGETS[target].ort_passes else [],
+                                 tokenizer=tokenizer)
     out = Path(out_dir)
     hit = None if force else build_manifest.cached(out, made.cache_key)
     if hit is not None:
@@ -187,6 +189,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             del refs
             shutil.rmtree(spill)
             written, graph_files = WRITE_STEPS[TARGETS[target].write](r, files, plans, stage.tmp)
+            written += [Path(shutil.copyfile(f, stage.tmp / f.name)) for f in tokenizer]
             listed = build_manifest.artifacts([*written, stage.tmp / WEIGHTS_FILE], stage.tmp)
             manifest = build_manifest.write(
                 stage.tmp, r, made, graph_files=graph_files, artifacts=listed, parameters=n_params,

@@ -11,7 +11,8 @@ converted as llama), qwen2, qwen3; any other is refused naming `general.architec
 llama.cpp's converter stores a llama model's q and k rows permuted for its rotary layout (pairs
 of adjacent dims); they are permuted back to Hugging Face's (each head's halves), as
 transformers' own GGUF loading does. qwen2 and qwen3 are stored unpermuted. The tokenizer in the
-file is not carried (its text handling belongs to the tokenizer work, docs/import.md).
+file's metadata is carried as import hf carries a folder's (OUT.tokenizer/), converted to a
+tokenizer.json by specc.importers.tokenizer.gguf_tokenizer.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from specc.importers.hf.checkpoint import CheckpointError
 from specc.importers.hf.importer import check_outputs, write_import
+from specc.importers.tokenizer import gguf_tokenizer
 
 # general.architecture -> (model_type, architectures entry, q/k rows permuted by the converter)
 ARCHITECTURES = {
@@ -165,8 +167,9 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: str | None = None,
-                force: bool = False) -> tuple[Path, Path]:
-    """Write OUT.yaml and OUT.safetensors for the GGUF file PATH; both or neither."""
+                force: bool = False, max_length: int | None = None, tokenizer: bool = True) -> tuple[Path, Path]:
+    """Write OUT.yaml and OUT.safetensors for the GGUF file PATH, and OUT.tokenizer/ from its
+    tokenizer metadata (unless tokenizer=False); all or none. max_length: as import_hf's."""
     try:
         from gguf import GGUFReader
     except ImportError:
@@ -184,5 +187,7 @@ def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: s
     tensors = GGUFTensors(reader, config, permuted, where)
     stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "imported"
     label = path.name.replace("{", "{{").replace("}", "}}")  # write_import formats the description
+    carry = (lambda vocab: gguf_tokenizer(path, reader, vocab, config["max_position_embeddings"])) if tokenizer else None
     return write_import(config, tensors, where, Path(out_spec), weights, name or stem,
-                        f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf")
+                        f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf",
+                        max_length=max_length, tokenizer=carry)
