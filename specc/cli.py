@@ -396,7 +396,7 @@ def import_gguf_cmd(src_file: str, out_spec: str, name: str | None, max_length: 
 
 def _report_import(spec_path, weights_path, as_json: bool) -> None:
     """What an import wrote: JSON, or lines and the next command."""
-    from specc.importers.tokenizer import tokenizer_folder
+    from specc.importers.hf.tokenizer import tokenizer_folder
     from specc.spec import load_spec
 
     spec = load_spec(spec_path)

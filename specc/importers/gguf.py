@@ -12,7 +12,7 @@ llama.cpp's converter stores a llama model's q and k rows permuted for its rotar
 of adjacent dims); they are permuted back to Hugging Face's (each head's halves), as
 transformers' own GGUF loading does. qwen2 and qwen3 are stored unpermuted. The tokenizer in the
 file's metadata is carried as import hf carries a folder's (OUT.tokenizer/), converted to a
-tokenizer.json by specc.importers.tokenizer.gguf_tokenizer.
+tokenizer.json by specc.importers.hf.tokenizer.gguf_tokenizer.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from specc.importers.hf.checkpoint import CheckpointError
 from specc.importers.hf.importer import check_outputs, write_import
-from specc.importers.tokenizer import gguf_tokenizer
+from specc.importers.hf.tokenizer import gguf_tokenizer
 
 # general.architecture -> (model_type, architectures entry, q/k rows permuted by the converter)
 ARCHITECTURES = {

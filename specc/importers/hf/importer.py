@@ -3,7 +3,7 @@ none.
 
 Contract: `import_hf(src, out_spec)` reads the folder (specc.importers.hf.checkpoint), converts its config
 and tensors (specc.importers.hf.convert), validates and resolves the spec it writes, and only then writes
-the weights, the tokenizer folder (specc.importers.tokenizer: the checkpoint's tokenizer files, where it
+the weights, the tokenizer folder (specc.importers.hf.tokenizer: the checkpoint's tokenizer files, where it
 has a tokenizer.json) and, atomically, the spec, whose `weights:` key names the safetensors file beside
 it and `tokenizer:` the folder. serving.length.max is the checkpoint's context unless `max_length`
 says otherwise.
@@ -27,7 +27,7 @@ from specc.errors import SpecError
 from specc.fileio import write_atomic
 from specc.importers.hf.checkpoint import CheckpointError, read_checkpoint
 from specc.importers.hf.convert import config_to_spec, convert_tensors, family_of, spec_error
-from specc.importers.tokenizer import hf_tokenizer, remove_folder, tokenizer_folder, write_folder
+from specc.importers.hf.tokenizer import hf_tokenizer, remove_folder, tokenizer_folder, write_folder
 from specc.spec import loads_spec, resolve
 from specc.spec.yamlio import dump_yaml
 
