@@ -507,12 +507,15 @@ def _rows(ids: tuple[str, ...], input_file: str | None, texts: tuple[str, ...]) 
 
 def _text_tokenizer(session, path: str | None, texts: tuple[str, ...]):
     """The tokenizer of --text and of the printed text: --tokenizer's (a tokenizer.json, or a
-    folder holding one) where given, else the build's where --text was given (RunError where it
-    carries none); None otherwise (--ids in, ids out)."""
+    folder holding one) where given, else the build's where --text was given (a usage error where
+    it carries none, as --text without --tokenizer always was); None otherwise (--ids in, ids out)."""
     from specc.runtime.text import Tokenizer
 
     if path is not None:
         return Tokenizer.load(path)
+    if texts and not session.has_tokenizer:
+        raise click.UsageError(f"--text needs a tokenizer: {session.dir} carries none (its spec has no "
+                               "tokenizer:); give --tokenizer FILE")
     return session.tokenizer if texts else None
 
 

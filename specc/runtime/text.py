@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -147,8 +148,6 @@ class Tokenizer:
             raise TemplateError(message)
 
         def strftime_now(fmt):
-            from datetime import datetime
-
             return datetime.now().strftime(fmt)
 
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):

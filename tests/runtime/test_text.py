@@ -216,8 +216,10 @@ def test_generate_chat_feeds_the_rendered_template(llama_build):
 def test_text_without_a_tokenizer_names_the_build(tmp_path_factory):
     gpt2 = specc.build("tiny-gpt2", tmp_path_factory.getbasetemp() / "specc-runtime-builds" / "tiny-gpt2").out_dir
     result = cli("generate", gpt2, "--text", "hello")
-    assert result.exit_code == 1
-    assert "carries no tokenizer" in result.stderr and "--tokenizer FILE" in result.stderr
+    assert result.exit_code == 2
+    assert "carries none" in result.stderr and "--tokenizer FILE" in result.stderr
+    with pytest.raises(RunError, match="carries no tokenizer"):
+        Session(gpt2).tokenizer
     assert cli("generate", gpt2, "--chat", "--ids", "1,2").exit_code == 2  # --chat takes --text
 
 
