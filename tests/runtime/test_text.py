@@ -124,6 +124,20 @@ def test_run_text_uses_the_builds_tokenizer_and_its_mask(bert_build):
     np.testing.assert_allclose(got, s.run(**s.encode(texts))["last_hidden_state"], atol=1e-5)
 
 
+def test_unequal_rows_of_a_tokenizer_without_padding_are_padded_as_ids_rows(llama_build):
+    """SmolLM2's tokenizer does not pad: a decoder's rows are left-padded with the build's pad id
+    and masked, as --ids rows are; each row's logits are its own."""
+    s = Session(llama_build)
+    texts = ["Hello there, how are you today?", "日本"]
+    feeds = s.encode(texts)
+    ids = [s.tokenizer.backend.encode(t).ids for t in texts]
+    width = max(map(len, ids))
+    assert feeds["attention_mask"].tolist() == [[0] * (width - len(r)) + [1] * len(r) for r in ids]
+    logits = s.run(**feeds)["logits"]
+    for i, row in enumerate(ids):
+        np.testing.assert_allclose(logits[i, width - len(row):], s.run(input_ids=[row])["logits"][0], atol=1e-4)
+
+
 # --- SmolLM2: whole characters streamed ------------------------------------------------------------------
 
 
