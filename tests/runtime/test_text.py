@@ -110,6 +110,12 @@ def test_minilm_padded_batch_equals_each_text_alone(bert_build):
         assert ids == feeds["input_ids"][i, :len(ids)].tolist() and feeds["attention_mask"][i].sum() == len(ids)
         alone = s.run(input_ids=[ids])["last_hidden_state"][0]
         np.testing.assert_allclose(padded[i, :len(ids)], alone, atol=1e-5)
+    # its truncation too: a long text is cut at 128, ending with [SEP] as transformers cuts it
+    transformers = pytest.importorskip("transformers")
+    long = " ".join(["word"] * 300)
+    cut = Session(bert_build).encode([long])
+    ref = transformers.AutoTokenizer.from_pretrained(str(bert_build))(long, truncation=True, max_length=128)
+    assert cut["input_ids"][0].tolist() == ref["input_ids"] and cut["attention_mask"].sum() == 128
     # the test can fail: the same batch with its padding attended is another answer
     unmasked = s.run(input_ids=feeds["input_ids"])["last_hidden_state"]
     assert np.abs(unmasked[0, :5] - padded[0, :5]).max() > 1e-2
