@@ -530,7 +530,7 @@ def _text_tokenizer(session, path: str | None, texts: tuple[str, ...]):
 @click.option("--no-hash-check", is_flag=True, help="Open the graphs without checking them against the manifest's sha256 (faster for a large build known to be intact).")
 @click.option("--json", "as_json", is_flag=True, help='{"outputs": {name: nested lists}} on stdout.')
 def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, no_hash_check, as_json):
-    """Run a built model on token ids and print its named outputs (classifiers: probabilities)."""
+    """Run a built model on token ids or text and print its named outputs (classifiers: probabilities)."""
     import numpy as np
 
     from specc.runtime import Session
