@@ -147,8 +147,9 @@ class Session:
             if not self.has_tokenizer:
                 raise RunError(f"{self.dir}: the build carries no tokenizer (its spec has no tokenizer:); "
                                "give one (--tokenizer FILE, or specc.runtime.text.Tokenizer.load(FILE))")
-            if self._check_hashes:
-                check_files(self.dir, self.manifest, [f for f in TOKENIZER_FILES if f in manifest_paths(self.manifest)])
+            if self._check_hashes:  # every file of the tokenizer that is there (one added since is refused too)
+                listed = manifest_paths(self.manifest)
+                check_files(self.dir, self.manifest, [f for f in TOKENIZER_FILES if f in listed or (self.dir / f).exists()])
             self._tokenizer = Tokenizer.load(self.dir / TOKENIZER_JSON)
         return self._tokenizer
 

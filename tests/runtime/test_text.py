@@ -90,6 +90,12 @@ def test_a_changed_tokenizer_file_is_refused_when_the_build_reads_it(bert_build,
     (copy / "tokenizer.json").write_text((copy / "tokenizer.json").read_text().replace('"[PAD]"', '"[XAD]"'))
     with pytest.raises(RunError, match="tokenizer.json: changed since the build"):
         Session(copy).tokenizer
+    # a template added after the build would be read with it: refused as well
+    shutil.copy(bert_build / "tokenizer.json", copy / "tokenizer.json")
+    (copy / "chat_template.jinja").write_text("{{ messages }}")
+    with pytest.raises(RunError, match="chat_template.jinja is not among the build's artifacts"):
+        Session(copy).tokenizer
+    assert Session(copy, check_hashes=False).tokenizer.template == "{{ messages }}"
 
 
 # --- MiniLM: padding honoured, the mask passed ------------------------------------------------------------
