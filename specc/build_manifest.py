@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 from dataclasses import dataclass
 from importlib import metadata
@@ -19,8 +20,18 @@ from typing import Any
 from specc import __version__
 from specc.export.quantize import describe as quantization
 from specc.spec.dump import spec_to_data
-from specc.fileio import INDEX_SUFFIX, file_sha256, sha256s, write_atomic
-from specc.spec.manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE, NotAManifest, read_manifest
+from specc.errors import BuildError
+from specc.fileio import INDEX_SUFFIX, NotARegularFile, file_sha256, regular_size, sha256s, write_atomic
+from specc.spec.manifest import (
+    MANIFEST,
+    MANIFEST_VERSION,
+    MAX_TOKENIZER_BYTES,
+    TOKENIZER_FILES,
+    TOKENIZER_JSON,
+    WEIGHTS_FILE,
+    NotAManifest,
+    read_manifest,
+)
 from specc.spec.resolve import ResolvedSpec
 from specc.spec.targets import PRECISIONS
 
@@ -54,10 +65,34 @@ class Inputs:
     cache_key: str
 
 
+def tokenizer_files(r: ResolvedSpec) -> list[Path]:
+    """The files of the spec's `tokenizer:` folder a build copies into its root (TOKENIZER_FILES
+    that are there; tokenizer.json required), each a regular file of at most MAX_TOKENIZER_BYTES;
+    none without the key. BuildError naming the spec's key and the file otherwise."""
+    if r.tokenizer_path is None:
+        return []
+    folder = Path(r.tokenizer_path)
+    where = f"{r.source or r.name}: tokenizer: {r.spec.tokenizer}"
+    if not folder.is_dir():
+        raise BuildError(f"{where}: no such folder ({folder})")
+    if not (folder / TOKENIZER_JSON).exists():
+        raise BuildError(f"{where}: no {TOKENIZER_JSON} in {folder}")
+    files = [folder / name for name in TOKENIZER_FILES if os.path.lexists(folder / name)]
+    for f in files:
+        try:
+            regular_size(f, MAX_TOKENIZER_BYTES)
+        except NotARegularFile as exc:
+            raise BuildError(f"{where}: {exc}") from None
+        except OSError as exc:
+            raise BuildError(f"{where}: {f}: {exc.strerror or exc}") from None
+    return files
+
+
 def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights: Path | None, seed: int,
-           passes: list[str]) -> Inputs:
+           passes: list[str], tokenizer: list[Path] = ()) -> Inputs:
     """The build's inputs: `weights` a safetensors file or a sharded one's index (hashed, and each
-    shard), else the seeded initialisation."""
+    shard), else the seeded initialisation; `tokenizer` the files copied beside the graphs (hashed,
+    under options.tokenizer, only where there are any)."""
     source: dict[str, Any] = {"source": "seed", "seed": seed}
     if weights is not None:
         source = {"source": "file", "file": weights.name, "sha256": file_sha256(weights)}
@@ -70,6 +105,8 @@ def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights:
     options = {"target": target, "precision": precision, "opset": opset, "weights": source}
     if PRECISIONS[precision].quantized:
         options["quantization"] = quantization(precision)
+    if tokenizer:
+        options["tokenizer"] = dict(zip((p.name for p in tokenizer), sha256s(list(tokenizer))))
     vers = versions()
     key = hashlib.sha256(canonical({"spec": spec, "options": options, "versions": vers,
                                     "manifest": MANIFEST_VERSION, "passes": passes})).hexdigest()

@@ -41,7 +41,7 @@ from specc.export.verify import new_report, verify
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
 from specc.malloc import trim
-from specc.memory import STREAMED_LONGEST, check_disk, check_memory, streamed_fits, verifies_whole
+from specc.memory import STREAMED_LONGEST, check_disk, check_memory, streamed_fits, verified_length, verifies_whole
 from specc.runtime.session import session_options
 from specc.spec.costs import parameter_shapes
 from specc.spec.load import load_spec
@@ -142,9 +142,11 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         facts["name"] = r.name
     precision = r.serving.precision
     weights_file = _weights_file(weights, r)
+    tokenizer = build_manifest.tokenizer_files(r)  # copied into DIR's root, hashed in the manifest
     engines = _builds_engines(target, precision)
     made = build_manifest.inputs(r, target=target, precision=precision, opset=opset, weights=weights_file,
-                                 seed=seed, passes=_ort_passes(engines) if TARGETS[target].ort_passes else [])
+                                 seed=seed, passes=_ort_passes(engines) if TARGETS[target].ort_passes else [],
+                                 tokenizer=tokenizer)
     out = Path(out_dir)
     hit = None if force else build_manifest.cached(out, made.cache_key)
     if hit is not None:
@@ -167,7 +169,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         # staging directory, until compared
         spill = stage.tmp / ".references"
         spill.mkdir()
-        longest = STREAMED_LONGEST if streamed else None
+        longest = verified_length(r, streamed)
         # a streamed build's reference run waits for the save (run by result(), not forked): its
         # layers made beside the save's were such a build's peak (docs/build.md)
         with ReferenceJob(r, built.reference, seed, spill, stage.tmp / WEIGHTS_FILE, longest=longest,
@@ -187,10 +189,12 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             del refs
             shutil.rmtree(spill)
             written, graph_files = WRITE_STEPS[TARGETS[target].write](r, files, plans, stage.tmp)
+            written += [Path(shutil.copyfile(f, stage.tmp / f.name)) for f in tokenizer]
             listed = build_manifest.artifacts([*written, stage.tmp / WEIGHTS_FILE], stage.tmp)
             manifest = build_manifest.write(
                 stage.tmp, r, made, graph_files=graph_files, artifacts=listed, parameters=n_params,
-                optimizations=optimizations, verification={**report.to_dict(), **_protocol(streamed, segmented)},
+                optimizations=optimizations, verification={**report.to_dict(), **_protocol(streamed, segmented),
+                                                          "length": {"verified": longest, "serving": r.serving.length.max}},
                 verification_tensorrt=engine_report, timings=clock.timings())
             check_interrupt()  # the last moment a Ctrl-C still leaves DIR as it was
             stage.commit()
