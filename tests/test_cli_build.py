@@ -134,7 +134,8 @@ def test_json_prints_one_document(process_json):
     assert MANIFEST_KEYS <= doc.keys()
     assert doc["cached"] is False
     assert doc["out_dir"] == str(out)
-    assert [a["path"] for a in doc["artifacts"]] == ["model.onnx", "model.safetensors"]
+    assert [a["path"] for a in doc["artifacts"]] == ["model.onnx", "config.json", "generation_config.json",
+                                                     "genai_config.json"]
     assert doc["parameters"] == 139_264
     assert doc["verification"]["passed"] is True
     assert set(doc["graphs"]) == {"model"}

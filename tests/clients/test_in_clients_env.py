@@ -12,6 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 import specc
 from specc.runtime import Session
+from specc.spec.load import loads_spec
 
 optimum_ort = pytest.importorskip("optimum.onnxruntime", reason="the clients environment is missing: make install-clients")
 og = pytest.importorskip("onnxruntime_genai", reason="the clients environment is missing: make install-clients")
@@ -19,19 +20,25 @@ torch = pytest.importorskip("torch")
 
 PROMPTS = [[5, 17, 400, 23, 9], [88, 3]]  # two lengths: the second row is left-padded
 NEW = 12
+# decoders no Hugging Face family computes (no config.json): onnxruntime-genai runs them all the same
+VARIANTS = {"alibi": "position: {kind: alibi}", "relative": "position: {kind: relative, max_length: 128}",
+            "local": "decoder: {attention: {pattern: {kind: local, window: 3}}}",
+            "bigbird": "decoder: {attention: {pattern: {kind: bigbird, block: 4, window: 1, global: 1, random: 1}}}"}
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """Builds whose seeded weights are scaled up (matrices x8), so that greedy decoding picks
     varied tokens and a wrong cache or position shows in them."""
+    specs = {name: name for name in ("tiny-gpt2", "tiny-llama", "tiny-bert")}
+    specs.update({k: loads_spec(f"specc: 1\nname: {k}\nextends: tiny-gpt2\n{text}\n") for k, text in VARIANTS.items()})
     made = {}
-    for name in ("tiny-gpt2", "tiny-llama", "tiny-bert"):
+    for name, spec in specs.items():
         root = tmp_path_factory.mktemp(name)
-        specc.save_weights(specc.to_torch(name, seed=0), root / "w.safetensors")
+        specc.save_weights(specc.to_torch(spec, seed=0), root / "w.safetensors")
         weights = load_file(str(root / "w.safetensors"))
         save_file({k: v * 8 if v.ndim == 2 else v for k, v in weights.items()}, str(root / "x.safetensors"))
-        made[name] = specc.build(name, root / "build", weights=root / "x.safetensors").out_dir
+        made[name] = specc.build(spec, root / "build", weights=root / "x.safetensors").out_dir
     return made
 
 
@@ -78,11 +85,13 @@ def test_optimum_feature_extraction_gives_specc_hidden_states(builds):
     np.testing.assert_allclose(got[real], ref["last_hidden_state"][real], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", *VARIANTS])
 def test_onnxruntime_genai_generates_specc_tokens(builds, name):
     build = builds[name]
+    assert (build / "genai_config.json").is_file()
+    assert (build / "config.json").is_file() == (name not in VARIANTS)
     model = og.Model(str(build))
-    for prompt in PROMPTS:
+    for prompt in [*PROMPTS, [5, 17, 400, 23, 9, 44, 61, 2, 90, 11]]:  # the last one past a window of 3
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=len(prompt) + NEW, do_sample=False)
         generator = og.Generator(model, params)
