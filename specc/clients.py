@@ -5,7 +5,7 @@ IO signature alone.
 
 Contracts:
 
-- `client_files(r)` says, for each client, which files it gets and their JSON, or why it gets none
+- `client_files(r, graph_files)` says, for each client, which files it gets and their JSON, or why it gets none
   (`ClientFiles.clients`, which the manifest records as `clients`). A file is written only where
   its client runs the build's graphs as `specc run` / `specc generate` do; nothing is written for
   a spec the client would run computing something else or fail on.
@@ -61,8 +61,9 @@ class ClientFiles:
     clients: dict[str, dict] = field(default_factory=dict)
 
 
-def client_files(r: ResolvedSpec) -> ClientFiles:
-    """What a build of R writes for other clients (the module's contracts)."""
+def client_files(r: ResolvedSpec, graph_files: dict[str, str]) -> ClientFiles:
+    """What a build of R writes for other clients (the module's contracts); GRAPH_FILES: each
+    graph's file in the build folder, as the manifest records it."""
     out = ClientFiles()
     config, why = _hf_files(r)
     if config is None:
@@ -71,7 +72,7 @@ def client_files(r: ResolvedSpec) -> ClientFiles:
         out.files[CONFIG] = config
         out.files[GENERATION_CONFIG] = _generation_config(r)
         out.clients[OPTIMUM] = {"files": [CONFIG, GENERATION_CONFIG]}
-    genai, why = _genai_config(r)
+    genai, why = _genai_config(r, graph_files)
     if genai is None:
         out.clients[GENAI] = {"why": why}
     else:
@@ -151,7 +152,7 @@ def _cache_shape(r: ResolvedSpec) -> tuple[int, int] | None:
     return dims[1], dims[3]
 
 
-def _genai_config(r: ResolvedSpec) -> tuple[dict | None, str]:
+def _genai_config(r: ResolvedSpec, graph_files: dict[str, str]) -> tuple[dict | None, str]:
     if r.architecture != "decoder":
         return None, f"onnxruntime-genai runs decoder-only models (this is an {r.architecture})"
     sig = next(g for g in r.graphs if g.name == "model")
@@ -172,7 +173,7 @@ def _genai_config(r: ResolvedSpec) -> tuple[dict | None, str]:
     tokens = _tokens(r)
     context = r.spec.position.max_length
     decoder = {"session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
-               "filename": "model.onnx", "head_size": shape[1], "hidden_size": r.spec.d_model,
+               "filename": graph_files[sig.name], "head_size": shape[1], "hidden_size": r.spec.d_model,
                "num_attention_heads": r.spec.decoder.attention.heads, "num_hidden_layers": r.spec.decoder.layers,
                "num_key_value_heads": shape[0], "inputs": inputs, "outputs": outputs}
     model = {"type": "decoder", "vocab_size": r.spec.vocab.size, "context_length": context,

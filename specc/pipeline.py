@@ -193,7 +193,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             del refs
             shutil.rmtree(spill)
             written, graph_files = WRITE_STEPS[TARGETS[target].write](r, files, plans, stage.tmp)
-            clients = client_files(r) if TARGETS[target].write == "files" else None
+            clients = client_files(r, graph_files) if TARGETS[target].write == "files" else None
             if clients is not None:
                 written += write_client_files(stage.tmp, clients)
             if keep_weights:

@@ -88,7 +88,8 @@ def test_a_config_is_kept_only_where_importing_it_gives_the_spec_back():
     ("qwen3-0.6b", OPTIMUM, "[batch, 8, 0, 64]"),  # Optimum's head size is hidden_size // heads
 ])
 def test_what_a_client_cannot_run_gets_no_file_and_a_reason(name, client, why):
-    made = client_files(resolved(name))
+    r = resolved(name)
+    made = client_files(r, {g.name: f"{g.name}.onnx" for g in r.graphs})
     assert "files" not in made.clients[client] and why in made.clients[client]["why"]
     if client == OPTIMUM:
         assert CONFIG not in made.files and GENERATION_CONFIG not in made.files
@@ -98,7 +99,7 @@ def test_what_a_client_cannot_run_gets_no_file_and_a_reason(name, client, why):
 
 def test_genai_config_names_the_graph_and_its_cache():
     r = resolved("tiny-llama")
-    genai = client_files(r).files[GENAI_CONFIG]
+    genai = client_files(r, {"model": "model.onnx"}).files[GENAI_CONFIG]
     decoder = genai["model"]["decoder"]
     sig = r.graphs[0]
     past = next(t for t in sig.inputs if t.name == "past_key_values.0.key")
@@ -106,6 +107,7 @@ def test_genai_config_names_the_graph_and_its_cache():
     assert set(decoder["inputs"]) - {"past_key_names", "past_value_names"} <= {t.name for t in sig.inputs}
     assert decoder["outputs"]["logits"] == "logits" and genai["search"]["past_present_share_buffer"] is False
     assert genai["model"]["eos_token_id"] == r.spec.tokens.eos and genai["model"]["type"] == "decoder"
+    assert decoder["filename"] == "model.onnx"
 
 
 def test_a_build_writes_the_clients_files_hashed_and_no_second_copy_of_the_weights(tmp_path):
