@@ -89,10 +89,11 @@ def tokenizer_files(r: ResolvedSpec) -> list[Path]:
 
 
 def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights: Path | None, seed: int,
-           passes: list[str], tokenizer: list[Path] = ()) -> Inputs:
+           passes: list[str], tokenizer: list[Path] = (), keep_weights: bool = False) -> Inputs:
     """The build's inputs: `weights` a safetensors file or a sharded one's index (hashed, and each
     shard), else the seeded initialisation; `tokenizer` the files copied beside the graphs (hashed,
-    under options.tokenizer, only where there are any)."""
+    under options.tokenizer, only where there are any); keep_weights: whether DIR keeps
+    model.safetensors."""
     source: dict[str, Any] = {"source": "seed", "seed": seed}
     if weights is not None:
         source = {"source": "file", "file": weights.name, "sha256": file_sha256(weights)}
@@ -102,7 +103,8 @@ def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights:
             shards = ShardedSafetensors(weights).files[1:]
             source["shards"] = dict(zip((p.name for p in shards), sha256s(shards)))
     spec = spec_to_data(r.spec)
-    options = {"target": target, "precision": precision, "opset": opset, "weights": source}
+    options = {"target": target, "precision": precision, "opset": opset, "weights": source,
+               "keep_weights": keep_weights}
     if PRECISIONS[precision].quantized:
         options["quantization"] = quantization(precision)
     if tokenizer:
@@ -116,8 +118,8 @@ def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights:
 def cached(out: Path, cache_key: str) -> dict | None:
     """DIR's manifest when it records this cache key and every artifact is intact: the manifest's
     list must name every file a build needs (each graph's file, its external data where that is on
-    disk, the weights file), and each listed file must have its recorded size and sha256. A list
-    someone shortened is no cache hit."""
+    disk, the weights file where the build keeps it, the clients' and the tokenizer's files), and each listed file must
+    have its recorded size and sha256. A list someone shortened is no cache hit."""
     try:
         manifest = read_manifest(out / MANIFEST)
     except (OSError, NotAManifest):
@@ -126,7 +128,10 @@ def cached(out: Path, cache_key: str) -> dict | None:
         return None
     try:
         artifacts = [(out / a["path"], a["bytes"], a["sha256"]) for a in manifest["artifacts"]]
-        needed = {WEIGHTS_FILE} | {g["file"] for g in manifest["graphs"].values()}
+        needed = {g["file"] for g in manifest["graphs"].values()}
+        needed |= {WEIGHTS_FILE} if manifest["options"]["keep_weights"] else set()
+        needed |= {f for c in manifest.get("clients", {}).values() for f in c.get("files", [])}
+        needed |= set(manifest["options"].get("tokenizer", {}))
     except (KeyError, TypeError, AttributeError):
         return None
     needed |= {f"{f}.data" for f in needed if (out / f"{f}.data").exists()}
@@ -151,7 +156,7 @@ def _sigs(sigs) -> list[dict]:
 
 def write(root: Path, r: ResolvedSpec, made: Inputs, *, graph_files: dict[str, str], artifacts: list[dict],
           parameters: int, optimizations: list[dict], verification: dict, verification_tensorrt: dict | None,
-          timings: dict[str, float]) -> dict:
+          timings: dict[str, float], clients: dict[str, dict] | None = None) -> dict:
     """Write root/manifest.json (docs/build.md lists its keys) and return it. `timings` is the
     only entry that differs between identical builds."""
     manifest = {
@@ -166,6 +171,8 @@ def write(root: Path, r: ResolvedSpec, made: Inputs, *, graph_files: dict[str, s
         "graphs": {sig.name: {"file": graph_files[sig.name], "inputs": _sigs(sig.inputs),
                               "outputs": _sigs(sig.outputs)} for sig in r.graphs},
         "artifacts": artifacts,
+        # per client (specc/clients.py): the files written for it, or why none are
+        **({"clients": clients} if clients is not None else {}),
         "parameters": parameters,
         "optimizations": optimizations,
         "verification": verification,

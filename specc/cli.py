@@ -310,12 +310,14 @@ class _StageDisplay:
 @click.option("--max-memory", type=_Bytes(), default=None, help="Memory the build may use (e.g. 16GiB); default: what is available.")
 @click.option("--stream/--no-stream", default=None,
               help="Hold one layer at a time (a model larger than memory; see docs/build.md); default: streamed when the whole model does not fit.")
+@click.option("--keep-weights", is_flag=True,
+              help="Also write DIR/model.safetensors, the fp32 weights in specc's names (the graphs hold the weights either way).")
 @click.option("--force", is_flag=True, help="Rebuild even when DIR is up to date.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary; errors only.")
 @click.option("--json", "as_json", is_flag=True, help="The manifest's facts as one JSON document on stdout.")
 def build(spec: str, out_dir: str, target: str, precision: str | None, weights: str | None, seed: int,
-          opset: int | None, max_memory: int | None, stream: bool | None, force: bool, quiet: bool,
-          as_json: bool) -> None:
+          opset: int | None, max_memory: int | None, stream: bool | None, keep_weights: bool, force: bool,
+          quiet: bool, as_json: bool) -> None:
     """Build SPEC into DIR: export to ONNX, verify against PyTorch, write DIR/manifest.json.
 
     A verification failure exits 1 and leaves DIR as it was."""
@@ -328,7 +330,7 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     try:
         result = run_build(spec, out_dir, target=target, precision=precision, weights=weights, seed=seed,
                            force=force, opset=DEFAULT_OPSET if opset is None else opset, max_memory=max_memory,
-                           stream=stream, progress=display)
+                           stream=stream, keep_weights=keep_weights, progress=display)
     finally:
         display.close()
     if as_json:

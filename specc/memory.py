@@ -157,11 +157,13 @@ def check_memory(r: ResolvedSpec, max_memory: int | None = None, streamed: bool 
 DISK_MARGIN = 256 * 1024**2  # the graph skeletons, the manifest, the verification's spilled outputs
 
 
-def check_disk(r: ResolvedSpec, out_dir: Path) -> None:
+def check_disk(r: ResolvedSpec, out_dir: Path, keep_weights: bool = False) -> None:
     """Refuse up front a build whose files cannot fit on the disk that will hold DIR: the graph's
-    weights as written, plus model.safetensors (every parameter in fp32), plus DISK_MARGIN. The
-    build is staged beside DIR (specc/export/outdir.py), so a previous build there still counts."""
-    need = estimate_streamed(r)["stored"] + inspect_spec(r)["weight_bytes"]["fp32"] + DISK_MARGIN
+    weights as written, plus model.safetensors (every parameter in fp32) where the build keeps it,
+    plus DISK_MARGIN. The build is staged beside DIR (specc/export/outdir.py), so a previous build
+    there still counts."""
+    kept = inspect_spec(r)["weight_bytes"]["fp32"] if keep_weights else 0
+    need = estimate_streamed(r)["stored"] + kept + DISK_MARGIN
     where = Path(out_dir).absolute()
     try:
         while not where.exists() and where != where.parent:
@@ -172,7 +174,7 @@ def check_disk(r: ResolvedSpec, out_dir: Path) -> None:
     free = usage.free
     if usage.total and need > free:  # a filesystem of no size (/proc) says nothing either
         raise BuildError(f"building {r.name} writes about {human_bytes(need)} (the graph's weights as "
-                         f"{r.serving.precision} and model.safetensors in fp32), but {where} has {human_bytes(free)} "
+                         f"{r.serving.precision}{' and model.safetensors in fp32' if keep_weights else ''}), but {where} has {human_bytes(free)} "
                          "free; free disk space or build into another directory (-o)")
 
 

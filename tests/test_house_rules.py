@@ -249,7 +249,7 @@ LINK = re.compile(r"\]\(([^)#\s]+)")
 
 
 def repository_files() -> list[Path]:
-    skip = {".git", ".venv", ".venv-serve", ".venv-bench", "build", ".pytest_cache"}
+    skip = {".git", ".venv", ".venv-serve", ".venv-bench", ".venv-clients", "build", ".pytest_cache"}
     out = []
     for pattern in TEXT:
         for p in ROOT.rglob(pattern):

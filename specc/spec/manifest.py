@@ -124,6 +124,10 @@ class Tokens:
     pad: int | None = None
     decoder_start: int | None = None
 
+    def pad_for(self, eos: int | None) -> int:
+        """The padding id when `eos` ends a row: pad, else `eos`, else 0."""
+        return next(t for t in (self.pad, eos, 0) if t is not None)
+
 
 @dataclass(frozen=True)
 class Output:
@@ -164,7 +168,7 @@ class BuildInfo:
 
     def pad_for(self, eos: int | None) -> int:
         """The padding id when `eos` ends a row: tokens.pad, else `eos`, else 0."""
-        return next(t for t in (self.tokens.pad, eos, 0) if t is not None)
+        return self.tokens.pad_for(eos)
 
     @property
     def pad_id(self) -> int:
