@@ -205,15 +205,20 @@ def write_gguf(model, path, qtype: str = "F32", pooling: gguf.PoolingType | None
     w = gguf.GGUFWriter(path, arch)
     _metadata(w, arch, c, pooling)
     vocab = c["vocab_size"]
-    if arch == "t5":
-        tokens = ["<pad>", "</s>", "<unk>", *(f"t{i}" for i in range(3, vocab))]
-        types = [3, 3, 2] + [1] * (vocab - 3)
+    if arch == "t5":  # the sentencepiece pieces, then [PADi] up to the vocabulary (T5's 100 sentinels among them)
+        pieces = max(3, vocab - 100)
+        tokens = ["<pad>", "</s>", "<unk>", *(f"t{i}" for i in range(3, pieces)), *(f"[PAD{i}]" for i in range(pieces, vocab))]
+        types = [3, 3, 2] + [1] * (pieces - 3) + [5] * (vocab - pieces)
         w.add_tokenizer_model("t5")
     elif arch == "bert":
         tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *(f"t{i}" for i in range(4, vocab))]
         types = [3, 2, 3, 3] + [1] * (vocab - 4)
         w.add_tokenizer_model("bert")
         w.add_token_type_count(c.get("type_vocab_size", 1))
+    elif arch in ("gemma", "gemma2", "gemma3"):  # Gemma's special tokens where its vocabulary has them
+        tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", *(f"t{i}" for i in range(5, vocab))]
+        types = [3, 3, 3, 2, 3] + [1] * (vocab - 5)
+        w.add_tokenizer_model("llama")
     else:
         tokens = ["<unk>", "<s>", "</s>", *(f"t{i}" for i in range(3, vocab))]
         types = [2, 3, 3] + [1] * (vocab - 3)

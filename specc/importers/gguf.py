@@ -36,8 +36,10 @@ and 3's query scale, Gemma 3's layer pattern and local rotary base). Metadata sp
 is refused naming its GGUF key (rope scaling, per-layer values, OLMo 3's sliding windows); so are
 tensors with no place in the model (llama 3's `rope_freqs`, Phi-3's long-context factors,
 StableLM's per-head q/k norms, UMT5's relative-position table per layer, BERT's classifier
-without its pooler). The tokenizer in the file is not carried: `tokenizer_metadata`
-gives its `tokenizer.*` fields for a tokenizer writer to take up (docs/import.md).
+without its pooler). The tokenizer in the file's metadata is carried as import hf carries a
+folder's (OUT.tokenizer/), converted to a tokenizer.json by
+specc.importers.hf.tokenizer.gguf_tokenizer where transformers converts it (not bert's, gemma's,
+gptneox's or olmo2's).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ import numpy as np
 
 from specc.importers.hf.checkpoint import CheckpointError
 from specc.importers.hf.importer import check_outputs, write_import
+from specc.importers.hf.tokenizer import gguf_tokenizer
 
 _MISSING = object()
 
@@ -123,8 +126,9 @@ class _Arch:
     TOP for the rest; `enc.blk.N.KIND` and `dec.blk.N.KIND`, T5's stacks, as LAYER["enc.KIND"],
     LAYER["dec.KIND"]; {i} may stand in LAYER's names too; `variant(meta)` gives LAYER where it
     depends on the file), the converter's changes to undo (`fix(kind, part, array, config)`,
-    `transposed`: kinds whose 2-D weights the converter transposed), and `outputs(meta)`: spec
-    outputs the file's metadata adds to the family head's."""
+    `transposed`: kinds whose 2-D weights the converter transposed), `outputs(meta)`: spec
+    outputs the file's metadata adds to the family head's, and whether the file's tokenizer is
+    carried."""
     model_type: str
     head: str
     config: Callable[[_Meta], dict]
@@ -135,6 +139,9 @@ class _Arch:
     transposed: frozenset[str] = field(default_factory=frozenset)
     variant: Callable[[_Meta], Mapping[str, str]] | None = None  # LAYER for this file, where it depends on it
     outputs: Callable[[_Meta], list[dict]] | None = None  # outputs after the family head's (a pooled embedding)
+    # whether the file's tokenizer is carried: transformers (5.24) converts the tokenizers of the
+    # architectures its GGUF loading reads, not bert's, gemma's, gptneox's or olmo2's
+    tokenizer: bool = True
 
 
 # --- metadata -> config, by architecture -------------------------------------------------------
@@ -573,16 +580,16 @@ ARCHITECTURES: dict[str, _Arch] = {
                    fix=_fix_llama),
     "qwen2": _Arch("qwen2", "Qwen2ForCausalLM", _llama("qwen2", "Qwen2ForCausalLM"), _LLAMA, _LLAMA_TOP),
     "qwen3": _Arch("qwen3", "Qwen3ForCausalLM", _llama("qwen3", "Qwen3ForCausalLM"), _LLAMA, _LLAMA_TOP),
-    "gemma": _Arch("gemma", "GemmaForCausalLM", _gemma, _LLAMA, _LLAMA_TOP, fix=_fix_gemma),
+    "gemma": _Arch("gemma", "GemmaForCausalLM", _gemma, _LLAMA, _LLAMA_TOP, fix=_fix_gemma, tokenizer=False),
     "gemma2": _Arch("gemma2", "Gemma2ForCausalLM", _gemma2, _SANDWICH, _LLAMA_TOP, fix=_fix_gemma),
     "gemma3": _Arch("gemma3_text", "Gemma3ForCausalLM", _gemma2, _SANDWICH, _LLAMA_TOP, fix=_fix_gemma),
     "phi3": _Arch("phi3", "Phi3ForCausalLM", _phi3, _PHI3, _LLAMA_TOP),
     "stablelm": _Arch("stablelm", "StableLmForCausalLM", _stablelm, _LLAMA, _LLAMA_TOP),
-    "olmo2": _Arch("olmo2", "Olmo2ForCausalLM", _olmo2, _OLMO2, _LLAMA_TOP),
+    "olmo2": _Arch("olmo2", "Olmo2ForCausalLM", _olmo2, _OLMO2, _LLAMA_TOP, tokenizer=False),
     "gptneox": _Arch("gpt_neox", "GPTNeoXForCausalLM", _gptneox,
                      {**_FUSED, "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense"},
                      {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm",
-                      "output": "embed_out"}, prefix="gpt_neox.layers.{i}.", fix=_fix_fused),
+                      "output": "embed_out"}, prefix="gpt_neox.layers.{i}.", fix=_fix_fused, tokenizer=False),
     "falcon": _Arch("falcon", "FalconForCausalLM", _falcon, _FUSED,
                     {"token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f",
                      "output": "lm_head"}, prefix="transformer.h.{i}.", fix=_fix_fused, variant=_falcon_layer),
@@ -597,7 +604,8 @@ ARCHITECTURES: dict[str, _Arch] = {
                   {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
                    "output_norm": "transformer.ln_f", "output": "lm_head"},
                   prefix="transformer.h.{i}.", fix=_fix_gpt2, transposed=_GPT2_CONV1D),
-    "bert": _Arch("bert", "BertModel", _bert, _BERT, _BERT_TOP, prefix="encoder.layer.{i}.", outputs=_bert_outputs),
+    "bert": _Arch("bert", "BertModel", _bert, _BERT, _BERT_TOP, prefix="encoder.layer.{i}.", outputs=_bert_outputs,
+                  tokenizer=False),
     "t5": _Arch("t5", "T5ForConditionalGeneration", _t5, {}, {
         "token_embd": "shared", "output": "lm_head", "enc.output_norm": "encoder.final_layer_norm",
         "dec.output_norm": "decoder.final_layer_norm"}, prefix="", variant=_t5_layer),
@@ -631,16 +639,15 @@ def _config(reader, where: str) -> tuple[dict, _Arch, Mapping[str, str], list[di
             table.outputs(m) if table.outputs else [])
 
 
+# the config fields the families keep the context length in (GPT-2's and T5's n_positions,
+# BLOOM's seq_length): the carried tokenizer's model_max_length
+_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "seq_length")
+
+
 def _field(reader, key: str, default=None):
     """A metadata value as Python (a string, a number or a list), or DEFAULT when absent."""
     f = reader.fields.get(key)
     return default if f is None else f.contents()
-
-
-def tokenizer_metadata(reader) -> dict[str, Any]:
-    """The file's `tokenizer.*` fields (model, token list, scores, types, merges, special ids),
-    keys without the prefix: what a tokenizer writer needs; import_gguf does not carry them."""
-    return {k[len("tokenizer."):]: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
 
 class GGUFTensors(Mapping):
@@ -700,8 +707,9 @@ def _hf_name(arch: _Arch, layer: Mapping[str, str], name: str) -> tuple[str | No
 
 
 def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: str | None = None,
-                force: bool = False) -> tuple[Path, Path]:
-    """Write OUT.yaml and OUT.safetensors for the GGUF file PATH; both or neither."""
+                force: bool = False, max_length: int | None = None, tokenizer: bool = True) -> tuple[Path, Path]:
+    """Write OUT.yaml and OUT.safetensors for the GGUF file PATH, and OUT.tokenizer/ from its
+    tokenizer metadata (unless tokenizer=False); all or none. max_length: as import_hf's."""
     try:
         from gguf import GGUFReader
     except ImportError:
@@ -719,6 +727,8 @@ def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: s
     tensors = GGUFTensors(reader, config, arch, layer, where)
     stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "imported"
     label = path.name.replace("{", "{{").replace("}", "}}")  # write_import formats the description
+    context = next((config[k] for k in _CONTEXT_FIELDS if config.get(k) is not None), None)
+    carry = (lambda vocab: gguf_tokenizer(path, reader, vocab, context)) if tokenizer and arch.tokenizer else None
     return write_import(config, tensors, where, Path(out_spec), weights, name or stem,
                         f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf",
-                        outputs=outputs)
+                        max_length=max_length, tokenizer=carry, outputs=outputs)

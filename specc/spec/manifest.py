@@ -16,6 +16,15 @@ from typing import Any, Mapping
 
 MANIFEST = "manifest.json"
 WEIGHTS_FILE = "model.safetensors"  # every build folder holds its weights under this name
+# A Hugging Face tokenizer's files, under the names a spec's `tokenizer:` folder holds them and a build
+# folder's root has them (copied by the build, hashed among its artifacts): the tokenizer itself
+# (tokenizers' serialization, required), its settings (special tokens, padding side, model_max_length,
+# an inline chat template), the older special-tokens file, and a chat template in a file of its own.
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE = "chat_template.jinja"
+TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, "special_tokens_map.json", CHAT_TEMPLATE)
+MAX_TOKENIZER_BYTES = 256 << 20  # one such file; a tokenizer.json of the largest vocabularies is tens of MB
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists graphs and hashes; a larger file is not one
 
@@ -97,6 +106,16 @@ class Range:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """serving.generation: what `specc serve` decodes at once (None: its default from the batch
+    and length ranges). A build made before the key existed reads as every default."""
+
+    max_sequences: int | None = None
+    max_cache_tokens: int | None = None
+    max_waiting: int = 64
+
+
+@dataclass(frozen=True)
 class Tokens:
     """The spec's special token ids (tokens:), None where it names none."""
 
@@ -104,6 +123,10 @@ class Tokens:
     eos: int | None = None
     pad: int | None = None
     decoder_start: int | None = None
+
+    def pad_for(self, eos: int | None) -> int:
+        """The padding id when `eos` ends a row: pad, else `eos`, else 0."""
+        return next(t for t in (self.pad, eos, 0) if t is not None)
 
 
 @dataclass(frozen=True)
@@ -132,6 +155,7 @@ class BuildInfo:
     tokens: Tokens
     batch: Range  # serving.batch
     length: Range  # serving.length
+    generation: Generation = Generation()  # serving.generation
 
     @property
     def main_graph(self) -> GraphInfo:
@@ -144,7 +168,7 @@ class BuildInfo:
 
     def pad_for(self, eos: int | None) -> int:
         """The padding id when `eos` ends a row: tokens.pad, else `eos`, else 0."""
-        return next(t for t in (self.tokens.pad, eos, 0) if t is not None)
+        return self.tokens.pad_for(eos)
 
     @property
     def pad_id(self) -> int:
@@ -186,7 +210,8 @@ class BuildInfo:
                        target_vocab_size=_int(vocab.get("target_size") or vocab["size"]),
                        type_vocab_size=_int(vocab.get("type_size") or 0), outputs=outputs,
                        lm_output=lm, learned_positions=learned, tokens=tokens,
-                       batch=_range(serving["batch"]), length=_range(serving["length"]))
+                       batch=_range(serving["batch"]), length=_range(serving["length"]),
+                       generation=_generation(serving.get("generation") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise NotAManifest(f"malformed '{field}' ({type(exc).__name__}: {exc})") from None
         return info
@@ -196,6 +221,13 @@ def _tensors(entries: Any) -> tuple[TensorInfo, ...]:
     return tuple(TensorInfo(name=_str(t["name"]), dtype=_str(t["dtype"]),
                             dims=tuple(d if isinstance(d, str) else _int(d) for d in t["dims"]))
                  for t in entries)
+
+
+def _generation(entry: Any) -> Generation:
+    default = Generation()
+    return Generation(max_sequences=_opt_int(entry.get("max_sequences")),
+                      max_cache_tokens=_opt_int(entry.get("max_cache_tokens")),
+                      max_waiting=_int(entry.get("max_waiting", default.max_waiting)))
 
 
 def _range(entry: Any) -> Range:

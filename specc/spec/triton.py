@@ -38,11 +38,13 @@ def dynamic_batching(batch_opt: int, batch_max: int) -> DynamicBatching:
                            preferred_batch_sizes=tuple(sorted({min(batch_opt, batch_max), batch_max})))
 
 
-def model_names(spec_name: str, graphs: Iterable[str]) -> dict[str, str]:
+def model_names(spec_name: str, graphs: Iterable[str], generation: bool = False) -> dict[str, str]:
     """graph name -> Triton model name: the spec's name for a build of one graph (encoder-only and
-    decoder-only specs), NAME_encoder and NAME_decoder for an encoder-decoder's two."""
+    decoder-only specs), NAME_encoder and NAME_decoder for an encoder-decoder's two. Where the
+    spec's name goes to a generation model (`generation`: `specc serve` on a decoder), each
+    graph is NAME_GRAPH (a decoder's one graph: NAME_model)."""
     graphs = list(graphs)
-    if len(graphs) == 1:
+    if len(graphs) == 1 and not generation:
         return {graphs[0]: spec_name}
     return {g: f"{spec_name}_{g}" for g in graphs}
 

@@ -87,12 +87,12 @@ def test_serve_on_a_taken_port_exits_at_once_naming_it(tmp_path):
 
 
 class Server:
-    def __init__(self, build: Path):
+    def __init__(self, build: Path, *args: str):
         self.http, self.grpc, self.metrics = free_ports(3)
         self.log = open(build.parent / "serve.log", "w+")
         self.proc = subprocess.Popen(
             [str(SERVE_SPECC), "serve", str(build), "--http-port", str(self.http), "--grpc-port", str(self.grpc),
-             "--metrics-port", str(self.metrics)],
+             "--metrics-port", str(self.metrics), *args],
             stdout=self.log, stderr=subprocess.STDOUT, env={k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"})
         import tritonclient.http as http
 
@@ -114,8 +114,8 @@ class Server:
         self.log.seek(0)
         return self.log.read()
 
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGINT)
+    def stop(self, sig=signal.SIGINT) -> int:
+        self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
@@ -232,24 +232,26 @@ def test_serve_decoder_prefill_and_cached_step_over_http(tmp_path):
     try:
         # one line to start with, Triton's own log in the file it names
         lines = server.output().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("serving tiny-gpt2 ") and "Triton's log: " in lines[0], lines
+        assert len(lines) == 1 and lines[0].startswith("serving tiny-gpt2, tiny-gpt2_model ") and "Triton's log: " in lines[0], lines
+        assert "tiny-gpt2 generates (ids; 4 sequences at once, 512 cache positions, 64 waiting)" in lines[0], lines
         assert "server_version" in Path(lines[0].split("Triton's log: ")[1].split(";")[0]).read_text()
         # the request docs/serving.md gives to paste answers as specc run does
         doc = (ROOT / "docs" / "serving.md").read_text()
         body = doc.split("<!-- request: tiny-gpt2 -->")[1].split("-d '")[1].split("'\n")[0]
-        req = urllib.request.Request(f"http://127.0.0.1:{server.http}/v2/models/tiny-gpt2/infer", data=body.encode())
+        req = urllib.request.Request(f"http://127.0.0.1:{server.http}/v2/models/tiny-gpt2_model/infer", data=body.encode())
         with urllib.request.urlopen(req, timeout=60) as answer:
             got = json.loads(answer.read())["outputs"][0]
         assert got["name"] == "logits" and got["shape"] == [1, 3, 1000]
         np.testing.assert_allclose(np.array(got["data"]).reshape(1, 3, 1000), session.run(input_ids=[[5, 9, 2]])["logits"],
                                    rtol=1e-4, atol=1e-4)
         # the prefill sends no cache: the server supplies the empty one
-        first = infer("http", server.http, session.spec["name"], feeds_for(ids, {}, 0), ["logits"] + present_names)
+        model = session.spec["name"] + "_model"  # the spec's name is the generation model's
+        first = infer("http", server.http, model, feeds_for(ids, {}, 0), ["logits"] + present_names)
         want = session.run(**feeds_for(ids, {}, 0))
         np.testing.assert_allclose(first["logits"], want["logits"], rtol=1e-5, atol=1e-5)
         past = {p: first[q] for p, q in zip(sorted(past_names), sorted(present_names))}
         nxt = np.array([[int(first["logits"][0, -1].argmax())]], dtype=np.int64)
-        second = infer("http", server.http, session.spec["name"], feeds_for(nxt, past, 4), ["logits"])
+        second = infer("http", server.http, model, feeds_for(nxt, past, 4), ["logits"])
         full = session.run(input_ids=np.concatenate([ids, nxt], axis=1))
         np.testing.assert_allclose(second["logits"][0, -1], full["logits"][0, -1], rtol=1e-4, atol=1e-4)
     finally:
@@ -265,7 +267,7 @@ def test_serve_answers_client_mistakes_with_400_and_one_line_and_goes_on(tmp_pat
 
     build = specc.build("tiny-gpt2", tmp_path / "tiny-gpt2").out_dir
     session = Session(build)
-    model = session.spec["name"]
+    model = session.spec["name"] + "_model"
     past = [n for n in session.graphs["model"].inputs if n.startswith("past_key_values.")]
 
     def feeds(ids, mask=None, positions=None, cache=None):

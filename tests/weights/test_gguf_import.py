@@ -18,7 +18,7 @@ import torch
 
 import specc
 from specc.cli import main as cli
-from specc.importers.gguf import import_gguf, tokenizer_metadata
+from specc.importers.gguf import import_gguf
 from specc.importers.hf import CheckpointError
 from specc.runtime import Session
 
@@ -213,9 +213,10 @@ def test_a_bert_family_gguf_file_imports_to_the_encoder_it_holds(tmp_path, label
         assert np.abs(got["logits"] - want.logits.numpy()).max() <= 1e-4
         names.add("logits")
     assert set(got) == names  # the converter writes no pooler and no MLM head
+    assert not (tmp_path / "m.tokenizer").exists()  # transformers converts no bert tokenizer
 
 
-T5 = dict(vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+T5 = dict(vocab_size=160, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
           decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
 # label -> (config kwargs, seed, untied head, the tied head written as output.weight, draws).
 # 8 buckets to llama.cpp's distance of 128 (the file has no key for it; the log buckets bind in the
@@ -248,6 +249,7 @@ def test_a_t5_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype):
     path = tmp_path / f"tiny-{label}-{qtype}.gguf"
     write_gguf(model, path, qtype, head_copy=head_copy)
     spec, _ = import_gguf(path, tmp_path / "m.yaml")
+    assert (tmp_path / "m.tokenizer" / "tokenizer.json").is_file()  # the file's T5 vocabulary, carried
     specc.build(spec, tmp_path / "build", progress=None)
     s = Session(tmp_path / "build")
     dec = [0, 5, 6, 7]
@@ -356,12 +358,3 @@ def test_cli_import_gguf(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:  # exists: refused without --force
         cli(["import", "gguf", str(path), "-o", str(tmp_path / "m.yaml")])
     assert done.value.code != 0
-
-
-def test_the_tokenizer_is_left_for_a_tokenizer_writer(tmp_path):
-    path = tmp_path / "tiny.gguf"
-    write_gguf(hf_model("llama"), path)
-    tok = tokenizer_metadata(gguf.GGUFReader(path))
-    assert tok["ggml.model"] == "llama"
-    assert tok["ggml.tokens"][:4] == ["<unk>", "<s>", "</s>", "t3"] and len(tok["ggml.tokens"]) == 99
-    assert (tok["ggml.bos_token_id"], tok["ggml.eos_token_id"]) == (1, 2)

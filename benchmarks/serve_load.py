@@ -1,0 +1,171 @@
+"""Load on `specc serve`'s generate endpoint: N concurrent clients, each streaming greedy requests
+(generate_stream) one after another for a fixed time, against the stateless route of before (a
+client that runs the decode loop over the raw graph model, sending the whole cache each step).
+Reports, per model and concurrency: aggregate tokens/s, time to first token and the gap between
+tokens (p50, p99). 127.0.0.1 only; never run under pytest. The goal (docs/serving.md): 16 streams
+at least 5x one stream's aggregate tokens/s.
+
+    .venv/bin/python benchmarks/serve_load.py --builds build/tiny-gpt2 --clients 1 4 --seconds 5
+    .venv/bin/python benchmarks/serve_load.py --builds build/gpt2-small build/llama-style-1b \\
+        --clients 1 4 16 64 --seconds 30
+
+Each build is served by `.venv-serve/bin/specc serve BUILD --max-sequences M` (M: the most
+clients, within serving.batch.max), started and stopped here.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specc.spec import io
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ROOT / ".venv-serve" / "bin" / "specc"
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start(build: Path, max_sequences: int) -> tuple[subprocess.Popen, int, int]:
+    http_port, grpc_port, metrics = free_ports(3)
+    proc = subprocess.Popen([str(SERVE), "serve", str(build), "--http-port", str(http_port), "--grpc-port",
+                             str(grpc_port), "--metrics-port", str(metrics), "--max-sequences", str(max_sequences)],
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()  # the ready line, or an error
+    if not line.startswith("serving "):
+        proc.kill()
+        raise SystemExit(f"specc serve {build}: {line}{proc.stderr.read()}")
+    return proc, http_port, grpc_port
+
+
+def stream_one(port: int, model: str, ids: list[int], new: int) -> list[float]:
+    """Arrival times of each token of one streamed greedy request, from its sending."""
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", f"/v2/models/{model}/generate_stream",
+                 body=json.dumps({"input_ids": ids, "max_tokens": new, "eos": -1, "stream": True}))
+    answer = conn.getresponse()
+    times = []
+    for line in answer.fp:  # the raw chunked body: read up to the last event, not to the close
+        if line.startswith(b"data:"):
+            if b"finish_reason" in line:
+                break
+            times.append(time.perf_counter() - t0)
+    conn.close()
+    return times
+
+
+def stateless_one(port: int, model: str, ids: list[int], new: int, graph_inputs: list[str]) -> list[float]:
+    """The same request as a client loop over the raw graph model: prefill, then one request per
+    token carrying the whole cache back."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    t0 = time.perf_counter()
+    times, past, seq = [], {}, list(ids)
+    step_ids = np.array([ids], dtype=np.int64)
+    for _ in range(new):
+        total = len(seq)
+        feeds = {"input_ids": step_ids, "attention_mask": np.ones((1, total), np.int64)}
+        if "position_ids" in graph_inputs:
+            feeds["position_ids"] = np.arange(total - step_ids.shape[1], total, dtype=np.int64)[None]
+        feeds.update(past)
+        inputs = []
+        for name, arr in feeds.items():
+            t = httpclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+            t.set_data_from_numpy(arr, binary_data=True)
+            inputs.append(t)
+        res = client.infer(f"{model}_model", inputs)
+        token = int(res.as_numpy("logits")[0, -1].argmax())
+        times.append(time.perf_counter() - t0)
+        past = io.present_to_past({o["name"]: res.as_numpy(o["name"]) for o in res.get_response()["outputs"]})
+        seq.append(token)
+        step_ids = np.array([[token]], dtype=np.int64)
+    return times
+
+
+def load(fn, clients: int, seconds: float, prompt_len: int, new: int, vocab: int) -> dict:
+    """`clients` threads each sending requests back to back for `seconds`; the figures."""
+    lock = threading.Lock()
+    ttft, gaps, tokens = [], [], [0]
+    deadline = time.perf_counter() + seconds
+
+    def client(k: int) -> None:
+        local = np.random.default_rng(k)
+        while time.perf_counter() < deadline:
+            ids = local.integers(0, vocab, size=prompt_len).tolist()
+            times = fn(ids, new)
+            with lock:
+                tokens[0] += len(times)
+                if times:
+                    ttft.append(times[0])
+                    gaps.extend(np.diff(times).tolist())
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    pct = lambda xs, q: float(np.percentile(xs, q)) * 1000 if xs else float("nan")  # noqa: E731
+    return {"clients": clients, "tokens_per_s": tokens[0] / wall, "ttft_p50_ms": pct(ttft, 50),
+            "ttft_p99_ms": pct(ttft, 99), "token_p50_ms": pct(gaps, 50), "token_p99_ms": pct(gaps, 99)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--builds", nargs="+", required=True, type=Path)
+    ap.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16, 64])
+    ap.add_argument("--seconds", type=float, default=30.0, help="per model, route and concurrency")
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens")
+    ap.add_argument("--new", type=int, default=64, help="new tokens per request")
+    ap.add_argument("--no-stateless", action="store_true", help="skip the client-loop route")
+    args = ap.parse_args()
+    rows = []
+    for build in args.builds:
+        manifest = json.loads((build / "manifest.json").read_text())
+        name, vocab = manifest["spec"]["name"], manifest["spec"]["vocab"]["size"]
+        graph_inputs = [t["name"] for t in manifest["graphs"]["model"]["inputs"]]
+        batch_max = manifest["spec"]["serving"]["batch"]["max"]
+        proc, http_port, _ = start(build, min(max(args.clients), batch_max))
+        try:
+            for clients in args.clients:
+                routes = {"server (generate_stream)": lambda ids, n: stream_one(http_port, name, ids, n)}
+                if not args.no_stateless:
+                    routes["stateless (client loop)"] = lambda ids, n: stateless_one(http_port, name, ids, n,
+                                                                                     graph_inputs)
+                for route, fn in routes.items():
+                    row = {"model": name, "route": route, **load(fn, clients, args.seconds, args.prompt, args.new, vocab)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
+    print("\n| model | route | clients | tokens/s | TTFT p50 / p99 ms | per token p50 / p99 ms |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['route']} | {r['clients']} | {r['tokens_per_s']:.1f} | "
+              f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | {r['token_p50_ms']:.1f} / {r['token_p99_ms']:.1f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,485 @@
+"""Server-side generation: one KV cache for every sequence a server decodes, and a scheduler that
+runs one batched decode step for all of them (iteration-level, "continuous" batching, as Orca,
+Yu et al. 2022, OSDI, introduced it). Pure onnxruntime and numpy: `specc serve` drives it from its
+request threads, the tests drive it directly.
+
+    submit(request, sink) --> waiting (FIFO, at most max_waiting; one more: Busy, HTTP 503)
+       | admitted when a place and the cache budget allow, in order of arrival
+       v
+    prefill alone (batch 1, an empty cache: exactly what Session.generate runs for one prompt)
+       | its first token to the sink; its cache joins the block
+       v
+    each iteration: ONE decode step [B, 1] for all B active sequences -> one token each
+       | a sequence leaves when it ends (eos, the sink says stop, max_tokens, cancel)
+       v
+    the block is compacted (rows that left dropped, columns no row needs any more dropped)
+
+The cache block, one per growing present.* output, [B, H, T, Dh] with T the longest row: row i
+holds its own l_i positions right-aligned (columns T - l_i .. T - 1), zeros before them, and
+the step's attention_mask is 0 on that left padding. Positions are counted from the mask
+(specc/spec/io.py's positions_from_mask), so row i's next token sits at position l_i whatever
+the padding: the left padding of Session.generate's ragged batches, on a batch whose rows
+start at different times. A step reads the block as past_key_values.* and onnxruntime writes
+present.* into the other of two buffers (as specc/runtime/cache.py's CacheBuffers); a row that
+joins or leaves makes one copy of the block into the other buffer, the cost of one step's own
+past + new concatenation.
+
+Limits (GenerationLimits, from serving.generation and `specc serve`'s flags): max_sequences rows
+at once; max_cache_tokens positions of the block, counted as it is held (rows x the longest
+row, padding included), reserved at admission for every row's final length (prompt +
+max_tokens), so a running block never outgrows its budget; max_waiting requests queued. A
+request that could never fit (its own prompt + max_tokens past the budget or the context) is
+refused at once (RunError, HTTP 400); one that cannot fit now waits.
+
+Encoder-decoder builds are not scheduled here: their decoder graph takes no attention_mask for
+its own cache, so rows that started at different times cannot share one step.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+import numpy as np
+
+from specc.runtime.cache import empty_cache
+from specc.runtime.errors import RunError
+from specc.runtime.generate import Model, lm_output, sample
+from specc.runtime.graph import Graph
+from specc.runtime.inputs import check_generation
+from specc.spec.io import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    POSITION_IDS,
+    TOKEN_TYPE_IDS,
+    is_growing,
+    is_present,
+    numpy_dtype,
+    positions_from_mask,
+    present_to_past,
+)
+from specc.spec.manifest import BuildInfo
+
+# why a sequence ended (the generate endpoint's finish_reason, as llama.cpp's server and OpenAI's
+# API name them): its eos token or a stop its sink found; max_tokens; the client went away; a
+# failure of the server's (onnxruntime)
+STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
+
+
+class Busy(RunError):
+    """The server cannot take the request now (its queue is full, or it is shutting down): HTTP 503."""
+
+
+@dataclass(frozen=True)
+class GenerationLimits:
+    """What the scheduler holds at once: `max_sequences` rows in a step, `max_cache_tokens`
+    positions of cache (rows x the longest row), `max_waiting` requests queued."""
+
+    max_sequences: int
+    max_cache_tokens: int
+    max_waiting: int
+
+    @classmethod
+    def of(cls, info: BuildInfo, max_sequences: int | None = None, max_cache_tokens: int | None = None,
+           max_waiting: int | None = None) -> GenerationLimits:
+        """The build's serving.generation, each value replaced by the argument given (`specc serve`'s
+        flags); RunError naming the flag for a value the build cannot take."""
+        g = info.generation
+        sequences = next(v for v in (max_sequences, g.max_sequences, info.batch.max) if v is not None)
+        if not 1 <= sequences <= info.batch.max:
+            raise RunError(f"--max-sequences {sequences}: the graphs take 1..serving.batch.max "
+                           f"{info.batch.max} rows")
+        tokens = next(v for v in (max_cache_tokens, g.max_cache_tokens, sequences * info.length.max) if v is not None)
+        if tokens < 1:
+            raise RunError(f"--max-cache-tokens {tokens}: must be at least 1")
+        waiting = next(v for v in (max_waiting, g.max_waiting) if v is not None)
+        if waiting < 0:
+            raise RunError(f"--max-waiting {waiting}: must be at least 0")
+        return cls(max_sequences=sequences, max_cache_tokens=tokens, max_waiting=waiting)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt and how to continue it. Greedy unless temperature > 0, top_k or top_p is given
+    (temperature 0 is greedy, as llama.cpp's server and OpenAI's API read it); `eos` replaces the
+    spec's tokens.eos (-1: none, so only max_tokens ends it)."""
+
+    ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    eos: int | None = None
+
+    @property
+    def sampling(self) -> bool:
+        if self.temperature == 0:
+            return False
+        return self.temperature is not None or self.top_k is not None or self.top_p is not None
+
+
+class Sink(Protocol):
+    """Where a sequence's tokens go, called from the scheduler's thread, in order. token() returns
+    False to end the sequence there (a stop string found; finish reason "stop"); done() is
+    called once, last, with the finish reason and, for ERROR, a one-line message."""
+
+    def token(self, token_id: int) -> bool: ...
+
+    def done(self, reason: str, error: str | None = None) -> None: ...
+
+
+@dataclass(eq=False)
+class _Sequence:
+    ticket: int
+    request: GenerationRequest
+    sink: Sink
+    eos: int | None
+    need: int  # positions of its final length: prompt + max_tokens
+    rng: np.random.Generator | None
+    length: int = 0  # positions in the cache
+    last: int = -1  # the token the next step feeds
+    made: int = 0  # tokens made so far
+    present: dict | None = None  # after prefill, before it joins the block: its own [1, H, p, Dh]
+    ended: str | None = None
+
+
+@dataclass
+class Stats:
+    """What the scheduler holds now, and what it has done since it started."""
+
+    active: int = 0
+    waiting: int = 0
+    cache_positions: int = 0  # the block's rows x its longest row
+    steps: int = 0  # batched decode steps
+    prefills: int = 0
+    tokens: int = 0  # tokens made
+    finished: dict = field(default_factory=lambda: collections.Counter())
+
+
+class CacheBlock:
+    """The growing cache of every active row, two flat buffers per growing present.* output, used
+    in turn: views [B, H, T, Dh] of one are a step's past, onnxruntime writes the present into
+    views of the other. Buffers grow on demand, never past `max_positions` x H x Dh."""
+
+    def __init__(self, graph: Graph, max_positions: int):
+        self.graph = graph
+        self.max_positions = max_positions
+        self.shapes: dict[str, tuple[int, int, str]] = {}  # present name -> (H, Dh, dtype)
+        for name, t in graph.output_sig.items():
+            if is_present(name) and is_growing(name):
+                _, h, _, d = t.dims
+                self.shapes[name] = (h, d, numpy_dtype(t.dtype))
+        self.buffers: list[dict[str, np.ndarray]] = [{}, {}]
+        self.turn = 0  # the buffer the next views come from
+        self.current: dict[str, np.ndarray] = {}  # views holding the block now
+        self.rows, self.length = 0, 0
+
+    def bytes_per_position(self) -> int:
+        return sum(h * d * np.dtype(dt).itemsize for h, d, dt in self.shapes.values())
+
+    def next(self, rows: int, length: int) -> dict[str, np.ndarray]:
+        """Views [rows, H, length, Dh] of the buffer not holding the block, grown if it must be."""
+        cells = rows * length
+        if cells > self.max_positions:  # admission reserves every row's final length: a bug if reached
+            raise RunError(f"cache of {rows} x {length} positions past its budget of {self.max_positions}")
+        out = {}
+        for name, (h, d, dtype) in self.shapes.items():
+            buf = self.buffers[self.turn].get(name)
+            if buf is None or buf.size < cells * h * d:
+                grown = min(self.max_positions, max(cells, 2 * (buf.size // (h * d) if buf is not None else 0)))
+                buf = self.buffers[self.turn][name] = np.empty(grown * h * d, dtype)
+            out[name] = buf[: cells * h * d].reshape(rows, h, length, d)
+        return out
+
+    def hold(self, views: Mapping[str, np.ndarray]) -> None:
+        """Make `views` (from next()) the block."""
+        self.current, self.turn = dict(views), 1 - self.turn
+        first = next(iter(views.values()), None)
+        self.rows, self.length = (first.shape[0], first.shape[2]) if first is not None else (0, 0)
+
+    def past(self) -> dict:
+        """The block as past_key_values.* inputs (OrtValues over the views, no copy)."""
+        ort = self.graph.ort
+        return present_to_past({k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in self.current.items()})
+
+    def relayout(self, keep: list[tuple[int, int]], joining: list[tuple[dict, int]], length: int) -> None:
+        """A new block of `length` columns: the current rows `keep` (row index, its positions) and
+        then `joining`'s rows (each its own present.* [1, H, p, Dh], p positions), each
+        right-aligned and zero on its left (masked, but it must be finite: 0 x NaN is NaN)."""
+        rows = len(keep) + len(joining)
+        views = self.next(rows, length) if rows else {}
+        for name, view in views.items():
+            for j, (i, n) in enumerate(keep):
+                view[j, :, : length - n] = 0
+                view[j, :, length - n:] = self.current[name][i, :, self.length - n:]
+            for j, (present, n) in enumerate(joining, start=len(keep)):
+                view[j, :, : length - n] = 0
+                view[j, :, length - n:] = present[name][0]
+        if rows:
+            self.hold(views)
+        else:
+            self.current, self.rows, self.length = {}, 0, 0
+
+
+class Scheduler:
+    """Continuous batching over a decoder build (a Session, or anything with `graphs`, `info`
+    and `limits`). submit() from any thread; the work happens in step(), called by one thread:
+    the one start() makes, or a test's own loop (`while scheduler.step(): pass`)."""
+
+    def __init__(self, model: Model, limits: GenerationLimits | None = None):
+        info = model.info
+        if info.architecture != "decoder" or "model" not in model.graphs:
+            raise RunError("server-side generation needs a decoder build (an encoder-decoder's decoder "
+                           "graph takes no mask for its own cache, so its rows cannot share a step)")
+        self.graph = model.graphs["model"]
+        if ATTENTION_MASK not in self.graph.inputs:
+            raise RunError("server-side generation needs a decoder graph that takes attention_mask")
+        self.model = model
+        self.info = info
+        self.logits_name = lm_output(info)
+        self.limits = limits or GenerationLimits.of(info)
+        self.block = CacheBlock(self.graph, self.limits.max_cache_tokens)
+        self._lock = threading.Condition()
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._active: list[_Sequence] = []
+        self._cancelled: set[int] = set()
+        self._tickets = itertools.count(1)
+        self._closed: str | None = None  # why new requests are refused (shutting down)
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.stats = Stats()
+
+    # --- the callers' side (any thread) ---------------------------------------------------------
+
+    def check(self, request: GenerationRequest) -> tuple[int, int | None]:
+        """A request checked as Session.generate checks one prompt, and against this server's
+        budget; returns (positions it needs, its eos). RunError (HTTP 400) with one line."""
+        if not request.ids:
+            raise RunError("input_ids: an empty prompt; give at least one token")
+        try:
+            check_generation(self.model.limits, "decoder", list(request.ids), request.max_tokens,
+                             temperature=request.temperature or None, top_k=request.top_k, top_p=request.top_p,
+                             seed=request.seed, eos_id=request.eos)
+        except RunError as exc:  # Session.generate's rules, in the words of a request's fields
+            raise RunError(str(exc).replace("max_new_tokens", "max_tokens").replace("eos_id", "eos")) from None
+        need = len(request.ids) + request.max_tokens
+        if need > self.limits.max_cache_tokens:
+            raise RunError(f"prompt ({len(request.ids)} tokens) + max_tokens ({request.max_tokens}) is more than "
+                           f"the server's cache of {self.limits.max_cache_tokens} positions (max_cache_tokens)")
+        eos = request.eos if request.eos is not None else self.info.tokens.eos
+        return need, (None if eos is not None and eos < 0 else eos)
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> int:
+        """Queue a request; returns its ticket (for cancel). RunError for a bad request, Busy when
+        the queue is full or the server is shutting down; nothing is queued then."""
+        need, eos = self.check(request)
+        rng = np.random.default_rng(request.seed) if request.sampling else None
+        with self._lock:
+            if self._closed:
+                raise Busy(self._closed)
+            if len(self._waiting) >= self.limits.max_waiting and not self._fits_now(need):
+                raise Busy(f"server busy: {len(self._active)} sequences running and {len(self._waiting)} requests "
+                           f"waiting (max_waiting {self.limits.max_waiting}); retry later")
+            seq = _Sequence(next(self._tickets), request, sink, eos, need, rng)
+            self._waiting.append(seq)
+            self.stats.waiting = len(self._waiting)
+            self._lock.notify_all()
+        return seq.ticket
+
+    def cancel(self, ticket: int) -> None:
+        """End a request (its client went away): it leaves at the next iteration, its sink told
+        CANCELLED. Unknown or finished tickets are ignored."""
+        with self._lock:
+            self._cancelled.add(ticket)
+            self._lock.notify_all()
+
+    def close(self, why: str = "server shutting down; retry on another server") -> None:
+        """Refuse new requests (Busy with `why`); those queued and running go on to their end."""
+        with self._lock:
+            self._closed = why
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._waiting and not self._active
+
+    def drain(self, timeout: float) -> bool:
+        """close(), then wait up to `timeout` seconds for every queued and running request to
+        end; True if they did."""
+        self.close()
+        deadline = time.monotonic() + timeout
+        while not self.idle():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    # --- the scheduler's thread -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run step() on a thread of its own until stop()."""
+        self._thread = threading.Thread(target=self._loop, name="specc-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread; sequences still running end CANCELLED."""
+        with self._lock:
+            self._stop = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        for seq in list(self._active) + list(self._waiting):
+            self._end(seq, CANCELLED)
+        self._active, self._waiting = [], collections.deque()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self._waiting and not self._active:
+                    self._lock.wait()
+                if self._stop:
+                    return
+            self.step()
+
+    def step(self) -> bool:
+        """One iteration: drop what was cancelled, admit what fits (each prefilled alone), one
+        batched decode step for every active row, and let the rows that ended leave. Returns
+        whether work remains."""
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+            dropped = [s for s in self._waiting if s.ticket in cancelled]
+            for seq in dropped:
+                self._waiting.remove(seq)
+        for seq in dropped + [s for s in self._active if s.ticket in cancelled]:
+            self._end(seq, CANCELLED)  # before admission: their places are free for it
+        with self._lock:
+            admitted = []
+            while self._waiting and self._fits(self._waiting[0].need, admitted):
+                admitted.append(self._waiting.popleft())
+            self.stats.waiting = len(self._waiting)
+        joining = []
+        for seq in admitted:
+            if seq.ticket in cancelled:
+                self._end(seq, CANCELLED)
+            elif self._prefill(seq):
+                joining.append(seq)
+        self._regroup(joining)
+        if self._active:
+            self._decode()
+            self._regroup([])
+        with self._lock:
+            self.stats.active = len(self._active)
+            self.stats.cache_positions = self.block.rows * self.block.length
+            return bool(self._waiting or self._active)
+
+    # --- admission ---------------------------------------------------------------------------------
+
+    def _fits(self, need: int, pending: list[_Sequence]) -> bool:
+        """Whether one more row of `need` positions fits beside the active rows and `pending`
+        (admitted this iteration): max_sequences rows, and rows x the longest final length
+        within max_cache_tokens (the block never grows past what its rows end at)."""
+        rows = [s.need for s in self._active if s.ended is None] + [s.need for s in pending]
+        rows.append(need)
+        return len(rows) <= self.limits.max_sequences and len(rows) * max(rows) <= self.limits.max_cache_tokens
+
+    def _fits_now(self, need: int) -> bool:
+        return not self._waiting and self._fits(need, [])
+
+    # --- the graph calls ------------------------------------------------------------------------------
+
+    def _feeds(self, ids: np.ndarray, mask: np.ndarray) -> dict:
+        feeds = {INPUT_IDS: ids, ATTENTION_MASK: mask}
+        if POSITION_IDS in self.graph.inputs:
+            feeds[POSITION_IDS] = positions_from_mask(mask, ids.shape[1])
+        if TOKEN_TYPE_IDS in self.graph.inputs:
+            feeds[TOKEN_TYPE_IDS] = np.zeros_like(ids)
+        return feeds
+
+    def _prefill(self, seq: _Sequence) -> bool:
+        """The prompt alone, batch 1, an empty cache: Session.generate's prefill of one prompt.
+        Its first token goes to the sink; False if the sequence ended there."""
+        ids = np.asarray([seq.request.ids], dtype=np.int64)
+        feeds = self._feeds(ids, np.ones_like(ids))
+        feeds.update(empty_cache(self.graph, 1))
+        try:
+            out = self.graph.run(feeds)
+        except RunError as exc:
+            self._end(seq, ERROR, str(exc))
+            return False
+        self.stats.prefills += 1
+        seq.present = {name: out[name].numpy() for name in self.block.shapes}
+        seq.length = ids.shape[1]
+        return self._emit(seq, out[self.logits_name].numpy()[:, -1, :])
+
+    def _decode(self) -> None:
+        """One step [B, 1] for every active row: each row's last token at its own position."""
+        rows, length = self.block.rows, self.block.length
+        lengths = np.array([s.length for s in self._active])
+        mask = (np.arange(length + 1)[None, :] >= (length - lengths)[:, None]).astype(np.int64)  # [B, T + 1]
+        ids = np.array([[s.last] for s in self._active], dtype=np.int64)
+        feeds = self._feeds(ids, mask)
+        feeds.update(self.block.past())
+        into = self.block.next(rows, length + 1)
+        try:
+            out = self.graph.run(feeds, into=into)
+        except RunError as exc:  # every row of the step fails alike
+            for seq in self._active:
+                self._end(seq, ERROR, str(exc))
+            self.block.relayout([], [], 0)
+            return
+        self.block.hold(into)
+        self.stats.steps += 1
+        logits = out[self.logits_name].numpy()[:, -1, :]
+        for i, seq in enumerate(self._active):
+            seq.length += 1
+            if seq.ended is None:
+                self._emit(seq, logits[i: i + 1])
+
+    def _emit(self, seq: _Sequence, logits: np.ndarray) -> bool:
+        """Choose the row's next token from its [1, V] logits (argmax, or its own generator as
+        Session.generate samples one prompt), hand it to the sink, and end the row where it
+        ends. True while it goes on."""
+        r = seq.request
+        if seq.rng is not None:
+            token = int(sample(logits, seq.rng, r.temperature or 1.0, r.top_k, r.top_p)[0])
+        else:
+            token = int(logits[0].argmax())
+        seq.last, seq.made = token, seq.made + 1
+        self.stats.tokens += 1
+        try:
+            more = seq.sink.token(token) is not False
+        except Exception:  # a sink's failure ends its own row only
+            more = False
+        if not more or (seq.eos is not None and token == seq.eos):
+            self._end(seq, STOP)
+        elif seq.made >= r.max_tokens:
+            self._end(seq, LENGTH)
+        return seq.ended is None
+
+    def _end(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
+        if seq.ended is not None:
+            return
+        seq.ended = reason
+        self.stats.finished[reason] += 1
+        try:
+            seq.sink.done(reason, error)
+        except Exception:  # noqa: S110 - a sink's failure cannot stop the others
+            pass
+
+    def _regroup(self, joining: list[_Sequence]) -> None:
+        """Rows that ended leave the block and `joining` rows enter it, in one copy; nothing is
+        copied when no row leaves or joins."""
+        keep = [(i, s) for i, s in enumerate(self._active) if s.ended is None]
+        joining = [s for s in joining if s.ended is None]
+        if len(keep) == len(self._active) and not joining:
+            return
+        rows = [s for _, s in keep] + joining
+        length = max((s.length for s in rows), default=0)
+        self.block.relayout([(i, s.length) for i, s in keep], [(s.present, s.length) for s in joining], length)
+        for s in joining:
+            s.present = None
+        with self._lock:
+            self._active = rows

@@ -1,0 +1,240 @@
+"""specc/runtime/scheduler.py without a server: many requests of different lengths, arriving at
+different times and decoded together in one batched step, give the tokens each gives alone with
+Session.generate (greedy, and sampling with a seed); the limits (sequences, cache positions,
+queue) hold and refuse what cannot fit; cancel and close free and refuse as they say."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import specc
+from specc.runtime import RunError, Session
+from specc.runtime.scheduler import (
+    CANCELLED,
+    LENGTH,
+    STOP,
+    Busy,
+    GenerationLimits,
+    GenerationRequest,
+    Scheduler,
+)
+
+pytest.importorskip("onnxruntime")
+
+DECODERS = ["tiny-gpt2", "tiny-llama"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """name -> Session, built once under the session's base temp dir (shared with the other
+    runtime test modules, which build the same specs there)."""
+    done: dict = {}
+
+    def get(name: str) -> Session:
+        if name not in done:
+            out = tmp_path_factory.getbasetemp() / "specc-runtime-builds" / name
+            done[name] = Session(specc.build(name, out).out_dir)
+        return done[name]
+
+    return get
+
+
+class Sink:
+    """Collects a sequence's tokens and its end; `stop_after` ends it from the sink's side."""
+
+    def __init__(self, stop_after: int | None = None):
+        self.tokens: list[int] = []
+        self.reason = self.error = None
+        self.stop_after = stop_after
+        self.finished = threading.Event()
+
+    def token(self, token_id: int) -> bool:
+        self.tokens.append(token_id)
+        return self.stop_after is None or len(self.tokens) < self.stop_after
+
+    def done(self, reason: str, error: str | None = None) -> None:
+        self.reason, self.error = reason, error
+        self.finished.set()
+
+
+def requests(seed: int, n: int, vocab: int, context: int) -> list[GenerationRequest]:
+    """n prompts of 1..30 tokens, each with its own max_tokens; a third keep the spec's eos."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        prompt = rng.integers(0, vocab, size=int(rng.integers(1, 31))).tolist()
+        new = int(rng.integers(1, min(40, context - len(prompt)) + 1))
+        out.append(GenerationRequest(ids=tuple(prompt), max_tokens=new, eos=None if i % 3 == 0 else -1))
+    return out
+
+
+def alone(session: Session, r: GenerationRequest) -> list[int]:
+    """What Session.generate makes of the request, one prompt at a time."""
+    return session.generate(list(r.ids), max_new_tokens=r.max_tokens, eos_id=r.eos, temperature=r.temperature,
+                            top_k=r.top_k, top_p=r.top_p, seed=r.seed).new_ids[0]
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_concurrent_requests_decoded_together_equal_each_alone(built, name):
+    """24 requests from 6 threads, arriving while others decode, 4 rows at a time: each request's
+    greedy tokens are the ones Session.generate gives it alone, and the steps were batched."""
+    session = built(name)
+    reqs = requests(0, 24, session.info.vocab_size, session.limits.context)
+    scheduler = Scheduler(session, GenerationLimits(max_sequences=4, max_cache_tokens=4 * 128, max_waiting=100))
+    sinks = [Sink() for _ in reqs]
+    scheduler.start()
+    try:
+        def client(k: int) -> None:
+            for i in range(k, len(reqs), 6):
+                scheduler.submit(reqs[i], sinks[i])
+                time.sleep(0.002 * (i % 4))
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in sinks:
+            assert s.finished.wait(60)
+    finally:
+        scheduler.stop()
+    for r, s in zip(reqs, sinks):
+        want = alone(session, r)
+        assert s.tokens == want, (r, s.reason)
+        assert s.reason == (STOP if want and r.eos is None and want[-1] == session.info.tokens.eos else LENGTH)
+    stats = scheduler.stats
+    assert stats.prefills == len(reqs) and stats.tokens == sum(len(s.tokens) for s in sinks)
+    # one token per row per step: batching made fewer steps than tokens after the prefills
+    assert stats.steps < stats.tokens - len(reqs)
+
+
+def test_sampled_requests_with_a_seed_equal_each_alone(built):
+    session = built("tiny-llama")
+    base = requests(1, 8, session.info.vocab_size, session.limits.context)
+    reqs = [GenerationRequest(ids=r.ids, max_tokens=r.max_tokens, temperature=0.8 + 0.1 * (i % 3),
+                              top_k=None if i % 2 else 50, top_p=0.9 if i % 3 == 0 else None, seed=i, eos=-1)
+            for i, r in enumerate(base)]
+    reqs.append(GenerationRequest(ids=(5, 6, 7), max_tokens=6, temperature=0.0, eos=-1))  # 0: greedy
+    scheduler = Scheduler(session, GenerationLimits(4, 512, 100))
+    sinks = [Sink() for _ in reqs]
+    for r, s in zip(reqs, sinks):
+        scheduler.submit(r, s)
+    while scheduler.step():
+        pass
+    for r, s in zip(reqs, sinks):
+        want = alone(session, GenerationRequest(ids=r.ids, max_tokens=r.max_tokens, eos=-1)) if r.temperature == 0 \
+            else alone(session, r)
+        assert s.tokens == want and s.reason == LENGTH
+
+
+def test_the_block_never_holds_more_than_its_limits(built):
+    """max_sequences rows at most; rows x the longest row within max_cache_tokens at every step,
+    and its buffers never larger; requests wait (FIFO) rather than overflow it."""
+    session = built("tiny-gpt2")
+    limits = GenerationLimits(max_sequences=3, max_cache_tokens=150, max_waiting=100)
+    scheduler = Scheduler(session, limits)
+    reqs = requests(2, 12, session.info.vocab_size, 70)
+    sinks = [Sink() for _ in reqs]
+    for r, s in zip(reqs, sinks):
+        scheduler.submit(r, s)
+    most_rows = most_cells = 0
+    while scheduler.step():
+        block = scheduler.block
+        most_rows, most_cells = max(most_rows, block.rows), max(most_cells, block.rows * block.length)
+        for turn in block.buffers:
+            for name, buf in turn.items():
+                h, d, _ = block.shapes[name]
+                assert buf.size <= limits.max_cache_tokens * h * d
+    assert most_rows <= 3 and most_cells <= 150
+    assert most_rows >= 2  # it did batch
+    for r, s in zip(reqs, sinks):
+        assert s.tokens == alone(session, r)
+
+
+def test_requests_that_cannot_fit_are_refused_and_a_full_queue_is_busy(built):
+    session = built("tiny-gpt2")
+    scheduler = Scheduler(session, GenerationLimits(max_sequences=1, max_cache_tokens=40, max_waiting=1))
+    with pytest.raises(RunError, match=r"prompt \(30 tokens\) \+ max_tokens \(20\) is more than the server's cache "
+                                       r"of 40 positions \(max_cache_tokens\)"):
+        scheduler.submit(GenerationRequest(ids=tuple(range(30)), max_tokens=20), Sink())
+    with pytest.raises(RunError, match="past the 128 positions"):
+        scheduler.submit(GenerationRequest(ids=(1, 2), max_tokens=127), Sink())
+    with pytest.raises(RunError, match="max_tokens must be at least 1, got 0"):
+        scheduler.submit(GenerationRequest(ids=(1, 2), max_tokens=0), Sink())
+    with pytest.raises(RunError, match=r"outside the vocabulary \(0..999\)"):
+        scheduler.submit(GenerationRequest(ids=(1, 5000), max_tokens=2), Sink())
+    with pytest.raises(RunError, match="input_ids: an empty prompt"):
+        scheduler.submit(GenerationRequest(ids=(), max_tokens=2), Sink())
+    first, second = Sink(), Sink()
+    scheduler.submit(GenerationRequest(ids=(1, 2), max_tokens=5, eos=-1), first)
+    with pytest.raises(Busy, match=r"1 requests waiting \(max_waiting 1\)"):
+        scheduler.submit(GenerationRequest(ids=(3,), max_tokens=5), second)
+    scheduler.step()  # the first is admitted: the queue has room again
+    scheduler.submit(GenerationRequest(ids=(3,), max_tokens=5, eos=-1), second)
+    scheduler.close()
+    with pytest.raises(Busy, match="shutting down"):
+        scheduler.submit(GenerationRequest(ids=(4,), max_tokens=5), Sink())
+    while scheduler.step():  # what was queued before close() still runs to its end
+        pass
+    assert len(first.tokens) == 5 and len(second.tokens) == 5 and first.reason == second.reason == LENGTH
+
+
+def test_cancel_frees_the_place_and_the_sink_can_stop(built):
+    session = built("tiny-gpt2")
+    scheduler = Scheduler(session, GenerationLimits(max_sequences=1, max_cache_tokens=128, max_waiting=4))
+    long_one, waiting, stopper = Sink(), Sink(), Sink(stop_after=3)
+    ticket = scheduler.submit(GenerationRequest(ids=(1, 2, 3), max_tokens=100, eos=-1), long_one)
+    scheduler.submit(GenerationRequest(ids=(4, 5), max_tokens=4, eos=-1), waiting)
+    for _ in range(5):  # the first iteration prefills (one token) and decodes (another)
+        scheduler.step()
+    assert len(long_one.tokens) == 6 and not waiting.tokens  # one place: the second waits
+    scheduler.cancel(ticket)
+    scheduler.step()
+    assert long_one.reason == CANCELLED and len(long_one.tokens) == 6
+    assert waiting.tokens  # admitted in the same iteration
+    scheduler.submit(GenerationRequest(ids=(6,), max_tokens=10, eos=-1), stopper)
+    while scheduler.step():
+        pass
+    assert waiting.reason == LENGTH and stopper.reason == STOP and len(stopper.tokens) == 3
+    assert scheduler.stats.finished == {CANCELLED: 1, LENGTH: 1, STOP: 1}
+    assert scheduler.block.rows == 0  # every row left the block
+
+
+def test_limits_come_from_serving_generation_and_the_flags(built):
+    session = built("tiny-gpt2")  # serving.batch.max 4, length.max 128
+    assert GenerationLimits.of(session.info) == GenerationLimits(max_sequences=4, max_cache_tokens=512, max_waiting=64)
+    assert GenerationLimits.of(session.info, max_sequences=2, max_waiting=0) == GenerationLimits(2, 256, 0)
+    assert GenerationLimits.of(session.info, max_cache_tokens=1000).max_cache_tokens == 1000
+    with pytest.raises(RunError, match=r"--max-sequences 5: the graphs take 1..serving.batch.max 4 rows"):
+        GenerationLimits.of(session.info, max_sequences=5)
+
+
+def test_the_spec_sets_the_limits_and_refuses_more_sequences_than_the_batch(spec_file):
+    from specc.errors import SpecError
+    from specc.spec import load_spec
+
+    spec = load_spec(spec_file("""\
+        specc: 1
+        name: g
+        extends: tiny-gpt2
+        serving:
+          generation: {max_sequences: 2, max_cache_tokens: 200, max_waiting: 5}
+        """, name="g.yaml"))
+    assert spec.serving.generation.max_sequences == 2 and spec.serving.generation.max_waiting == 5
+    with pytest.raises(SpecError, match=r"serving.generation.max_sequences: 8 sequences decoded at once, more than "
+                                        r"serving.batch.max 4"):
+        load_spec(spec_file("""\
+            specc: 1
+            name: g
+            extends: tiny-gpt2
+            serving:
+              generation: {max_sequences: 8}
+            """, name="h.yaml"))
+
+
+def test_encoder_decoders_are_not_scheduled(built):
+    session = built("tiny-transformer")
+    with pytest.raises(RunError, match="needs a decoder build"):
+        Scheduler(session)
