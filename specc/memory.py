@@ -61,9 +61,10 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     """Bytes a streamed build needs at its peak (see the module's doc)."""
     precision = PRECISIONS[r.serving.precision]
     scheme = SCHEMES.get(precision.name)
-    # bytes a linear weight takes as written: integer codes, a float scale and a code of zero point
-    # per block; at a float precision, its dtype
-    linear = scheme.bits / 8 + (4 + scheme.bits / 8) / scheme.block if scheme else precision.dtype_bytes
+    # bytes a linear weight takes as written: integer codes, a float scale (and a code of zero point,
+    # where the scheme has them) per block; at a float precision, its dtype
+    linear = (scheme.bits / 8 + (4 + (scheme.bits / 8 if scheme.zero_points else 0)) / scheme.block
+              if scheme else precision.dtype_bytes)
     stored = 0  # the written graph's weights: linear weights as above, tables and vectors in the dtype
     outside = 0  # of those, the ones in no layer (embeddings, heads, final norms)
     short = 0  # the short module's fp32 weights
