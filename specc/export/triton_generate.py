@@ -552,7 +552,8 @@ def outputs(ids, text=None, reason=None, usage=None) -> dict:
 
 class Answers:
     """One request's sink, collecting and streaming its answers; `send(outputs, error, final)`
-    delivers one response, `gone()` says whether the client went away."""
+    delivers one response (neither outputs nor error: only the final flag), `gone()` says whether
+    the client went away."""
 
     def __init__(self, request: Request, codec: Codec | None, send, gone):
         self.request, self.send, self.gone = request, send, gone
@@ -572,6 +573,12 @@ class Answers:
         return not stopped
 
     def done(self, reason: str, error: str | None = None) -> None:
+        if self.lost:  # Triton holds a request until its final flag, client or not
+            try:
+                self.send(None, None, True)
+            except Exception:  # noqa: S110 - the request is gone already
+                pass
+            return
         if reason == ERROR:
             self._send(None, error or "generation failed", True)
             return
@@ -659,7 +666,9 @@ def _error(message: str, code: str):
 def _sender(sender):
     def send(answer, error, final):
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        if error is not None:
+        if answer is None and error is None:
+            sender.send(None, flags)
+        elif error is not None:
             sender.send(_error(error, "INTERNAL"), flags=flags)
         else:
             sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in answer.items()]),
