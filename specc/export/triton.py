@@ -142,7 +142,7 @@ def generation_facts(r: ResolvedSpec, graph_model: str) -> dict:
             if present not in outputs:
                 raise BuildError(f"{t.name}: the graph has no {present} output; it cannot generate")
             _, heads, _, head_dim = t.dims
-            cache.append({"past": t.name, "present": present, "heads": heads, "head_dim": head_dim, "dtype": t.dtype})
+            cache.append({"input": t.name, "output": present, "heads": heads, "head_dim": head_dim, "dtype": t.dtype})
     if ATTENTION_MASK not in inputs:
         raise BuildError(f"{r.name}: the decoder graph takes no {ATTENTION_MASK}; sequences cannot share a step")
     g = r.serving.generation

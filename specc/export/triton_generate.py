@@ -332,7 +332,7 @@ class Engine:
 
     def __init__(self, facts: dict, run):
         self.facts, self.run = facts, run
-        self.cache = facts["cache"]  # [{"past", "present", "heads", "head_dim", "dtype"}]
+        self.cache = facts["cache"]  # [{"input", "output", "heads", "head_dim", "dtype"}]: a cache tensor in and out
         self.lock = threading.Condition()
         self.waiting: collections.deque = collections.deque()
         self.active: list[Sequence] = []
@@ -444,11 +444,11 @@ class Engine:
         ids = np.asarray([seq.request.ids], dtype=np.int64)
         feeds = self._feeds(ids, np.ones_like(ids))
         for c in self.cache:
-            feeds[c["past"]] = np.zeros((1, c["heads"], 0, c["head_dim"]), dtype=c["dtype"])
+            feeds[c["input"]] = np.zeros((1, c["heads"], 0, c["head_dim"]), dtype=c["dtype"])
         out = self._call(feeds, [seq])
         if out is None:
             return False
-        seq.present = {c["present"]: out[c["present"]] for c in self.cache}
+        seq.present = {c["output"]: out[c["output"]] for c in self.cache}
         seq.length = ids.shape[1]
         return self._emit(seq, out[self.facts["logits"]][:, -1, :])
 
@@ -460,13 +460,13 @@ class Engine:
         mask = (np.arange(length + 1)[None, :] >= (length - lengths)[:, None]).astype(np.int64)  # [B, T + 1]
         feeds = self._feeds(np.array([[s.last] for s in rows], dtype=np.int64), mask)
         for c in self.cache:
-            feeds[c["past"]] = self.block[c["present"]]
+            feeds[c["input"]] = self.block[c["output"]]
         out = self._call(feeds, rows)
         if out is None:
             self.block = {}
             return
         self.steps += 1
-        self.block = {c["present"]: out[c["present"]] for c in self.cache}
+        self.block = {c["output"]: out[c["output"]] for c in self.cache}
         logits = out[self.facts["logits"]][:, -1, :]
         for i, seq in enumerate(rows):
             seq.length += 1
@@ -512,7 +512,7 @@ class Engine:
         length = max((s.length for s in rows), default=0)
         block = {}
         for c in self.cache:
-            name = c["present"]
+            name = c["output"]
             new = np.zeros((len(rows), c["heads"], length, c["head_dim"]), dtype=c["dtype"])
             old = self.block.get(name)
             for j, (i, s) in enumerate(keep):
@@ -619,7 +619,7 @@ class TritonPythonModel:
                                f"model.py reads format {FORMAT}; rebuild the repository with one specc")
         # the version folder, the model's, the repository's root (where a build keeps its tokenizer)
         self.codec = Codec.find([folder, args["model_repository"], os.path.dirname(args["model_repository"])])
-        self.names = [self.facts["logits"]] + [c["present"] for c in self.facts["cache"]]
+        self.names = [self.facts["logits"]] + [c["output"] for c in self.facts["cache"]]
         memory = getattr(pb_utils, "PreferredMemory", None)  # the graph's outputs come back in CPU memory
         self.memory = {"preferred_memory": memory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)} if memory else {}
         self.engine = Engine(self.facts, self._graph)

@@ -39,7 +39,7 @@ text_format = pytest.importorskip("google.protobuf.text_format")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # the serve tests' helpers
 from test_serve import ROOT, free_ports  # noqa: E402
-from test_serve_generate import generate, joined, word_tokenizer  # noqa: E402
+from test_serve_generate import generate, grpc_generate, joined, word_tokenizer  # noqa: E402
 
 SERVE_PYTHON = ROOT / ".venv-serve" / "bin" / "python"
 needs_serve_env = pytest.mark.skipif(
@@ -107,9 +107,9 @@ def test_generation_model_is_written_for_a_decoder(repos):
     inputs, outputs = {i.name: i for i in graph.input}, {o.name for o in graph.output}
     assert {facts["ids"], facts["mask"], facts["positions"]} <= set(inputs) and facts["logits"] in outputs
     growing = [n for n in inputs if n not in (facts["ids"], facts["mask"], facts["positions"])]
-    assert [c["past"] for c in facts["cache"]] == growing and all(c["present"] in outputs for c in facts["cache"])
+    assert [c["input"] for c in facts["cache"]] == growing and all(c["output"] in outputs for c in facts["cache"])
     for c in facts["cache"]:
-        assert [c["heads"], -1, c["head_dim"]] == list(inputs[c["past"]].dims)
+        assert [c["heads"], -1, c["head_dim"]] == list(inputs[c["input"]].dims)
 
 
 def test_encoder_decoder_gets_no_generation_model(tmp_path):
@@ -223,52 +223,52 @@ def test_refusals_are_specc_serves(repos):
     from specc.runtime.scheduler import Scheduler
 
     repo = repos("tiny-gpt2")
-    word_tokenizer(repo / "tokenizer.json")
-    try:
-        scheduler = Scheduler(Session(repo))
-        codec = TextCodec.of_build(repo)
-        facts = _facts(repo, "tiny-gpt2")
-        mine = triton_generate.Codec.find([repo])
-        i64, f32 = (lambda *v: np.array(v, dtype=np.int64)), (lambda *v: np.array(v, dtype=np.float32))
-        cases = [  # (inputs, parameters)
-            ({"input_ids": i64(5, 9)}, {"max_token": 4}),
-            ({"input_ids": i64(5, 9), "max_tokens": i64(0)}, {}),
-            ({"input_ids": i64(5, 9), "max_tokens": i64(127)}, {}),
-            ({"input_ids": i64(5, 9)}, {"max_tokens": 2 ** 40}),
-            ({"input_ids": i64(5, 5000, -1)}, {}),
-            ({"input_ids": i64(*range(129))}, {}),
-            ({"input_ids": i64()}, {}),
-            ({"text_input": np.array([b""], dtype=object)}, {}),
-            ({"text_input": np.array([b"\xff\xfe"], dtype=object)}, {}),
-            ({"text_input": np.array([b"tok1"], dtype=object), "input_ids": i64(1)}, {}),
-            ({}, {}),
-            ({"input_ids": i64(1), "temperature": f32(-1)}, {}),
-            ({"input_ids": i64(1), "top_p": f32(1.5)}, {}),
-            ({"input_ids": i64(1), "top_k": i64(0)}, {}),
-            ({"input_ids": i64(1), "seed": i64(-3), "temperature": f32(1)}, {}),
-            ({"input_ids": i64(1), "max_tokens": i64(1, 2)}, {}),
-            ({"input_ids": i64(1)}, {"temperature": float("nan")}),
-            ({"input_ids": i64(1)}, {"max_tokens": 2.5}),
-            ({"input_ids": i64(1)}, {"stream": 1}),
-            ({"input_ids": i64(1), "max_tokens": i64(4)}, {"max_tokens": 4}),
-            ({"input_ids": i64(1), "stop": np.array([b"x" * 300], dtype=object)}, {}),
-            ({"input_ids": i64(1), "stop": np.array([b""], dtype=object)}, {}),
-        ]
-        for inputs, params in cases:
-            with pytest.raises(RunError) as theirs:
-                scheduler.check(endpoint.parse(inputs, params, codec).request)
-            with pytest.raises(triton_generate.Refused) as ours:
-                triton_generate.parse(facts, inputs, params, mine)
-            assert str(ours.value) == str(theirs.value) and not ours.value.busy, (inputs, params)
-        # text_input and stop need a tokenizer.json
-        for inputs in ({"text_input": np.array([b"tok1"], dtype=object)},
-                       {"input_ids": i64(1), "stop": np.array([b"tok1"], dtype=object)}):
-            with pytest.raises(RunError) as theirs:
-                endpoint.parse(inputs, {}, None)
-            with pytest.raises(triton_generate.Refused, match=f"^{str(theirs.value)}$"):
-                triton_generate.parse(facts, inputs, {}, None)
-    finally:
-        (repo / "tokenizer.json").unlink()
+    words = repo.parent / "refusal-words"
+    words.mkdir(exist_ok=True)
+    word_tokenizer(words / "tokenizer.json")
+    scheduler = Scheduler(Session(repo))
+    codec = TextCodec.of_build(words)
+    facts = _facts(repo, "tiny-gpt2")
+    mine = triton_generate.Codec.find([words])
+    i64, f32 = (lambda *v: np.array(v, dtype=np.int64)), (lambda *v: np.array(v, dtype=np.float32))
+    cases = [  # (inputs, parameters)
+        ({"input_ids": i64(5, 9)}, {"max_token": 4}),
+        ({"input_ids": i64(5, 9), "max_tokens": i64(0)}, {}),
+        ({"input_ids": i64(5, 9), "max_tokens": i64(127)}, {}),
+        ({"input_ids": i64(5, 9)}, {"max_tokens": 2 ** 40}),
+        ({"input_ids": i64(5, 5000, -1)}, {}),
+        ({"input_ids": i64(*range(129))}, {}),
+        ({"input_ids": i64()}, {}),
+        ({"text_input": np.array([b""], dtype=object)}, {}),
+        ({"text_input": np.array([b"\xff\xfe"], dtype=object)}, {}),
+        ({"text_input": np.array([b"tok1"], dtype=object), "input_ids": i64(1)}, {}),
+        ({}, {}),
+        ({"input_ids": i64(1), "temperature": f32(-1)}, {}),
+        ({"input_ids": i64(1), "top_p": f32(1.5)}, {}),
+        ({"input_ids": i64(1), "top_k": i64(0)}, {}),
+        ({"input_ids": i64(1), "seed": i64(-3), "temperature": f32(1)}, {}),
+        ({"input_ids": i64(1), "max_tokens": i64(1, 2)}, {}),
+        ({"input_ids": i64(1)}, {"temperature": float("nan")}),
+        ({"input_ids": i64(1)}, {"max_tokens": 2.5}),
+        ({"input_ids": i64(1)}, {"stream": 1}),
+        ({"input_ids": i64(1), "max_tokens": i64(4)}, {"max_tokens": 4}),
+        ({"input_ids": i64(1), "stop": np.array([b"x" * 300], dtype=object)}, {}),
+        ({"input_ids": i64(1), "stop": np.array([b""], dtype=object)}, {}),
+    ]
+    for inputs, params in cases:
+        with pytest.raises(RunError) as theirs:
+            scheduler.check(endpoint.parse(inputs, params, codec).request)
+        with pytest.raises(triton_generate.Refused) as ours:
+            triton_generate.parse(facts, inputs, params, mine)
+        assert str(ours.value) == str(theirs.value) and not ours.value.busy, (inputs, params)
+    # text_input and stop need a tokenizer.json
+    for inputs in ({"text_input": np.array([b"tok1"], dtype=object)},
+                   {"input_ids": i64(1), "stop": np.array([b"tok1"], dtype=object)}):
+        with pytest.raises(RunError) as theirs:
+            endpoint.parse(inputs, {}, None)
+        with pytest.raises(triton_generate.Refused) as ours:
+            triton_generate.parse(facts, inputs, {}, None)
+        assert str(ours.value) == str(theirs.value)
 
 
 def test_text_stream_matches_specc_serves(repos):
@@ -393,8 +393,8 @@ def fleet_repo(repo: Path, to: Path) -> Path:
 
 @needs_serve_env
 def test_generation_model_on_the_bundled_tritonserver(repos, tmp_path):
-    """tritonserver on the repository, no specc process: 12 concurrent requests over generate and
-    generate_stream, 4 decoded at once, each answered with Session.generate's tokens for its
+    """tritonserver on the repository, no specc process: 12 concurrent requests over generate,
+    generate_stream and gRPC streaming, 4 decoded at once, each answered with Session.generate's tokens for its
     prompt alone; a seeded sample; text in and out through the repository's tokenizer.json, a
     stop string; mistakes answered 400 with specc serve's line while the server goes on; a client
     that goes away mid-stream; SIGTERM stops the server and its backend processes."""
@@ -414,10 +414,12 @@ def test_generation_model_on_the_bundled_tritonserver(repos, tmp_path):
         def ask(i: int) -> dict:
             ids, n = cases[i]
             body = {"input_ids": ids, "max_tokens": n, "eos": -1}
-            if i % 2:
+            if i % 3 == 1:
                 status, events = generate(server.http, model, {**body, "stream": True}, stream=True)
                 assert status == 200 and len(events) == n + 1, events  # a token each, then the end
                 return joined(events)
+            if i % 3 == 2:
+                return grpc_generate(server.grpc, model, {**body, "stream": True})
             status, answer = generate(server.http, model, body)
             assert status == 200, answer
             return answer
