@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specc.spec import io
+
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / ".venv-serve" / "bin" / "specc"
 
@@ -94,8 +96,7 @@ def stateless_one(port: int, model: str, ids: list[int], new: int, graph_inputs:
         res = client.infer(f"{model}_model", inputs)
         token = int(res.as_numpy("logits")[0, -1].argmax())
         times.append(time.perf_counter() - t0)
-        past = {n.replace("present", "past_key_values", 1): res.as_numpy(n)
-                for n in (o["name"] for o in res.get_response()["outputs"]) if n.startswith("present.")}
+        past = io.present_to_past({o["name"]: res.as_numpy(o["name"]) for o in res.get_response()["outputs"]})
         seq.append(token)
         step_ids = np.array([[token]], dtype=np.int64)
     return times

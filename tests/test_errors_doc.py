@@ -58,6 +58,9 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
                             "validate bad.yaml", 1),
     "rule-outputs": ({"bad.yaml": BERT + "outputs:\n  - {kind: hidden}\n  - {kind: classifier, classes: 2, name: last_hidden_state}\n"},
                      "validate bad.yaml", 1),
+    "rule-rotary-scaling": ({"bad.yaml": "specc: 1\nname: bad\nextends: tiny-llama\nposition:\n  kind: rotary\n"
+                                         "  scaling: {kind: longrope, original_max_length: 8, short_factor: [1.0, 2.0], "
+                                         "long_factor: [1.0, 2.0]}\n"}, "validate bad.yaml", 1),
     "extends-missing": ({"bad.yaml": "specc: 1\nname: bad\nextends: tiny-gtp2\n"}, "validate bad.yaml", 1),
     "extends-cycle": ({"a.yaml": "specc: 1\nname: a\nextends: b.yaml\n", "b.yaml": "specc: 1\nname: b\nextends: a.yaml\n"},
                       "validate a.yaml", 1),
@@ -84,9 +87,14 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
     "run-bad-ids": ({"one.yaml": GPT.replace("bad", "one") + "decoder: {layers: 1}\n"},
                     "generate build/one --ids 1,2,1000", 1),
     "usage": ({}, "build tiny-gpt2", 2),
+    "tokenizer-missing": ({"bad.yaml": GPT + "tokenizer: bad.tokenizer\n"}, "build -q bad.yaml -o build/bad", 1),
+    "text-no-tokenizer": ({"one.yaml": GPT.replace("bad", "one") + "decoder: {layers: 1}\n"},
+                          "generate build/one --text Hello", 2),
+    "import-gguf-folder": ({"model.Q4_0.gguf": "GGUF"}, "import hf . -o model.yaml", 1),
+    "import-out-folder": ({}, "import hf . -o newdir/model.yaml", 1),
 }
 # commands run before a case's own (not shown in the page)
-SETUP = {"run-bad-ids": "build -q one.yaml -o build/one"}
+SETUP = {"run-bad-ids": "build -q one.yaml -o build/one", "text-no-tokenizer": "build -q one.yaml -o build/one"}
 
 
 def run_case(case_id: str, cwd: Path) -> str:

@@ -70,6 +70,11 @@ TODAY = {
     "gemma-3-1b": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
         hidden_size=1152, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
         intermediate_size=6912, vocab_size=262144), None),
+    "llama-3.1-8b": ("LlamaForCausalLM", "LlamaConfig", dict(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+        vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192, "rope_theta": 500000.0}), 8_030_261_248),
     "gpt-j-6b": ("GPTJForCausalLM", "GPTJConfig", dict(
         n_embd=4096, n_layer=28, n_head=16, rotary_dim=64, vocab_size=50400, n_positions=2048), None),
 }

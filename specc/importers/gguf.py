@@ -25,8 +25,9 @@ What the file does not say is what llama.cpp assumes, stated at each architectur
 and 3's query scale, Gemma 3's layer pattern and local rotary base). Metadata specc cannot compute
 is refused naming its GGUF key (rope scaling, per-layer values, OLMo 3's sliding windows); so are
 tensors with no place in the model (llama 3's `rope_freqs`, Phi-3's long-context factors,
-StableLM's per-head q/k norms). The tokenizer in the file is not carried: `tokenizer_metadata`
-gives its `tokenizer.*` fields for a tokenizer writer to take up (docs/import.md).
+StableLM's per-head q/k norms). The tokenizer in the file's metadata is carried as import hf
+carries a folder's (OUT.tokenizer/), converted to a tokenizer.json by
+specc.importers.hf.tokenizer.gguf_tokenizer.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import numpy as np
 
 from specc.importers.hf.checkpoint import CheckpointError
 from specc.importers.hf.importer import check_outputs, write_import
+from specc.importers.hf.tokenizer import gguf_tokenizer
 
 _MISSING = object()
 
@@ -469,12 +471,6 @@ def _field(reader, key: str, default=None):
     return default if f is None else f.contents()
 
 
-def tokenizer_metadata(reader) -> dict[str, Any]:
-    """The file's `tokenizer.*` fields (model, token list, scores, types, merges, special ids),
-    keys without the prefix: what a tokenizer writer needs; import_gguf does not carry them."""
-    return {k[len("tokenizer."):]: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-
-
 class GGUFTensors(Mapping):
     """A GGUF file's tensors under Hugging Face's names, each dequantized to fp32 (gguf's own
     routines) and the converter's change undone (its architecture's `fix`) when asked for."""
@@ -531,8 +527,9 @@ def _hf_name(arch: _Arch, layer: Mapping[str, str], name: str) -> tuple[str | No
 
 
 def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: str | None = None,
-                force: bool = False) -> tuple[Path, Path]:
-    """Write OUT.yaml and OUT.safetensors for the GGUF file PATH; both or neither."""
+                force: bool = False, max_length: int | None = None, tokenizer: bool = True) -> tuple[Path, Path]:
+    """Write OUT.yaml and OUT.safetensors for the GGUF file PATH, and OUT.tokenizer/ from its
+    tokenizer metadata (unless tokenizer=False); all or none. max_length: as import_hf's."""
     try:
         from gguf import GGUFReader
     except ImportError:
@@ -550,5 +547,7 @@ def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: s
     tensors = GGUFTensors(reader, config, arch, layer, where)
     stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "imported"
     label = path.name.replace("{", "{{").replace("}", "}}")  # write_import formats the description
+    carry = (lambda vocab: gguf_tokenizer(path, reader, vocab, config["max_position_embeddings"])) if tokenizer else None
     return write_import(config, tensors, where, Path(out_spec), weights, name or stem,
-                        f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf")
+                        f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf",
+                        max_length=max_length, tokenizer=carry)

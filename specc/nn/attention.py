@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from specc.nn.ops import Dropout, cast
-from specc.nn.positions import alibi_slopes, apply_rotary, relative_index
+from specc.nn.positions import alibi_slopes, apply_rotary, relative_index, rotary_frequencies
 from specc.spec.resolve import ResolvedAttention
 from specc.spec.schema import PositionSpec
 
@@ -70,6 +70,11 @@ class Attention(nn.Module):
             self.rel_v = nn.Embedding(2 * position.clip + 1, dv) if position.values else None
         self.alibi = positional and position.kind == "alibi"
         self.interleaved = position.kind == "rotary" and position.layout == "interleaved"
+        # rotary: this layer's inverse frequencies (its base and scaling), computed once here
+        self.frequencies = None
+        if spec.rotary_dims:
+            self.frequencies = rotary_frequencies(spec.rotary_dims, spec.rotary_base, spec.rotary_scaling,
+                                                  position.max_length)
         if self.alibi:
             self.register_buffer("slopes", torch.tensor(alibi_slopes(h)).view(1, h, 1, 1), persistent=False)
         if spec.pattern.kind == "linformer":

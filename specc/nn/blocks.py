@@ -45,16 +45,20 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.LayerNorm):
-    """torch's LayerNorm (weight, bias), computed in fp32 whatever the input dtype."""
+    """torch's LayerNorm (weight, and bias unless made with bias=False), computed in fp32 whatever
+    the input dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             return super().forward(x)
-        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), bias, self.eps).to(x.dtype)
 
 
 def make_norm(spec: NormSpec, d: int) -> nn.Module:
-    return RMSNorm(d, spec.eps, spec.unit_offset) if spec.kind == "rmsnorm" else LayerNorm(d, eps=spec.eps)
+    if spec.kind == "rmsnorm":
+        return RMSNorm(d, spec.eps, spec.unit_offset)
+    return LayerNorm(d, eps=spec.eps, bias=spec.bias)
 
 
 ACTIVATIONS = {
@@ -165,7 +169,6 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(Layer(layer, r) for layer in stack.layers)
         self.final_norm = make_norm(r.norm, d) if stack.final_norm else None
         self.drop = Dropout(r.dropout.hidden)
-        self.rotary = stack.layers[0].attention.rotary_dims  # the same in every layer (its base may differ)
 
     def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         """tokens [B,T,D] (already looked up, scaled) + positions (+ types) -> norm -> dropout."""
@@ -185,19 +188,18 @@ class Stack(nn.Module):
                 cross_past=None, memory_keep=None):
         """Runs the layers. past / cross_past: per-layer (k, v) lists or None.
         Returns hidden [B,T,D], presents, cross presents."""
-        ropes = {}  # rotary base -> (cos, sin), made once for the layers that share it (overrides)
+        ropes = {}  # rotary frequencies -> (cos, sin), made once for the layers that share them (overrides)
         bias = None  # bucketed positions: [1, H, T, S], made once for every layer's self-attention
         if self.relative_bias is not None:
             keys = torch.arange(allowed.shape[-1], device=x.device)
             bias = self.relative_bias(relative_bucket(q_idx, keys, *self.buckets)).permute(2, 0, 1).unsqueeze(0)
         presents, cross_presents = [], []
         for i, layer in enumerate(self.layers):
-            base = layer.attention.spec.rotary_base
-            if self.rotary and base not in ropes:
-                ropes[base] = rotary_cos_sin(position_ids, self.rotary, base, x.dtype,
-                                             self.r.position.layout == "interleaved")
+            freqs = layer.attention.frequencies
+            if freqs is not None and freqs not in ropes:
+                ropes[freqs] = rotary_cos_sin(position_ids, freqs, x.dtype, layer.attention.interleaved)
             x, present, cross_present = layer(
-                x, allowed, q_idx, rope=ropes.get(base), position_bias=bias,
+                x, allowed, q_idx, rope=ropes.get(freqs), position_bias=bias,
                 past=past[i] if past is not None else None,
                 memory=memory, memory_allowed=memory_allowed,
                 cross_past=cross_past[i] if cross_past is not None else None,

@@ -8,7 +8,9 @@
   rotary      Su et al. 2021 (RoFormer): rotate pairs of q/k dims by p * base^(-2i/R); R = the rotated
               dims (leading `rotary_dims` of each head). Pairs are (x_i, x_{i+R/2}) (layout halves: the
               GPT-NeoX / LLaMA layout of Hugging Face checkpoints) or (x_2i, x_2i+1) (interleaved:
-              RoFormer's own, GPT-J's, llama.cpp's).
+              RoFormer's own, GPT-J's, llama.cpp's). The frequencies may be scaled to reach past the
+              trained length: linear (Chen et al. 2023), Llama 3.1's, YaRN (Peng et al. 2023),
+              LongRoPE (Ding et al. 2024); rotary_frequencies.
   bucketed    Raffel et al. 2020 (T5): a learned per-head scalar added to each score, looked up by
               bucket(j - i): exact below half the buckets, log-spaced up to max_distance; both signs
               in an encoder (half the buckets each), the past only in a decoder.
@@ -19,6 +21,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -36,18 +39,112 @@ def sinusoidal(position_ids: torch.Tensor, d_model: int, base: float, layout: st
     return pe[..., :d_model]
 
 
-def rotary_cos_sin(position_ids: torch.Tensor, rot: int, base: float, dtype: torch.dtype,
+@dataclass(frozen=True)
+class RotaryFrequencies:
+    """The inverse frequencies of one rotary scheme, R / 2 of them, as Python floats holding their
+    fp32 values exactly (a graph makes them constants: no arithmetic of the exporter's or the
+    runtime's touches them). `long` and `threshold`: LongRoPE's second set, used where the largest
+    position id + 1 exceeds `threshold`. `scale`: the factor on cos and sin (YaRN's and LongRoPE's
+    attention factor). Hashable: a stack makes one cos / sin per distinct scheme."""
+
+    short: tuple[float, ...]
+    long: tuple[float, ...] | None = None
+    threshold: int = 0
+    scale: float = 1.0
+
+
+def _exponents(rot: int) -> torch.Tensor:
+    """2i / R for the R / 2 pairs, fp32."""
+    return torch.arange(0, rot, 2, dtype=torch.int64).to(torch.float32) / rot
+
+
+def rotary_frequencies(rot: int, base: float, scaling=None, max_length: int = 0) -> RotaryFrequencies:
+    """The inverse frequencies f_i = base^(-2i/R) of R rotated dims, changed by `scaling` (a kind of
+    the language's rotary scaling, specc.spec.schema; None: none) and computed once, in fp32 and in
+    the order of operations transformers' rope init functions use, so that they are the
+    checkpoints' own to the bit. `max_length`: position.max_length (LongRoPE's default factor)."""
+    kind = "none" if scaling is None else scaling.kind
+    powers = base ** _exponents(rot)  # base^(2i/R)
+    plain = 1.0 / powers
+    if kind == "none":
+        return RotaryFrequencies(tuple(plain.tolist()))
+    if kind == "linear":  # Chen et al. 2023: positions interpolated, p / factor
+        return RotaryFrequencies(tuple((plain / scaling.factor).tolist()))
+    if kind == "llama3":
+        return RotaryFrequencies(tuple(_llama3(plain, scaling).tolist()))
+    if kind == "yarn":
+        return _yarn(rot, base, powers, plain, scaling)
+    if kind == "longrope":
+        return _longrope(rot, powers, scaling, max_length)
+    raise ValueError(f"rotary scaling kind {kind!r}")
+
+
+def _llama3(plain: torch.Tensor, s) -> torch.Tensor:
+    """Meta's Llama 3.1 scaling: by wavelength, kept (short), divided by factor (long), blended."""
+    wavelength = 2 * math.pi / plain
+    long_edge, short_edge = s.original_max_length / s.low_freq_factor, s.original_max_length / s.high_freq_factor
+    divided = torch.where(wavelength > long_edge, plain / s.factor, plain)
+    blend = (s.original_max_length / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - blend) * divided / s.factor + blend * divided
+    between = ~(wavelength < short_edge) * ~(wavelength > long_edge)
+    return torch.where(between, blended, divided)
+
+
+def _yarn(rot: int, base: float, powers: torch.Tensor, plain: torch.Tensor, s) -> RotaryFrequencies:
+    """Peng et al. 2023: NTK-by-parts, pair i's frequency ramped from kept (the pairs that turn
+    more than beta_fast times in the original length) to interpolated (fewer than beta_slow)."""
+
+    def pair_turning(turns: float) -> float:  # the pair index that turns `turns` times in L
+        return rot * math.log(s.original_max_length / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_turning(s.beta_fast), pair_turning(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rot - 1)
+    if low == high:
+        high += 0.001  # a ramp of one point: a step
+    ramp = torch.clamp((torch.arange(rot // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    kept = 1 - ramp  # the share of pair i's frequency that is extrapolated (kept as it is)
+    interpolated = 1.0 / (s.factor * powers)
+    freqs = interpolated * (1 - kept) + plain * kept
+    scale = s.attention_factor
+    if scale is None:
+        scale = 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0
+    return RotaryFrequencies(tuple(freqs.tolist()), scale=float(scale))
+
+
+def _longrope(rot: int, powers: torch.Tensor, s, max_length: int) -> RotaryFrequencies:
+    """Ding et al. 2024 (Phi-3): a rescale factor per pair, one list within the original length
+    and one beyond it."""
+
+    def divided(factors: list[float]) -> tuple[float, ...]:
+        return tuple((1.0 / (torch.tensor(factors, dtype=torch.float32) * powers)).tolist())
+
+    scale = s.attention_factor
+    if scale is None:
+        factor = s.factor if s.factor is not None else max_length / s.original_max_length
+        scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(s.original_max_length))
+    return RotaryFrequencies(divided(s.short_factor), divided(s.long_factor), s.original_max_length, float(scale))
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, freqs: RotaryFrequencies, dtype: torch.dtype,
                    interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T] positions -> cos, sin of shape [B, 1, T, rot]: each frequency repeated for both
-    halves, or (interleaved) for both dims of its pair."""
-    inv = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float32, device=position_ids.device) / rot))
-    angles = position_ids.to(torch.float32).unsqueeze(-1) * inv  # [B, T, rot/2]
+    """[B, T] positions -> cos, sin of shape [B, 1, T, R]: each frequency repeated for both
+    halves, or (interleaved) for both dims of its pair; times freqs.scale, in fp32, then cast."""
+    inv = torch.tensor(freqs.short, dtype=torch.float32, device=position_ids.device)
+    if freqs.long is not None:  # LongRoPE: the long set where the sequence passes the threshold
+        long = torch.tensor(freqs.long, dtype=torch.float32, device=position_ids.device)
+        inv = torch.where(position_ids.max() + 1 > freqs.threshold, long, inv)
+    angles = position_ids.to(torch.float32).unsqueeze(-1) * inv  # [B, T, R/2]
     if interleaved:
         angles = torch.stack((angles, angles), dim=-1).flatten(-2)
     else:
         angles = torch.cat((angles, angles), dim=-1)
-    angles = angles.unsqueeze(1)  # [B, 1, T, rot]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    angles = angles.unsqueeze(1)  # [B, 1, T, R]
+    cos, sin = angles.cos(), angles.sin()
+    if freqs.scale != 1.0:
+        cos, sin = cos * freqs.scale, sin * freqs.scale
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:

@@ -72,11 +72,18 @@ def _position_label(r: ResolvedSpec) -> str:
         "sinusoidal": f"sinusoidal ({p.layout if hasattr(p, 'layout') else ''})",
         "learned": "learned",
         "relative": f"relative (clip {getattr(p, 'clip', '')}{', values' if getattr(p, 'values', False) else ''})",
-        "rotary": f"rotary (base {getattr(p, 'base', '')}, fraction {getattr(p, 'fraction', '')})",
+        "rotary": f"rotary (base {getattr(p, 'base', '')}, fraction {getattr(p, 'fraction', '')}"
+                  f"{_scaling(p.scaling) if p.kind == 'rotary' and p.scaling.kind != 'none' else ''})",
         "alibi": "ALiBi",
         "bucketed": f"bucketed (T5: {getattr(p, 'buckets', '')} buckets to {getattr(p, 'max_distance', '')})",
     }.get(p.kind, p.kind)
     return f"positions: {extra}\nmax length {p.max_length}"
+
+
+def _scaling(sc) -> str:
+    """", scaled: linear x8" (a rotary scaling's kind and factor, where it has one)."""
+    factor = getattr(sc, "factor", None)
+    return f", scaled: {sc.kind}" + (f" x{factor:g}" if factor is not None else "")
 
 
 def _apart(st) -> str:
@@ -87,7 +94,8 @@ def _apart(st) -> str:
     for layer in st.layers[1:]:
         a = layer.attention
         parts = ([f"{a.pattern.kind} attention"] if a.pattern != first.pattern else []) + (
-            [f"rotary base {a.rotary_base:g}"] if a.rotary_base != first.rotary_base else [])
+            [f"rotary base {a.rotary_base:g}"] if a.rotary_base != first.rotary_base else []) + (
+            [_scaling(a.rotary_scaling).lstrip(", ")] if a.rotary_scaling != first.rotary_scaling else [])
         if parts:
             kinds.setdefault(", ".join(parts), []).append(layer.index)
     return "".join(f"\nlayers {', '.join(map(str, idx))}: {what}" for what, idx in kinds.items())

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from specc.spec.resolve import ResolvedAttention, ResolvedSpec
-from specc.spec.schema import GATED_ACTIVATIONS
+from specc.spec.schema import GATED_ACTIVATIONS, NormSpec
 from specc.spec.targets import PRECISIONS
 
 BYTES = {name: p.weight_bytes for name, p in PRECISIONS.items()}  # bytes per weight, per precision
@@ -30,9 +30,9 @@ def _linear(prefix: str, n_in: int, n_out: int, bias: bool) -> dict:
     return out
 
 
-def _norm(prefix: str, kind: str, d: int) -> dict:
+def _norm(prefix: str, norm: NormSpec, d: int) -> dict:
     out = {f"{prefix}.weight": (d,)}
-    if kind == "layernorm":
+    if norm.kind == "layernorm" and norm.bias:
         out[f"{prefix}.bias"] = (d,)
     return out
 
@@ -47,8 +47,8 @@ def _attention(prefix: str, a: ResolvedAttention, r: ResolvedSpec) -> dict:
     if a.merge == "project":
         out.update(_linear(f"{prefix}.o", a.heads * a.d_v, d, a.output_bias))
     if a.qk_norm != "none":  # over each head's d_k, or over all heads' at once
-        out.update(_norm(f"{prefix}.q_norm", r.norm.kind, a.d_k if a.qk_norm == "head" else a.heads * a.d_k))
-        out.update(_norm(f"{prefix}.k_norm", r.norm.kind, a.d_k if a.qk_norm == "head" else a.kv_heads * a.d_k))
+        out.update(_norm(f"{prefix}.q_norm", r.norm, a.d_k if a.qk_norm == "head" else a.heads * a.d_k))
+        out.update(_norm(f"{prefix}.k_norm", r.norm, a.d_k if a.qk_norm == "head" else a.kv_heads * a.d_k))
     if a.score == "bilinear":
         out[f"{prefix}.score_w"] = (a.heads, a.d_k, a.d_k)
     elif a.score == "additive":
@@ -82,7 +82,7 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
         if r.position.kind == "bucketed":
             out[f"{s}.relative_bias.weight"] = (r.position.buckets, stack.layers[0].attention.heads)
         if v.norm:
-            out.update(_norm(f"{s}.embed_norm", norm.kind, d))
+            out.update(_norm(f"{s}.embed_norm", norm, d))
         for layer in stack.layers:
             p = f"{s}.layers.{layer.index}"
             subs = [("attention", layer.attention)]
@@ -90,20 +90,20 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
                 subs.append(("cross_attention", layer.cross_attention))
             for name, att in subs:
                 out.update(_attention(f"{p}.{name}", att, r))
-                out.update(_norm(f"{p}.{name}_norm", norm.kind, d))
+                out.update(_norm(f"{p}.{name}_norm", norm, d))
                 if norm.placement == "sandwich":
-                    out.update(_norm(f"{p}.{name}_post_norm", norm.kind, d))
+                    out.update(_norm(f"{p}.{name}_post_norm", norm, d))
             f = layer.ffn
             if f.activation in GATED_ACTIVATIONS:
                 out.update(_linear(f"{p}.ffn.gate", d, f.d_ff, f.bias))
             out.update(_linear(f"{p}.ffn.up", d, f.d_ff, f.bias))
             out.update(_linear(f"{p}.ffn.down", f.d_ff, d, f.bias))
             if layer.parallel != "one_norm":
-                out.update(_norm(f"{p}.ffn_norm", norm.kind, d))
+                out.update(_norm(f"{p}.ffn_norm", norm, d))
             if norm.placement == "sandwich":
-                out.update(_norm(f"{p}.ffn_post_norm", norm.kind, d))
+                out.update(_norm(f"{p}.ffn_post_norm", norm, d))
         if stack.final_norm:
-            out.update(_norm(f"{s}.final_norm", norm.kind, d))
+            out.update(_norm(f"{s}.final_norm", norm, d))
     vocab = r.output_vocab_size
     for o in r.outputs:
         h = f"heads.{o.name}"
@@ -113,7 +113,7 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
             out[f"{h}.bias" if r.tie_output else f"{h}.proj.bias"] = (vocab,)
         if o.kind == "mlm":
             out.update(_linear(f"{h}.transform", d, d, True))
-            out.update(_norm(f"{h}.norm", norm.kind, d))
+            out.update(_norm(f"{h}.norm", norm, d))
             out[f"{h}.bias"] = (vocab,)
         if o.kind in ("classifier", "pooled") and o.pooler == "tanh":
             out.update(_linear(f"{h}.pooler", d, d, True))

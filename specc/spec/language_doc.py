@@ -34,6 +34,22 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
         ("bucketed", "tiny-transformer", "position: {kind: bucketed, buckets: 32, max_distance: 128, max_length: 512}\n"),
         ("none", "tiny-gpt2", "position: {kind: none}\n"),
     ],
+    "scaling": [
+        ("none", "tiny-llama", "position: {kind: rotary, scaling: {kind: none}}\n"),
+        ("linear", "tiny-llama", "position: {kind: rotary, scaling: {kind: linear, factor: 4.0}}\n"),
+        ("llama3", "tiny-llama",
+         "position:\n  kind: rotary\n  base: 500000.0\n  max_length: 131072\n"
+         "  scaling: {kind: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, "
+         "original_max_length: 8192}\n"),
+        ("yarn", "tiny-llama",
+         "position:\n  kind: rotary\n  base: 1000000.0\n  max_length: 131072\n"
+         "  scaling: {kind: yarn, factor: 4.0, original_max_length: 32768}\n"),
+        ("longrope", "tiny-llama",
+         "position:\n  kind: rotary\n  max_length: 1024\n  scaling:\n    kind: longrope\n"
+         "    original_max_length: 256\n"
+         "    short_factor: [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # one per rotated pair (d_k 16)\n"
+         "    long_factor: [1.0, 1.2, 1.6, 2.0, 2.5, 3.0, 4.0, 4.0]\n"),
+    ],
     "pattern": [
         ("full", "tiny-bert", "encoder:\n  attention:\n    pattern: {kind: full}\n"),
         ("local", "tiny-bert", "encoder:\n  attention:\n    pattern: {kind: local, window: 8}\n"),
@@ -53,12 +69,17 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
     "norm": [
         (f"{k}, {p}", "tiny-gpt2", f"norm: {{kind: {k}, placement: {p}}}\n")
         for k in ("layernorm", "rmsnorm") for p in ("post", "pre", "sandwich", "sublayer_output")
-    ] + [("rmsnorm, unit offset", "tiny-llama", "norm: {kind: rmsnorm, placement: pre, unit_offset: true}\n")],
+    ] + [("rmsnorm, unit offset", "tiny-llama", "norm: {kind: rmsnorm, placement: pre, unit_offset: true}\n"),
+         ("layernorm without bias", "tiny-gpt2", "norm: {kind: layernorm, placement: pre, bias: false}\n")],
     "stack": [
         (f"parallel: {p}", "tiny-llama", f"decoder:\n  parallel: {p}\n") for p in ("none", "one_norm", "two_norms")
     ] + [("overrides", "tiny-llama",
           "decoder:\n  layers: 4\n  attention: {pattern: {kind: local, window: 7}}\n  overrides:\n"
-          "    - {every: 2, first: 1, pattern: {kind: full}, rotary_base: 1000000.0}\n")],
+          "    - {every: 2, first: 1, pattern: {kind: full}, rotary_base: 1000000.0}\n"),
+         ("overrides with rotary scaling", "tiny-llama",
+          "decoder:\n  layers: 6\n  attention: {pattern: {kind: local, window: 511}}\n  overrides:\n"
+          "    - {every: 6, first: 5, pattern: {kind: full}, rotary_base: 1000000.0,\n"
+          "       rotary_scaling: {kind: linear, factor: 8.0}}\n")],
     "activation": [
         (a, "tiny-gpt2", f"decoder:\n  ffn: {{activation: {a}}}\n")
         for a in ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
@@ -88,6 +109,9 @@ def _type(ann: Any) -> str:
     if origin in (Union, types.UnionType):
         args = typing.get_args(ann)
         if all(inspect.isclass(a) and issubclass(a, schema.KindNode) for a in args):
+            for anchor, _, union, _ in _kinds():
+                if set(_union_members(union)) == set(args):
+                    return f"one of the [kinds of {anchor}](#kinds-of-{anchor.replace(' ', '-')})"
             return "one of the kinds below"
         return " \\| ".join("null" if a is type(None) else _type(a) for a in args)
     if origin is list:
@@ -151,7 +175,11 @@ NOTES = {
     "ModelSpec": "The top level of a spec file. `architecture` decides which stacks exist: `encoder`, "
                  "`decoder`, or both for `encoder-decoder`. `outputs: null` means an lm head "
                  "for anything with a decoder, the last hidden state for encoders. `weights` is a `.safetensors` file, relative "
-                 "to the spec's file.",
+                 "to the spec's file. `tokenizer` is a folder, relative to the spec's file, holding a Hugging Face "
+                 "tokenizer: `tokenizer.json` (required), and where there are `tokenizer_config.json`, "
+                 "`special_tokens_map.json` and `chat_template.jinja`; `specc build` copies them into the build "
+                 "folder's root under those names, and `specc run` / `specc generate` read them for `--text` and "
+                 "`--chat`. `specc import` writes it beside the spec (`NAME.tokenizer`).",
     "VocabSpec": "`tie_output` defaults to tying the lm / mlm head to the embeddings wherever one "
                  "exists; written as `true` without such an output it is an error. `target_size` is the "
                  "target vocabulary of an encoder-decoder.",
@@ -161,7 +189,9 @@ NOTES = {
                 "arXiv:2111.09883; OLMo 2, arXiv:2501.00656, section 3.2). "
                 "`unit_offset: true` makes an rmsnorm's gain 1 + weight, its weight initialised to 0: "
                 "Gemma's RMSNorm, whose checkpoints store the gain less one (Gemma Team 2024, "
-                "arXiv:2403.08295; transformers' GemmaRMSNorm).",
+                "arXiv:2403.08295; transformers' GemmaRMSNorm). `bias: false` leaves a layernorm "
+                "without its bias, a gain alone (torch.nn.LayerNorm(bias=False); the option "
+                "transformers' per-head q / k LayerNorms use); an rmsnorm has no bias.",
     "DropoutSpec": "`dropout: 0.1` is short for `{hidden: 0.1, attention: 0.1}`.",
     "StackSpec": "`cross_attention` exists only in the decoder of an encoder-decoder; null there means "
                  "the same settings as `attention`. `parallel` puts attention and feed-forward side by "
@@ -172,10 +202,11 @@ NOTES = {
                  "arXiv:2204.06745, section 2.1; Falcon's new architecture). Pre-norm layers only, "
                  "without cross-attention. `overrides` configures some layers apart from `attention`: "
                  "each entry chooses layers by `every` (from `first`) or by `indices` and gives them their "
-                 "own `pattern` and (rotary positions) `rotary_base`, as Gemma 2 interleaves global "
-                 "layers with sliding-window ones (Gemma Team 2024, arXiv:2408.00118, section 2) and "
-                 "Gemma 3 adds a rotary base of 1e6 to its global layers against 1e4 (arXiv:2503.19786, "
-                 "section 2). Where overrides make layers 1 and on differ, the stack is exported whole (not "
+                 "own `pattern` and (rotary positions) `rotary_base` and `rotary_scaling`, as Gemma 2 "
+                 "interleaves global layers with sliding-window ones (Gemma Team 2024, arXiv:2408.00118, "
+                 "section 2) and Gemma 3 gives its global layers a rotary base of 1e6 against 1e4, "
+                 "scaled linearly by 8 in the 4B and larger models (arXiv:2503.19786, section 3.2; "
+                 "transformers' Gemma3TextConfig rope_parameters). See [LayerOverride](#layeroverride). Where overrides make layers 1 and on differ, the stack is exported whole (not "
                  "stitched from two traced layers) and cannot be streamed; every layer's cache holds "
                  "the whole sequence (a sliding layer masks what its window does not see).",
     "AttentionSpec": "`d_k` defaults to `d_model / heads` and `d_v` to `d_k`; `kv_heads` (grouped-query "
@@ -231,7 +262,7 @@ def _models() -> list[tuple[type[BaseModel], str | None]]:
     s = schema
     return [
         (s.ModelSpec, None), (s.VocabSpec, None), (s.NormSpec, "norm"), (s.DropoutSpec, None),
-        (s.StackSpec, "stack"), (s.AttentionSpec, "score"), (s.FFNSpec, "activation"),
+        (s.StackSpec, "stack"), (s.LayerOverride, None), (s.AttentionSpec, "score"), (s.FFNSpec, "activation"),
         (s.TokensSpec, None), (s.ServingSpec, None), (s.RangeSpec, None), (s.GenerationServingSpec, None),
     ]
 
@@ -240,6 +271,8 @@ def _kinds() -> list[tuple[str, str, Any, str]]:
     s = schema
     return [
         ("position", "`position:` (top level)", s.PositionSpec, "position"),
+        ("rotary scaling", "`position.scaling:` (rotary positions) and an override's `rotary_scaling:`",
+         s.RotaryScaling, "scaling"),
         ("pattern", "`attention.pattern:`", s.PatternSpec, "pattern"),
         ("outputs", "each item of `outputs:`", s.OutputSpec, "outputs"),
     ]

@@ -57,7 +57,9 @@ from specc.spec.schema import (
     NormSpec,
     OutputSpec,
     PatternSpec,
+    NoScaling,
     PositionSpec,
+    RotaryScaling,
     ServingSpec,
     TokensSpec,
     VocabSpec,
@@ -89,6 +91,7 @@ class ResolvedAttention(Frozen):
     cross: bool  # attends to the encoder's output
     rotary_dims: int = 0  # rotary positions: leading dims of each q/k head that rotate
     rotary_base: float = 0.0  # their base: position.base, or the layer's override
+    rotary_scaling: RotaryScaling = NoScaling()  # their scaling: position.scaling, or the layer's override
     # BigBird: for each query block, the key blocks it also attends to (drawn once, seeded).
     random_blocks: tuple[tuple[int, ...], ...] = ()
 
@@ -127,6 +130,7 @@ class ResolvedSpec(Frozen):
     spec: ModelSpec  # explicit: every default written out, derived dims filled in
     source: str | None = None
     weights_path: str | None = None
+    tokenizer_path: str | None = None  # the spec's tokenizer: folder, absolute
     encoder: ResolvedStack | None
     decoder: ResolvedStack | None
     outputs: tuple[OutputSpec, ...]
@@ -217,10 +221,13 @@ def _attention(
         att = att.model_copy(update={"pattern": override.pattern})
     d_k, d_v, kv = head_dims(att, spec.d_model)
     cross = role == "cross"
-    rot, base = 0, 0.0
+    rot, base, scaling = 0, 0.0, NoScaling()
     if spec.position.kind == "rotary" and not cross:
         rot = rotary_dims(d_k, spec.position.fraction)
         base = override.rotary_base if override is not None and override.rotary_base is not None else spec.position.base
+        scaling = spec.position.scaling
+        if override is not None and override.rotary_scaling is not None:
+            scaling = override.rotary_scaling
     blocks: tuple = ()
     if att.pattern.kind == "bigbird":
         p = att.pattern
@@ -244,6 +251,7 @@ def _attention(
         cross=cross,
         rotary_dims=rot,
         rotary_base=base,
+        rotary_scaling=scaling,
         random_blocks=blocks,
     )
 
@@ -280,7 +288,7 @@ def explicit(spec: ModelSpec) -> ModelSpec:
     update["vocab"] = spec.vocab.model_copy(update={"tie_output": effective_tie(spec)})
     data = spec.model_copy(update=update).model_dump(by_alias=True, mode="json")
     out = ModelSpec.model_validate(data)
-    out._path, out._weights_path = spec.path, spec.weights_path
+    out._path, out._weights_path, out._tokenizer_path = spec.path, spec.weights_path, spec.tokenizer_path
     return out
 
 
@@ -384,6 +392,7 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         spec=full,
         source=spec.path,
         weights_path=spec.weights_path,
+        tokenizer_path=spec.tokenizer_path,
         encoder=built.get("encoder"),
         decoder=built.get("decoder"),
         outputs=outputs,

@@ -252,8 +252,8 @@ def overrides_fit(spec: ModelSpec) -> Iterable[Problem]:
             if (ov.every is None) == (ov.indices is None):
                 yield path, "an override chooses its layers by `every` or by `indices` (one of them)"
                 continue
-            if ov.pattern is None and ov.rotary_base is None:
-                yield path, "an override sets `pattern` or `rotary_base` (it changes nothing)"
+            if ov.pattern is None and ov.rotary_base is None and ov.rotary_scaling is None:
+                yield path, "an override sets `pattern`, `rotary_base` or `rotary_scaling` (it changes nothing)"
             layers = ov.indices if ov.indices is not None else range(ov.first, st.layers, ov.every)
             for i in layers:
                 if i >= st.layers:
@@ -264,8 +264,9 @@ def overrides_fit(spec: ModelSpec) -> Iterable[Problem]:
                     chosen[i] = n
             if ov.every is not None and ov.first >= st.layers:
                 yield path + ("first",), f"first {ov.first} is past the stack's {st.layers} layers"
-            if ov.rotary_base is not None and spec.position.kind != "rotary":
-                yield path + ("rotary_base",), f"rotary_base needs rotary positions; position.kind is {spec.position.kind}"
+            for key in ("rotary_base", "rotary_scaling"):
+                if getattr(ov, key) is not None and spec.position.kind != "rotary":
+                    yield path + (key,), f"{key} needs rotary positions; position.kind is {spec.position.kind}"
 
 
 def buckets_reach(spec: ModelSpec) -> Iterable[Problem]:
@@ -279,3 +280,62 @@ def buckets_reach(spec: ModelSpec) -> Iterable[Problem]:
 
 RULES = RULES + (linformer_positions, unit_offset_is_rmsnorms, parallel_layers, scale_is_scaled_dots, overrides_fit,
                  buckets_reach)
+
+
+def _scalings(spec: ModelSpec) -> Iterator[tuple[Path, object, list[int]]]:
+    """(path, rotary scaling, the rotated dims of the layers it applies to) for position.scaling
+    and each override's rotary_scaling (under rotary positions)."""
+    if spec.position.kind != "rotary":
+        return
+    dims: dict[Path, list[int]] = {("position", "scaling"): []}
+    for name in ("encoder", "decoder"):
+        st = getattr(spec, name)
+        if st is None or (st.attention.d_k is None and spec.d_model % st.attention.heads):
+            continue  # head_dimensions reports it
+        rot = rotary_dims(head_dims(st.attention, spec.d_model)[0], spec.position.fraction)
+        chosen = set()
+        for n, ov in enumerate(st.overrides):
+            if ov.rotary_scaling is not None:
+                dims[(name, "overrides", n, "rotary_scaling")] = [rot]
+                chosen |= set(ov.indices if ov.indices is not None else range(ov.first, st.layers, ov.every or 1))
+        if set(range(st.layers)) - chosen:
+            dims[("position", "scaling")].append(rot)
+    yield ("position", "scaling"), spec.position.scaling, dims[("position", "scaling")]
+    for name in ("encoder", "decoder"):
+        st = getattr(spec, name)
+        for n, ov in enumerate(st.overrides if st is not None else ()):
+            if ov.rotary_scaling is not None:
+                yield (name, "overrides", n, "rotary_scaling"), ov.rotary_scaling, dims.get(
+                    (name, "overrides", n, "rotary_scaling"), [])
+
+
+def rotary_scaling_fits(spec: ModelSpec) -> Iterable[Problem]:
+    """A rotary scaling's fields make a frequency for every rotated pair: llama3's blend needs
+    high_freq_factor above low_freq_factor (it divides by their difference), YaRN's ramp runs from
+    beta_fast down to beta_slow turns, and LongRoPE's lists hold one factor per rotated pair
+    (R / 2) of every layer they apply to."""
+    for path, sc, rots in _scalings(spec):
+        if sc.kind == "llama3" and sc.high_freq_factor <= sc.low_freq_factor:
+            yield path + ("high_freq_factor",), (f"high_freq_factor {sc.high_freq_factor:g} must exceed "
+                                                 f"low_freq_factor {sc.low_freq_factor:g} (the blend divides by "
+                                                 "their difference)")
+        if sc.kind == "yarn" and sc.beta_fast <= sc.beta_slow:
+            yield path + ("beta_fast",), (f"beta_fast {sc.beta_fast:g} must exceed beta_slow {sc.beta_slow:g} "
+                                          "(the ramp runs from the pairs that turn beta_fast times to those "
+                                          "that turn beta_slow times)")
+        if sc.kind == "longrope":
+            for key in ("short_factor", "long_factor"):
+                n = len(getattr(sc, key))
+                for rot in sorted(set(rots)):
+                    if n != rot // 2:
+                        yield path + (key,), (f"{n} factors for {rot // 2} rotated pairs (rotary rotates {rot} "
+                                              "dims of each head): one factor per pair")
+
+
+def norm_bias_is_layernorms(spec: ModelSpec) -> Iterable[Problem]:
+    """`bias: false` removes a LayerNorm's bias; an RMSNorm has none to remove."""
+    if not spec.norm.bias and spec.norm.kind != "layernorm":
+        yield ("norm", "bias"), f"bias: false removes a layernorm's bias; {spec.norm.kind} has none"
+
+
+RULES = RULES + (rotary_scaling_fits, norm_bias_is_layernorms)

@@ -95,14 +95,92 @@ class RelativePosition(_PositionBase):
     values: bool = True
 
 
+# Rotary scaling: the inverse frequencies f_i = base^(-2i/R) of the R rotated dims changed to reach
+# past the length a model was trained at (its `original_max_length`, L). Frequencies are computed
+# once in fp32 (specc/nn/positions.py). Reference: transformers' modeling_rope_utils.
+
+
+class NoScaling(KindNode):
+    """The frequencies as the base gives them (RoFormer, Su et al. 2021)."""
+
+    kind: Literal["none"] = "none"
+
+
+ScalingFactor = Annotated[float, Field(ge=1.0)]
+
+
+class LinearScaling(KindNode):
+    """Position interpolation (Chen et al. 2023, arXiv:2306.15595): every frequency divided by
+    `factor`, so position p turns as p / factor did (transformers' rope_type linear; Gemma 3's
+    global layers, factor 8)."""
+
+    kind: Literal["linear"] = "linear"
+    factor: ScalingFactor
+
+
+class Llama3Scaling(KindNode):
+    """Llama 3.1's frequency-dependent scaling (Meta's model card and reference code; transformers'
+    rope_type llama3): with wavelength w = 2 pi / f_i and L = `original_max_length`, frequencies with
+    w < L / high_freq_factor are kept, those with w > L / low_freq_factor divided by `factor`, and
+    those between blended: (1 - s) f_i / factor + s f_i, s = (L / w - low_freq_factor) /
+    (high_freq_factor - low_freq_factor). Llama 3.1: factor 8, 1, 4, L 8192."""
+
+    kind: Literal["llama3"] = "llama3"
+    factor: ScalingFactor
+    low_freq_factor: Annotated[float, Field(gt=0.0)] = 1.0
+    high_freq_factor: Annotated[float, Field(gt=0.0)] = 4.0
+    original_max_length: PosInt
+
+
+class YarnScaling(KindNode):
+    """YaRN (Peng et al. 2023, arXiv:2309.00071, sections 3.2 and 3.4): "NTK-by-parts"
+    interpolation, pair i's frequency blended from f_i (kept) to f_i / factor (interpolated) by a
+    linear ramp over the pair index between d(beta_fast) and d(beta_slow), d(r) = R ln(L / (2 pi r))
+    / (2 ln base) the pair that turns r times in L = `original_max_length` (`truncate`: the bounds
+    rounded down and up); cos and sin multiplied by `attention_factor` (null: 0.1 ln(factor) + 1, the
+    paper's sqrt(1/t)). Qwen2.5's long-context form is factor 4, L 32768."""
+
+    kind: Literal["yarn"] = "yarn"
+    factor: ScalingFactor
+    original_max_length: PosInt
+    beta_fast: Annotated[float, Field(gt=0.0)] = 32.0
+    beta_slow: Annotated[float, Field(gt=0.0)] = 1.0
+    attention_factor: Annotated[float, Field(gt=0.0)] | None = None
+    truncate: bool = True
+
+
+class LongRopeScaling(KindNode):
+    """LongRoPE (Ding et al. 2024, arXiv:2402.13753; Phi-3's rope_scaling longrope): pair i's
+    frequency divided by `short_factor[i]` while the sequence (the largest position id + 1, over
+    the batch) is at most `original_max_length`, by `long_factor[i]` beyond it: one entry per
+    rotated pair (R / 2). Cos and sin are multiplied by `attention_factor` (null: sqrt(1 + ln s /
+    ln original_max_length), s = `factor`, or position.max_length / original_max_length where
+    null; 1 where s <= 1). The choice is made for each call: keys already cached keep the
+    frequencies they were turned with."""
+
+    kind: Literal["longrope"] = "longrope"
+    short_factor: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)]
+    long_factor: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)]
+    original_max_length: PosInt
+    factor: ScalingFactor | None = None
+    attention_factor: Annotated[float, Field(gt=0.0)] | None = None
+
+
+RotaryScaling = Annotated[
+    Union[NoScaling, LinearScaling, Llama3Scaling, YarnScaling, LongRopeScaling], Field(discriminator="kind")
+]
+
+
 class RotaryPosition(_PositionBase):
     """layout: which dims rotate together: halves = dim i with dim i + R/2 (GPT-NeoX, LLaMA as
-    Hugging Face stores it), interleaved = dims 2i and 2i + 1 (RoFormer, GPT-J, llama.cpp)."""
+    Hugging Face stores it), interleaved = dims 2i and 2i + 1 (RoFormer, GPT-J, llama.cpp).
+    scaling: how the frequencies reach past the trained length (the kinds of rotary scaling)."""
 
     kind: Literal["rotary"] = "rotary"
     base: Annotated[float, Field(gt=1.0)] = 10000.0
     fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     layout: Literal["halves", "interleaved"] = "halves"
+    scaling: RotaryScaling = NoScaling()
 
 
 class AlibiPosition(_PositionBase):
@@ -141,6 +219,7 @@ class NormSpec(Node):
     eps: Annotated[float, Field(gt=0.0, lt=1.0)] = 1.0e-6
     final: Literal["auto"] | bool = "auto"
     unit_offset: bool = False  # rmsnorm's gain is 1 + weight (Gemma), its weight initialised to 0
+    bias: bool = True  # layernorm's bias (false: torch.nn.LayerNorm(bias=False)); rmsnorm has none
 
 
 class DropoutSpec(Node):
@@ -232,13 +311,16 @@ class FFNSpec(Node):
 class LayerOverride(Node):
     """Layers of a stack configured apart from its `attention:` (Gemma 2 and 3: global layers
     among sliding-window ones): those chosen by `every` (layers first, first + every, ...) or by
-    `indices`, with their own attention `pattern` and, under rotary positions, `rotary_base`."""
+    `indices`, with their own attention `pattern` and, under rotary positions, `rotary_base` and
+    `rotary_scaling` (in place of position.base and position.scaling; Gemma 3's 4B and larger
+    scale their global layers' frequencies only, linearly by 8)."""
 
     every: PosInt | None = None
     first: NonNegInt = 0
     indices: list[NonNegInt] | None = None
     pattern: PatternSpec | None = None
     rotary_base: Annotated[float, Field(gt=1.0)] | None = None
+    rotary_scaling: RotaryScaling | None = None
 
     @field_validator("pattern", mode="before")
     @classmethod
@@ -373,11 +455,13 @@ class ModelSpec(Node):
     outputs: list[OutputSpec] | None = None
     tokens: TokensSpec = TokensSpec()
     weights: str | None = None
+    tokenizer: str | None = None
     serving: ServingSpec = ServingSpec()
 
     # Where the spec came from (set by the loader; not part of the language).
     _path: str | None = PrivateAttr(default=None)
     _weights_path: str | None = PrivateAttr(default=None)
+    _tokenizer_path: str | None = PrivateAttr(default=None)
 
     @field_validator("position", mode="before")
     @classmethod
@@ -423,3 +507,8 @@ class ModelSpec(Node):
     def weights_path(self) -> str | None:
         """The weights file as an absolute path, relative paths taken from the file that named it."""
         return self._weights_path
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        """The tokenizer folder as an absolute path, relative paths taken from the file that named it."""
+        return self._tokenizer_path

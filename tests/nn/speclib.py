@@ -95,6 +95,21 @@ KINDS: dict[str, dict] = {
     "bucketed": {"position": {"kind": "bucketed", "buckets": 8, "max_distance": 8, "max_length": 64},
                  "decoder": stack({"score": "dot"})},
     "bucketed-encdec": {**ENC_DEC, "position": {"kind": "bucketed", "buckets": 8, "max_distance": 8, "max_length": 64}},
+    # rotary scaling (Chen et al.'s linear, Llama 3.1's, YaRN, Phi-3's LongRoPE: its long factors
+    # past 8 tokens), Gemma 3's scaled global layers, and a LayerNorm without bias
+    "rotary-linear": {"position": {"kind": "rotary", "scaling": {"kind": "linear", "factor": 2.0}}},
+    "rotary-llama3": {"position": {"kind": "rotary", "base": 500.0, "scaling": {
+        "kind": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_length": 8}}},
+    "rotary-yarn": {"position": {"kind": "rotary", "fraction": 0.5, "layout": "interleaved", "scaling": {
+        "kind": "yarn", "factor": 4.0, "original_max_length": 8, "beta_fast": 4.0}}},
+    "rotary-longrope": {"position": {"kind": "rotary", "max_length": 64, "scaling": {
+        "kind": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],
+        "original_max_length": 8}}},
+    "overrides-scaling": {"position": {"kind": "rotary"}, "decoder": {
+        **stack({"pattern": {"kind": "local", "window": 2}}, layers=3),
+        "overrides": [{"every": 2, "first": 1, "pattern": {"kind": "full"}, "rotary_base": 100.0,
+                       "rotary_scaling": {"kind": "linear", "factor": 8.0}}]}},
+    "layernorm-no-bias": {"norm": {"kind": "layernorm", "placement": "pre", "bias": False}},
     "lm-bias-scale-softcap": {"vocab": {"size": 61, "tie_output": False},
                               "outputs": [{"name": "logits", "kind": "lm", "bias": True, "scale": 0.5, "softcap": 4.0}]},
     "outputs-encoder": {**ENC, "vocab": {"size": 61, "type_size": 2}, "outputs": [

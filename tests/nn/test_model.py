@@ -141,7 +141,9 @@ def _greedy_step_check(model, ids):
     return (full - torch.cat(steps, 1)).abs().max().item()
 
 
-@pytest.mark.parametrize("kind", [k for k in DECODER_KINDS if k != "outputs-decoder"])
+# LongRoPE picks its frequencies by the sequence's length at each call: a cache filled within the
+# original length keeps the short set's keys (tests/nn/test_rotary_scaling.py checks it apart)
+@pytest.mark.parametrize("kind", [k for k in DECODER_KINDS if k not in ("outputs-decoder", "rotary-longrope")])
 def test_incremental_decoding_equals_one_full_pass(kind):
     model = specc.to_torch(tiny(KINDS[kind]), seed=1)
     ids = torch.randint(0, 61, (2, 11), generator=torch.Generator().manual_seed(0))

@@ -18,7 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import specc  # noqa: E402
-from specc.nn.positions import alibi_slopes, distance_buckets, relative_bucket, rotary_cos_sin  # noqa: E402
+from specc.nn.positions import (alibi_slopes, distance_buckets, relative_bucket, rotary_cos_sin,  # noqa: E402
+                                 rotary_frequencies)
 
 ATOL, RTOL = 1e-5, 1e-4
 
@@ -429,7 +430,7 @@ def rotary_reference(att, x, allowed, pos, *, heads, r, base):
 
 
 def rope_for(pos: torch.Tensor, r: int, base: float):
-    return rotary_cos_sin(pos, r, base, torch.float32)
+    return rotary_cos_sin(pos, rotary_frequencies(r, base), torch.float32)
 
 
 @pytest.mark.parametrize("fraction, r", [(1.0, 8), (0.5, 4)])

@@ -117,7 +117,46 @@ def position(draw, length: int) -> dict:
         pos["fraction"] = draw(pick(1.0, 1.0, 0.5))
         if draw(st.booleans()):
             pos["layout"] = draw(pick("halves", "interleaved"))  # GPT-J's pairs
+        if draw(st.booleans()):
+            pos["scaling"] = draw(scaling(length))
     return pos
+
+
+@st.composite
+def scaling(draw, length: int) -> dict:
+    """A rotary scaling whose original length lies within the drawn lengths, so that it binds;
+    longrope's lists are sized once the heads are drawn (spec_data)."""
+    kind = draw(pick("none", "linear", "llama3", "yarn", "longrope"))
+    original = draw(pick(2, length // 2, length))
+    if kind == "linear":
+        return {"kind": kind, "factor": draw(pick(1.0, 2.0, 8.0))}
+    if kind == "llama3":
+        return {"kind": kind, "factor": draw(pick(2.0, 8.0)), "low_freq_factor": draw(pick(1.0, 0.5)),
+                "high_freq_factor": draw(pick(2.0, 4.0)), "original_max_length": original}
+    if kind == "yarn":
+        out = {"kind": kind, "factor": draw(pick(1.0, 4.0, 16.0)), "original_max_length": original,
+               "beta_fast": draw(pick(32.0, 4.0)), "beta_slow": draw(pick(1.0, 2.0)), "truncate": draw(st.booleans())}
+        if draw(st.booleans()):
+            out["attention_factor"] = draw(pick(1.0, 1.3))
+        return out
+    if kind == "longrope":
+        return {"kind": kind, "original_max_length": original, "short_factor": [], "long_factor": [],
+                **({"factor": draw(pick(1.0, 4.0))} if draw(st.booleans()) else {})}
+    return {"kind": kind}
+
+
+def size_longrope(data: dict, draw) -> None:
+    """Fill a longrope scaling's lists with one factor per rotated pair of the first stack (a
+    second stack with other head dims meets the rule that says so)."""
+    sc = data["position"].get("scaling") if data["position"]["kind"] == "rotary" else None
+    stack = data.get("decoder") or data.get("encoder")
+    if sc is None or sc["kind"] != "longrope" or stack is None:
+        return
+    att = stack["attention"]
+    d_k = att.get("d_k") or data["d_model"] // att["heads"]
+    pairs = max(int(d_k * data["position"]["fraction"]) // 2, 1)
+    sc["short_factor"] = [draw(pick(1.0, 1.5)) for _ in range(pairs)]
+    sc["long_factor"] = [draw(pick(2.0, 8.0, 32.0)) for _ in range(pairs)]
 
 
 OUTPUT_KINDS = ("hidden", "lm", "mlm", "classifier", "token_classifier", "pooled")
@@ -215,6 +254,8 @@ def spec_data(draw) -> dict:
             norm[key] = draw(st.sampled_from(choices))
     if norm.get("kind") == "rmsnorm" and draw(st.booleans()):
         norm["unit_offset"] = True  # Gemma's 1 + weight gain
+    elif norm.get("kind", "layernorm") == "layernorm" and draw(st.booleans()):
+        norm["bias"] = draw(st.booleans())  # a LayerNorm without bias
     if norm:
         data["norm"] = norm
     data["dropout"] = draw(pick(0.0, 0.1, {"hidden": 0.1, "attention": 0.0}))
@@ -238,7 +279,10 @@ def spec_data(draw) -> dict:
                 override["pattern"] = draw(pick({"kind": "full"}, {"kind": "local", "window": 1}))
             if pos["kind"] == "rotary":
                 override["rotary_base"] = draw(pick(100.0, 1000000.0))
+                if draw(st.booleans()):  # Gemma 3's global layers scaled alone
+                    override["rotary_scaling"] = {"kind": "linear", "factor": draw(pick(1.0, 8.0))}
             st_["overrides"] = [override]
+    size_longrope(data, draw)
     outs = draw(outputs())
     if outs is not None:
         data["outputs"] = outs

@@ -150,6 +150,27 @@ def test_layers_configured_apart_are_named_in_the_stack_label():
     assert "layers 5" not in build_graph(specc.resolve(specc.load_spec("llama-style-1b"))).source
 
 
+def test_rotary_scaling_is_named(spec_file):
+    """Gemma 3 4B's form: the global layers' scaling in the stack label, the model's by the positions."""
+    path = spec_file("""\
+        specc: 1
+        name: scaled
+        architecture: decoder
+        d_model: 32
+        vocab: {size: 50}
+        position: {kind: rotary, max_length: 64, scaling: {kind: yarn, factor: 4.0, original_max_length: 16}}
+        decoder:
+          layers: 4
+          attention: {heads: 2, pattern: {kind: local, window: 3}}
+          ffn: {d_ff: 64}
+          overrides:
+            - {every: 2, first: 1, pattern: {kind: full}, rotary_scaling: {kind: linear, factor: 8.0}}
+    """)
+    source = build_graph(specc.resolve(specc.load_spec(str(path)))).source
+    assert "scaled: yarn x4" in source
+    assert "layers 1, 3: full attention, scaled: linear x8" in source
+
+
 @pytest.mark.parametrize("parallel", ["one_norm", "two_norms"])
 def test_parallel_layers_side_by_side(spec_file, parallel):
     path = spec_file(f"""\

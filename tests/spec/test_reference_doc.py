@@ -41,12 +41,14 @@ def _literal(model, field) -> set[str]:
     ("position", lambda: _kinds(schema.PositionSpec)),
     ("pattern", lambda: _kinds(schema.PatternSpec)),
     ("outputs", lambda: _kinds(schema.OutputSpec)),
+    ("scaling", lambda: _kinds(schema.RotaryScaling)),
     ("score", lambda: _literal(schema.AttentionSpec, "score")),
     ("merge", lambda: _literal(schema.AttentionSpec, "merge")),
     ("activation", lambda: _literal(schema.FFNSpec, "activation")),
-    ("stack", lambda: {f"parallel: {p}" for p in _literal(schema.StackSpec, "parallel")} | {"overrides"}),
+    ("stack", lambda: {f"parallel: {p}" for p in _literal(schema.StackSpec, "parallel")}
+     | {"overrides", "overrides with rotary scaling"}),
     ("norm", lambda: {f"{k}, {p}" for k in _literal(schema.NormSpec, "kind") for p in _literal(schema.NormSpec, "placement")}
-     | {"rmsnorm, unit offset"}),
+     | {"rmsnorm, unit offset", "layernorm without bias"}),
 ])
 def test_an_example_for_every_kind(group, expected):
     # a kind added to the schema without an example fails here
@@ -59,5 +61,7 @@ def test_the_examples_change_what_they_claim():
     assert spec.position.kind == "relative" and spec.position.clip == 8
     spec = loads_spec(example_text(*EXAMPLES["pattern"][3][1:]), base_dir=ROOT / "specs")
     assert spec.encoder.attention.pattern.kind == "bigbird"
+    spec = loads_spec(example_text(*EXAMPLES["scaling"][4][1:]), base_dir=ROOT / "specs")
+    assert spec.position.scaling.kind == "longrope" and len(spec.position.scaling.long_factor) == 8
     spec = loads_spec(example_text(*EXAMPLES["outputs"][3][1:]), base_dir=ROOT / "specs")
     assert [o.kind for o in spec.outputs] == ["classifier"]

@@ -489,6 +489,75 @@ CASES = [
         "no cross-attention",
         "parallel_layers",
     ),
+    # --- rotary scaling, norm bias -------------------------------------------------------------
+    Case(
+        "rotary-scaling-without-kind",
+        DEC + "position:\n  kind: rotary\n  scaling: {factor: 2.0}\n",
+        "position.scaling",
+        "scaling: ^{factor",
+        "missing 'kind' (one of: none, linear, llama3, yarn, longrope)",
+    ),
+    Case(
+        "rotary-scaling-factor-below-one",
+        DEC + "position:\n  kind: rotary\n  scaling: {kind: linear, factor: 0.5}\n",
+        "position.scaling.factor",
+        "factor: ^0.5",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "llama3-high-freq-factor-not-above-low",
+        DEC + "position:\n  kind: rotary\n  scaling: {kind: llama3, factor: 8.0, original_max_length: 8192, "
+              "low_freq_factor: 4.0, high_freq_factor: 2.0}\n",
+        "position.scaling.high_freq_factor",
+        "high_freq_factor: ^2.0",
+        "high_freq_factor 2 must exceed low_freq_factor 4",
+        "rotary_scaling_fits",
+    ),
+    Case(
+        "yarn-beta-fast-not-above-slow",
+        DEC + "position:\n  kind: rotary\n  scaling: {kind: yarn, factor: 4.0, original_max_length: 32768, "
+              "beta_fast: 1.0, beta_slow: 2.0}\n",
+        "position.scaling.beta_fast",
+        "beta_fast: ^1.0",
+        "beta_fast 1 must exceed beta_slow 2",
+        "rotary_scaling_fits",
+    ),
+    Case(
+        "longrope-factors-not-one-per-pair",
+        # d_k 16: 8 rotated pairs
+        DEC + "position:\n  kind: rotary\n  scaling: {kind: longrope, original_max_length: 8, short_factor: [1.0, 2.0], "
+              "long_factor: [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]}\n",
+        "position.scaling.short_factor",
+        "short_factor: ^[1.0",
+        "2 factors for 8 rotated pairs",
+        "rotary_scaling_fits",
+    ),
+    Case(
+        "longrope-in-an-override-not-one-per-pair",
+        DEC + "  overrides:\n    - {indices: [1], rotary_scaling: {kind: longrope, original_max_length: 8, "
+              "short_factor: [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], long_factor: [2.0]}}\n"
+              "position:\n  kind: rotary\n",
+        "decoder.overrides.0.rotary_scaling.long_factor",
+        "long_factor: ^[2.0]",
+        "1 factors for 8 rotated pairs",
+        "rotary_scaling_fits",
+    ),
+    Case(
+        "override-rotary-scaling-without-rotary-positions",
+        DEC + "  overrides:\n    - {indices: [1], rotary_scaling: {kind: linear, factor: 8.0}}\n",
+        "decoder.overrides.0.rotary_scaling",
+        "rotary_scaling: ^{kind",
+        "rotary_scaling needs rotary positions; position.kind is sinusoidal",
+        "overrides_fit",
+    ),
+    Case(
+        "norm-bias-on-rmsnorm",
+        DEC + "norm:\n  kind: rmsnorm\n  bias: false\n",
+        "norm.bias",
+        "bias: ^false",
+        "rmsnorm has none",
+        "norm_bias_is_layernorms",
+    ),
     # --- vocabulary and tokens ----------------------------------------------------------------
     Case(
         "token-id-outside-vocabulary",

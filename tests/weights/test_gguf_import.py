@@ -15,7 +15,7 @@ import torch
 
 import specc
 from specc.cli import main as cli
-from specc.importers.gguf import import_gguf, tokenizer_metadata
+from specc.importers.gguf import import_gguf
 from specc.importers.hf import CheckpointError
 from specc.runtime import Session
 
@@ -193,12 +193,3 @@ def test_cli_import_gguf(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:  # exists: refused without --force
         cli(["import", "gguf", str(path), "-o", str(tmp_path / "m.yaml")])
     assert done.value.code != 0
-
-
-def test_the_tokenizer_is_left_for_a_tokenizer_writer(tmp_path):
-    path = tmp_path / "tiny.gguf"
-    write_gguf(hf_model("llama"), path)
-    tok = tokenizer_metadata(gguf.GGUFReader(path))
-    assert tok["ggml.model"] == "llama"
-    assert tok["ggml.tokens"][:4] == ["<unk>", "<s>", "</s>", "t3"] and len(tok["ggml.tokens"]) == 99
-    assert (tok["ggml.bos_token_id"], tok["ggml.eos_token_id"]) == (1, 2)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from click.testing import CliRunner
 
 transformers = pytest.importorskip("transformers")
@@ -143,6 +144,43 @@ CASES = {
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}},
         initializer_range=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0, **SMALL)),
+    # rotary scaling, with small original lengths so that it binds on these prompts: linear
+    # (position interpolation), Llama 3.1's (wavelengths on both sides of 8 and 2), YaRN (Qwen2.5's
+    # form; GPT-NeoX's a quarter of each head rotated), Phi-3's LongRoPE (the prompts pass its
+    # original length 4: the long factors, and the attention factor of 64 / 4), Gemma 3's linear
+    # scaling of its global layers alone
+    "llama-linear": ("LlamaForCausalLM", "LlamaConfig", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0},
+        initializer_range=0.5, bos_token_id=1, eos_token_id=2, **SMALL)),
+    "llama3-scaled": ("LlamaForCausalLM", "LlamaConfig", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8, "rope_theta": 500.0},
+        initializer_range=0.5, bos_token_id=1, eos_token_id=2, **SMALL)),
+    "qwen2-yarn": ("Qwen2ForCausalLM", "Qwen2Config", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                         "rope_theta": 10000.0},
+        initializer_range=0.5, bos_token_id=1, eos_token_id=2, **SMALL)),
+    "gpt-neox-yarn": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, rotary_pct=0.5,
+        rope_parameters={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8,
+                         "beta_fast": 4.0, "rope_theta": 100.0},
+        initializer_range=0.5, bos_token_id=1, eos_token_id=2, **SMALL)),
+    "phi3-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        original_max_position_embeddings=4, sliding_window=None,
+        rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6],
+                         "long_factor": [1.5, 3.0, 6.0, 12.0], "rope_theta": 10000.0},
+        initializer_range=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0, **SMALL)),
+    "gemma3-scaled": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        tie_word_embeddings=False, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=48, sliding_window=4, query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}},
+        initializer_range=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0, **SMALL)),
     # OPT: pre-norm (and OPT-350m's post-norm), learned positions from row 2
     "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=48,
                                                 init_std=0.5, vocab_size=99, max_position_embeddings=64, pad_token_id=1,
@@ -194,9 +232,10 @@ ZERO_MEAN_NORMS = ((_norm, 0.0, 0.5),)
 NEAR_ONE = ((_bias, 0.0, 0.1), (_norm, 1.0, 0.3))
 DRAWS = {
     "qwen2": (ZERO_MEAN_BIASES,), "stablelm": (ZERO_MEAN_BIASES, ZERO_MEAN_NORMS),
-    **{label: (ZERO_MEAN_NORMS,) for label in ("gemma", "gemma2", "gemma3", "qwen3", "stablelm-parallel")},
+    **{label: (ZERO_MEAN_NORMS,) for label in ("gemma", "gemma2", "gemma3", "gemma3-scaled", "qwen3", "stablelm-parallel")},
     "olmo2": (((_norm, 1.0, 0.3),),),
-    **{label: (NEAR_ONE,) for label in ("bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new",
+    **{label: (NEAR_ONE,) for label in ("bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gpt-neox-yarn", "gptj",
+                                        "falcon-new",
                                         "falcon-7b-form", "falcon-sequential")},
 }
 
@@ -239,6 +278,9 @@ def _close(got: np.ndarray, want: torch.Tensor, what: str) -> None:
     assert got.shape == want.shape, what
     diff = float(np.abs(got - want).max())
     assert diff <= 1e-4, f"{what}: max |ORT - HF| = {diff}"
+
+
+SCALED = ["llama-linear", "llama3-scaled", "qwen2-yarn", "gpt-neox-yarn", "phi3-longrope", "gemma3-scaled"]
 
 
 @pytest.mark.parametrize("label", [k for k in CASES if k.startswith(("bert", "roberta", "electra", "distilbert"))])
@@ -285,7 +327,7 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
                                    "gemma2", "gemma3", "phi3", "stablelm", "stablelm-parallel",
                                    "olmo2", "bloom", "bloom-6", "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new",
                                    "falcon-7b-form", "falcon-sequential", "opt",
-                                   "opt-post"])
+                                   "opt-post", *SCALED])
 def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
     s = Session(out)
@@ -320,6 +362,46 @@ def test_encoder_decoder_outputs_and_greedy_match_hugging_face(imported, label):
     for prompt, want in zip(PROMPTS, wants):
         assert s.generate(prompt, max_new_tokens=NEW).new_ids[0] == want, (label, prompt)
     assert s.generate(PROMPTS, max_new_tokens=NEW).new_ids == wants  # right-padded sources
+
+
+# the spec's scaling each imports to (the parity test above checks what it computes)
+SCALINGS = {
+    "llama-linear": {"kind": "linear", "factor": 4.0},
+    "llama3-scaled": {"kind": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_length": 8},
+    "qwen2-yarn": {"kind": "yarn", "factor": 4.0, "original_max_length": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                   "truncate": True},
+    "gpt-neox-yarn": {"kind": "yarn", "factor": 8.0, "original_max_length": 8, "beta_fast": 4.0, "beta_slow": 1.0,
+                      "truncate": True},
+    "phi3-longrope": {"kind": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6], "long_factor": [1.5, 3.0, 6.0, 12.0],
+                      "original_max_length": 4},
+}
+
+
+@pytest.mark.parametrize("label", list(SCALINGS))
+def test_scaled_rope_imports_as_the_spec_says(imported, label):
+    scaling = specc.load_spec(imported(label)[2]).position.scaling
+    assert scaling.model_dump(include=set(SCALINGS[label])) == SCALINGS[label]
+
+
+def test_longrope_within_the_original_length_turns_by_the_short_factors(imported):
+    """Prompts of 5 and 7 tokens pass Phi-3's original length 4 (the long factors); one of 3 stays
+    within it, and its logits are Hugging Face's too (the short factors)."""
+    model, _, _, out = imported("phi3-longrope")
+    s = Session(out)
+    for prompt in ([5, 7, 9], [5, 7, 9, 11]):
+        with torch.no_grad():
+            ref = model(input_ids=torch.tensor([prompt])).logits
+        _close(s.run(input_ids=[prompt])["logits"], ref, f"phi3-longrope logits of {len(prompt)} tokens")
+    short = s.run(input_ids=[[5, 7, 9, 11]])["logits"][0, -1]
+    longer = s.run(input_ids=[[5, 7, 9, 11, 3]])["logits"][0, 3]  # the same token, the long factors
+    assert np.abs(short - longer).max() > 1e-3
+
+
+def test_gemma3_scales_its_global_layers_alone(imported):
+    r = specc.resolve(specc.load_spec(imported("gemma3-scaled")[2]))
+    kinds = [(a.rotary_base, a.rotary_scaling.model_dump()) for a in (layer.attention for layer in r.decoder.layers)]
+    assert kinds == [(10.0, {"kind": "none"}), (1e6, {"kind": "linear", "factor": 8.0})] * 2
 
 
 def test_imported_spec_reads_like_the_config(imported):
@@ -379,7 +461,7 @@ def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-saved")
     out = {}
     for label in ("gpt2", "llama-gqa", "bert-model", "bart", "qwen2", "electra-model", "falcon-new", "stablelm", "bloom",
-                  "t5"):
+                  "t5", "phi3", "olmo2", "gemma2"):
         hf_model(label).save_pretrained(root / label)
         out[label] = root / label
     return out
@@ -397,8 +479,18 @@ REFUSED = [
     ("gpt2", {"activation_function": "gelu_fast"}, "activation_function.*gelu_fast"),
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx = true"),
     ("gpt2", {"eos_token_id": 500}, "eos_token_id = 500 is outside the vocabulary"),
-    ("llama-gqa", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "rope_type 'linear'"),
-    ("llama-gqa", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type 'yarn'"),
+    ("llama-gqa", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
+     "rope_parameters.rope_type 'dynamic': dynamic NTK scaling recomputes the frequencies"),
+    ("llama-gqa", {"rope_scaling": {"type": "proportional", "factor": 4.0}},
+     "rope_scaling.rope_type 'proportional': specc computes rope types default, linear, llama3, yarn, longrope"),
+    ("llama-gqa", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling.low_freq_factor is missing"),
+    ("llama-gqa", {"rope_scaling": {"rope_type": "linear", "factor": 0.5}},
+     r"rope_scaling \(or rope_parameters\) \(specc's position.scaling.factor\): input should be greater than or equal to 1"),
+    ("llama-gqa", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0, "x"]}},
+     "rope_scaling.long_factor: expected a list of numbers"),
+    ("llama-gqa", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
+                                    "original_max_position_embeddings": 8}}, "1 factors for 4 rotated pairs"),
+    ("phi3", {"rope_scaling": {"type": "linear", "factor": 2.0}}, "Phi-3's rope types are default and longrope"),
     ("llama-gqa", {"hidden_act": "relu"}, "hidden_act 'relu'"),
     ("llama-gqa", {"eos_token_id": [2, 3]}, r"eos_token_id = \[2, 3\]"),
     ("llama-gqa", {"sliding_window": 1}, "sliding_window 1: a window must hold more than the token itself"),
@@ -424,6 +516,38 @@ def test_configs_specc_cannot_express_are_refused_naming_the_field(saved, tmp_pa
         import_hf(src, tmp_path / "out.yaml")
     assert "config.json" in str(info.value)
     assert not (tmp_path / "out.yaml").exists() and not (tmp_path / "out.safetensors").exists()
+
+
+# the rope mapping as older configs write it (`rope_scaling`, its kind as `type`) and as
+# transformers 5 does (`rope_parameters`), read by every family that reads LLaMA's rope fields
+YARN = {"factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 8.0}
+SCALED_FAMILIES = ["llama-gqa", "qwen2", "falcon-new", "stablelm", "phi3", "olmo2", "gemma2"]
+
+
+@pytest.mark.parametrize("label", SCALED_FAMILIES)
+def test_each_rotary_family_reads_the_rope_scaling(saved, tmp_path, label):
+    want = {"kind": "yarn", "factor": 4.0, "original_max_length": 16, "beta_fast": 8.0, "beta_slow": 1.0, "truncate": True}
+    if label == "phi3":  # Phi-3 reads yarn as longrope, its original length at the top level
+        pairs = 4
+        mapping = {"type": "yarn", "short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs}
+        want = {"kind": "longrope", "short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs,
+                "original_max_length": 16}
+        extra = {"original_max_position_embeddings": 16}
+    else:
+        mapping, extra = {"type": "yarn", **YARN}, {}
+    cfg = json.loads((saved[label] / "config.json").read_text())
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    legacy = _edit(saved[label], tmp_path / "legacy", rope_scaling=mapping, **extra)
+    new = _edit(saved[label], tmp_path / "new", rope_parameters={**{("rope_type" if k == "type" else k): v
+                                                                    for k, v in mapping.items()}, "rope_theta": theta},
+                **extra)
+    specs = []
+    for src in (legacy, new):
+        spec_path, _ = import_hf(src, tmp_path / f"{src.name}.yaml")
+        spec = yaml.safe_load(spec_path.read_text())
+        specs.append({k: v for k, v in spec.items() if k not in ("name", "weights")})
+    assert specs[0] == specs[1]
+    assert specs[0]["position"]["scaling"] == want
 
 
 def _edit_tensors(src: Path, dst: Path, change) -> Path:

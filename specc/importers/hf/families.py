@@ -17,11 +17,12 @@ checked (a `Field_`'s kind, a hook's `read`): config.json is untrusted input.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
-from specc.importers.hf.table import (BOOL, INT, INT_OR_NULL, LIST_OR_NULL, NUMBER, NUMBER_OR_NULL, OBJECT_OR_NULL, STR,
-                                     STR_OR_NULL, TOKEN, Family, Field_, Name, Refuse, fused_qkv, has_tensor, linear, lookup,
-                                     norm, read, set_key)
+from specc.importers.hf.table import (BOOL, INT, INT_OR_NULL, LIST_OR_NULL, MISSING, NUMBER, NUMBER_OR_NULL,
+                                     OBJECT_OR_NULL, STR, STR_OR_NULL, TOKEN, Family, Field_, Name, Refuse, fused_qkv,
+                                     has_tensor, linear, lookup, norm, read, set_key)
 
 # Hugging Face activation names (transformers' ACT2FN) that specc computes exactly.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
@@ -285,17 +286,92 @@ GPT2 = Family(
 # --- LLaMA --------------------------------------------------------------------------------------
 
 
-def _rope(cfg: dict, theta_field: str, fraction_field: str, fraction_default: float) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor) from `rope_parameters` (transformers 5 configs) or the
-    family's own older fields; a rope_type other than default is refused."""
-    scaling = read(cfg, "rope_scaling", OBJECT_OR_NULL, None)
-    field_name = "rope_scaling" if scaling else "rope_parameters"
-    params = scaling or read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
-    kind = (read(params, "rope_type", STR_OR_NULL, None, label=f"{field_name}.rope_type")
-            or read(params, "type", STR_OR_NULL, None, label=f"{field_name}.type") or "default")
-    if kind != "default":
-        raise ValueError(f"{field_name}.rope_type {kind!r}: specc implements plain rotary positions "
-                         "(rope_type 'default') only")
+# rope types (`rope_scaling` / `rope_parameters` rope_type) specc computes, as the kinds of
+# position.scaling; "dynamic" NTK scaling is refused (its frequencies follow each call's length)
+ROPE_SCALINGS = ("linear", "llama3", "yarn", "longrope")
+SCALING_SOURCE = "rope_scaling (or rope_parameters)"
+
+
+def _rope_kind(params: dict, label: str) -> str:
+    return (read(params, "rope_type", STR_OR_NULL, None, label=f"{label}.rope_type")
+            or read(params, "type", STR_OR_NULL, None, label=f"{label}.type") or "default")
+
+
+def _number(params: dict, key: str, label: str, default=MISSING):
+    value = read(params, key, NUMBER_OR_NULL if default is not MISSING else NUMBER, default, label=f"{label}.{key}")
+    return None if value is None else float(value)
+
+
+def _scaling(params: dict, label: str, cfg: dict, spec: dict, *, original_default: int | None = None,
+             renamed: dict | None = None, nested: bool = False) -> dict | None:
+    """position.scaling for one rope mapping (`label`: its field, named in every refusal), None for
+    rope_type default. As transformers reads it: `original_max_position_embeddings` from the
+    config's top level where it has one (Phi-3's default 4096: `original_default`), else the
+    mapping's, else `max_position_embeddings` (a mapping per layer kind, `nested`: the mapping's,
+    else max_position_embeddings); yarn's factor (null: max_position_embeddings / original),
+    beta_fast and beta_slow (null or 0: 32 and 1) and attention factor (null: from `mscale` /
+    `mscale_all_dim` where both are given, else the spec's 0.1 ln(factor) + 1)."""
+    kind = _rope_kind(params, label)
+    kind = (renamed or {}).get(kind, kind)
+    if kind == "default":
+        return None
+    if kind == "dynamic":
+        raise ValueError(f"{label}.rope_type 'dynamic': dynamic NTK scaling recomputes the frequencies from each "
+                         "call's sequence length and keeps them for later calls, which a graph with a KV cache "
+                         "does not reproduce")
+    if kind not in ROPE_SCALINGS:
+        raise ValueError(f"{label}.rope_type {kind!r}: specc computes rope types default, "
+                         + ", ".join(ROPE_SCALINGS))
+    if kind == "linear":
+        return {"kind": "linear", "factor": _number(params, "factor", label)}
+    max_length = spec["position"]["max_length"]
+    top = None if nested else read(cfg, "original_max_position_embeddings", INT, original_default)
+    original = top if top is not None else read(params, "original_max_position_embeddings", INT, max_length,
+                                                 label=f"{label}.original_max_position_embeddings")
+    if kind == "llama3":
+        return {"kind": "llama3", "factor": _number(params, "factor", label),
+                "low_freq_factor": _number(params, "low_freq_factor", label),
+                "high_freq_factor": _number(params, "high_freq_factor", label), "original_max_length": original}
+    if kind == "yarn":
+        factor = _number(params, "factor", label, None)
+        if factor is None:
+            factor = max_length / original
+        out = {"kind": "yarn", "factor": factor, "original_max_length": original,
+               "beta_fast": _number(params, "beta_fast", label, None) or 32.0,
+               "beta_slow": _number(params, "beta_slow", label, None) or 1.0,
+               "truncate": True if nested else read(params, "truncate", BOOL, True, label=f"{label}.truncate")}
+        scale = _number(params, "attention_factor", label, None)
+        mscale, mscale_all = _number(params, "mscale", label, None), _number(params, "mscale_all_dim", label, None)
+        if scale is None and mscale and mscale_all:  # DeepSeek's form: a ratio of two of YaRN's factors
+            def yarn_scale(m: float) -> float:
+                return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+            scale = yarn_scale(mscale) / yarn_scale(mscale_all)
+        if scale is not None:
+            out["attention_factor"] = scale
+        return out
+    lists = {}
+    for key in ("short_factor", "long_factor"):
+        values = read(params, key, LIST_OR_NULL, label=f"{label}.{key}")
+        if values is None or any(type(v) not in (int, float) for v in values):
+            raise ValueError(f"{label}.{key}: expected a list of numbers")
+        lists[key] = [float(v) for v in values]
+    out = {"kind": "longrope", **lists, "original_max_length": original}
+    for key in ("factor", "attention_factor"):
+        value = _number(params, key, label, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _rope(cfg: dict, spec: dict, theta_field: str, fraction_field: str, fraction_default: float,
+          **scaling) -> tuple[float, float, dict | None]:
+    """(rope_theta, partial_rotary_factor, position.scaling) from `rope_scaling` (older configs)
+    over `rope_parameters` (transformers 5 configs), or the family's own older fields; `scaling`:
+    _scaling's options."""
+    scaling_map = read(cfg, "rope_scaling", OBJECT_OR_NULL, None)
+    field_name = "rope_scaling" if scaling_map else "rope_parameters"
+    params = scaling_map or read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
+    scaled = _scaling(params, field_name, cfg, spec, **scaling)
     params = {**(read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}), **params}
     theta = read(params, "rope_theta", NUMBER, None, label="rope_parameters.rope_theta")
     if theta is None:
@@ -303,13 +379,26 @@ def _rope(cfg: dict, theta_field: str, fraction_field: str, fraction_default: fl
     fraction = read(params, "partial_rotary_factor", NUMBER, None, label="rope_parameters.partial_rotary_factor")
     if fraction is None:
         fraction = read(cfg, fraction_field, NUMBER, fraction_default)
-    return float(theta), float(fraction)
+    return float(theta), float(fraction), scaled
 
 
-def _llama_extra(spec: dict, cfg: dict) -> None:
+def _set_rope(spec: dict, base: float, fraction: float | None, scaled: dict | None) -> None:
+    set_key(spec, "position.base", base)
+    if fraction is not None:
+        set_key(spec, "position.fraction", fraction)
+    if scaled is not None:
+        set_key(spec, "position.scaling", scaled)
+
+
+def _llama_extra(spec: dict, cfg: dict, **scaling) -> None:
     """`decoder.attention.d_k` = `head_dim` where it is not hidden_size / heads; `position.base` =
     `rope_theta` (or `rope_parameters.rope_theta`); `position.fraction` = `partial_rotary_factor`;
-    a `rope_scaling` / `rope_parameters` rope_type other than default is refused. Mistral: a
+    `position.scaling` from `rope_scaling` / `rope_parameters` (rope_type linear: factor; llama3:
+    factor, low_freq_factor, high_freq_factor; yarn: factor, beta_fast, beta_slow, attention_factor
+    or mscale / mscale_all_dim, truncate; longrope: short_factor, long_factor, factor,
+    attention_factor; each with `original_max_position_embeddings`, the config's top-level one first,
+    else max_position_embeddings); rope_type dynamic, whose frequencies follow each call's length,
+    is refused. Mistral: a
     `sliding_window` W shorter than `max_position_embeddings` (a token sees itself and the W - 1
     before it) is `decoder.attention.pattern: {kind: local, window: W - 1}`; null, or as long as the
     context, is full attention."""
@@ -322,9 +411,7 @@ def _llama_extra(spec: dict, cfg: dict) -> None:
     head_dim = read(cfg, "head_dim", INT_OR_NULL, None)
     if head_dim is not None and head_dim * heads != read(cfg, "hidden_size", INT):
         set_key(spec, "decoder.attention.d_k", head_dim)
-    base, fraction = _rope(cfg, "rope_theta", "partial_rotary_factor", 1.0)
-    set_key(spec, "position.base", base)
-    set_key(spec, "position.fraction", fraction)
+    _set_rope(spec, *_rope(cfg, spec, "rope_theta", "partial_rotary_factor", 1.0, **scaling))
 
 
 LLAMA = Family(
@@ -372,7 +459,7 @@ LLAMA = Family(
     extra=_llama_extra,
     sources={"decoder.attention.d_k": "head_dim", "position.base": "rope_theta (or rope_parameters.rope_theta)",
              "position.fraction": "partial_rotary_factor (or rope_parameters.partial_rotary_factor)",
-             "decoder.attention.pattern.window": "sliding_window"},
+             "decoder.attention.pattern.window": "sliding_window", "position.scaling": SCALING_SOURCE},
 )
 
 
@@ -483,27 +570,29 @@ def _layer_kinds(cfg: dict, every: int) -> list[str]:
     return kinds
 
 
-def _gemma_rope(cfg: dict, global_theta: float = 10000.0) -> dict[str, float]:
-    """Rotary base per layer kind: `rope_parameters` keyed by layer kind (Gemma 3 in transformers
-    5), one `rope_parameters` / `rope_theta` for both (Gemma 2), or Gemma 3's older `rope_theta`
-    (global) and `rope_local_base_freq`; a rope_type other than default is refused."""
+def _gemma_rope(cfg: dict, spec: dict, gemma3: bool) -> dict[str, tuple[float, dict | None]]:
+    """(rotary base, position.scaling) per layer kind: `rope_parameters` keyed by layer kind (Gemma 3
+    in transformers 5), one `rope_parameters` / `rope_theta` for every layer (Gemma 2), or Gemma 3's
+    older `rope_theta` and `rope_scaling` (its global layers) and `rope_local_base_freq` (its sliding
+    ones); each scaling as LLaMA's."""
     params = read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
     per_kind = {k: params[k] for k in ("full_attention", "sliding_attention") if isinstance(params.get(k), dict)}
+    labels = {k: f"rope_parameters.{k}" for k in per_kind}
+    nested = bool(per_kind)
     if not per_kind:
         scaling = read(cfg, "rope_scaling", OBJECT_OR_NULL, None) or {}
-        glob = {**params, **scaling}
-        glob.setdefault("rope_theta", read(cfg, "rope_theta", NUMBER, global_theta))
-        local = {"rope_theta": read(cfg, "rope_local_base_freq", NUMBER, glob["rope_theta"])}
+        glob = dict(scaling or params)  # as transformers reads it: rope_scaling in place of rope_parameters
+        glob.setdefault("rope_theta", params.get("rope_theta", read(cfg, "rope_theta", NUMBER,
+                                                                    1000000.0 if gemma3 else 10000.0)))
+        local = {"rope_theta": read(cfg, "rope_local_base_freq", NUMBER, glob["rope_theta"])} if gemma3 else glob
         per_kind = {"full_attention": glob, "sliding_attention": local}
+        label = "rope_scaling" if scaling else "rope_parameters"
+        labels = {"full_attention": label, "sliding_attention": label if not gemma3 else "rope_local_base_freq"}
     out = {}
     for kind, p in per_kind.items():
-        rope_type = (read(p, "rope_type", STR_OR_NULL, None, label=f"rope_parameters.{kind}.rope_type")
-                     or read(p, "type", STR_OR_NULL, None, label=f"rope_parameters.{kind}.type") or "default")
-        if rope_type != "default":
-            raise ValueError(f"rope_parameters.{kind}.rope_type {rope_type!r}: specc implements plain rotary "
-                             "positions (rope_type 'default') only")
-        default = global_theta if kind == "full_attention" else 10000.0
-        out[kind] = float(read(p, "rope_theta", NUMBER, default, label=f"rope_parameters.{kind}.rope_theta"))
+        default = 1000000.0 if gemma3 and kind == "full_attention" else 10000.0
+        theta = float(read(p, "rope_theta", NUMBER, default, label=f"{labels[kind]}.rope_theta"))
+        out[kind] = theta, _scaling(p, labels[kind], cfg, spec, nested=nested)
     return out
 
 
@@ -512,8 +601,9 @@ def _gemma2_extra(spec: dict, cfg: dict, gemma3: bool = False) -> None:
     `softcap` = `attn_logit_softcapping`. Layers: the sliding ones (`layer_types`, else every
     layer but each 2nd: Gemma 2, each 6th or `sliding_window_pattern`-th: Gemma 3) see the token
     and the `sliding_window` - 1 before it (`pattern: {kind: local}`); the global ones are
-    `overrides` with a full pattern and their own rotary base (Gemma 3's `rope_theta` 1e6
-    against the sliding layers' 10000)."""
+    `overrides` with a full pattern and their own rotary base and scaling where they differ
+    (Gemma 3's `rope_theta` 1e6 against the sliding layers' 10000; its 4B and larger models scale
+    the global layers' frequencies alone, linearly by 8), each scaling as LLaMA's."""
     heads = read(cfg, "num_attention_heads", INT)
     head_dim = read(cfg, "head_dim", INT_OR_NULL, None)
     if head_dim is not None and head_dim * heads != read(cfg, "hidden_size", INT):
@@ -527,16 +617,16 @@ def _gemma2_extra(spec: dict, cfg: dict, gemma3: bool = False) -> None:
     if cap is not None:
         set_key(spec, "decoder.attention.softcap", float(cap))
     kinds = _layer_kinds(cfg, read(cfg, "sliding_window_pattern", INT, 6 if gemma3 else 2))
-    bases = _gemma_rope(cfg, 1000000.0 if gemma3 else 10000.0)
+    ropes = _gemma_rope(cfg, spec, gemma3)
     window = read(cfg, "sliding_window", INT_OR_NULL, 4096)
     sliding = [i for i, k in enumerate(kinds) if k == "sliding_attention"] if window is not None else []
     if window is not None and window < 2:
         raise ValueError(f"sliding_window {window}: a window must hold more than the token itself")
     if not sliding:  # every layer global
-        set_key(spec, "position.base", bases["full_attention"])
+        _set_rope(spec, ropes["full_attention"][0], None, ropes["full_attention"][1])
         return
     set_key(spec, "decoder.attention.pattern", {"kind": "local", "window": window - 1})
-    set_key(spec, "position.base", bases["sliding_attention"])
+    _set_rope(spec, ropes["sliding_attention"][0], None, ropes["sliding_attention"][1])
     full = [i for i, k in enumerate(kinds) if k == "full_attention" or window is None]
     if full:
         override: dict = {"pattern": {"kind": "full"}}
@@ -545,8 +635,11 @@ def _gemma2_extra(spec: dict, cfg: dict, gemma3: bool = False) -> None:
             override = {"every": step, "first": full[0], **override}
         else:
             override = {"indices": full, **override}
-        if bases["full_attention"] != bases["sliding_attention"]:
-            override["rotary_base"] = bases["full_attention"]
+        (base, scaled), (local_base, local_scaled) = ropes["full_attention"], ropes["sliding_attention"]
+        if base != local_base:
+            override["rotary_base"] = base
+        if scaled != local_scaled:
+            override["rotary_scaling"] = scaled or {"kind": "none"}
         set_key(spec, "decoder.overrides", [override])
 
 
@@ -582,7 +675,9 @@ GEMMA2 = replace(
     extra=_gemma2_extra,
     sources={"decoder.attention.d_k": "head_dim", "decoder.attention.scale": "query_pre_attn_scalar",
              "decoder.attention.softcap": "attn_logit_softcapping", "position.base": "rope_parameters",
-             "decoder.attention.pattern.window": "sliding_window", "decoder.overrides": "layer_types"},
+             "decoder.attention.pattern.window": "sliding_window", "decoder.overrides": "layer_types",
+             "position.scaling": "rope_parameters (or rope_scaling)",
+             "decoder.overrides.0.rotary_scaling": "rope_parameters.full_attention (or rope_scaling)"},
 )
 GEMMA3 = replace(
     GEMMA2,
@@ -598,6 +693,22 @@ GEMMA3 = replace(
 
 
 # --- Phi-3: LLaMA's layers with q, k, v fused in one projection, and gate and up in another --------
+
+
+def _phi3_extra(spec: dict, cfg: dict) -> None:
+    """As LLaMA's, with Phi-3's rope types: default or longrope (its older names su and yarn read
+    as longrope, as transformers reads them; any other refused, as transformers' Phi-3 refuses it),
+    its `original_max_position_embeddings` the config's top-level one (default 4096). A generation
+    whose length passes it keeps the keys the short factors turned in its cache (transformers'
+    Phi-3 recomputes its cache at that step)."""
+    params = read(cfg, "rope_scaling", OBJECT_OR_NULL, None)
+    label = "rope_scaling" if params else "rope_parameters"
+    params = params or read(cfg, "rope_parameters", OBJECT_OR_NULL, None) or {}
+    kind = _rope_kind(params, label)
+    if kind not in ("default", "longrope", "su", "yarn"):
+        raise ValueError(f"{label}.rope_type {kind!r}: Phi-3's rope types are default and longrope (su, yarn)")
+    _llama_extra(spec, cfg, original_default=4096, renamed={"su": "longrope", "yarn": "longrope"})
+
 
 _PHI3 = "layers.{i}."
 PHI3 = replace(
@@ -620,6 +731,7 @@ PHI3 = replace(
         *norm("decoder.final_norm", "norm", bias=False),
         Name("heads.{head}.proj.weight", ("lm_head.weight",)),
     ),
+    extra=_phi3_extra,
 )
 
 
@@ -723,11 +835,10 @@ BLOOM = Family(
 
 def _neox_extra(spec: dict, cfg: dict) -> None:
     """`position.base` and `position.fraction` from `rope_parameters` (rope_theta,
-    partial_rotary_factor) or the older `rotary_emb_base` and `rotary_pct` (default 0.25);
+    partial_rotary_factor) or the older `rotary_emb_base` and `rotary_pct` (default 0.25), and
+    `position.scaling` as LLaMA's;
     `use_parallel_residual` true (the default): `decoder.parallel: two_norms`."""
-    base, fraction = _rope(cfg, "rotary_emb_base", "rotary_pct", 0.25)
-    set_key(spec, "position.base", base)
-    set_key(spec, "position.fraction", fraction)
+    _set_rope(spec, *_rope(cfg, spec, "rotary_emb_base", "rotary_pct", 0.25))
     if read(cfg, "use_parallel_residual", BOOL, True):
         set_key(spec, "decoder.parallel", "two_norms")
 
@@ -773,7 +884,7 @@ GPT_NEOX = Family(
     extra=_neox_extra,
     sources={"position.base": "rope_parameters.rope_theta (or rotary_emb_base)",
              "position.fraction": "rope_parameters.partial_rotary_factor (or rotary_pct)",
-             "decoder.parallel": "use_parallel_residual"},
+             "decoder.parallel": "use_parallel_residual", "position.scaling": SCALING_SOURCE},
 )
 
 
@@ -844,7 +955,7 @@ def _falcon_extra(spec: dict, cfg: dict) -> None:
     `new_decoder_architecture`, else 1 with `multi_query`, else every head. Layers: the new
     architecture's are side by side from `num_ln_in_parallel_attn` norms (null: 2); the older
     ones side by side from one norm with `parallel_attn`, else one after the other. Rotary
-    positions from `rope_parameters` (rope_theta); `decoder.ffn.d_ff` = `ffn_hidden_size` or 4 x
+    positions from `rope_parameters` (rope_theta, and `position.scaling` as LLaMA's); `decoder.ffn.d_ff` = `ffn_hidden_size` or 4 x
     d_model; `bias` gives every projection a bias or none. ALiBi (`alibi` true) is refused: Falcon
     adds it before the 1/sqrt(d_k) scaling, so its slopes are scaled too, which the language's
     ALiBi (Press et al.) does not do."""
@@ -874,8 +985,8 @@ def _falcon_extra(spec: dict, cfg: dict) -> None:
     bias = read(cfg, "bias", BOOL, False)
     set_key(spec, "decoder.attention.bias", bias)
     set_key(spec, "decoder.ffn.bias", bias)
-    base, _ = _rope(cfg, "rope_theta", "partial_rotary_factor", 1.0)
-    set_key(spec, "position.base", base)
+    base, _, scaled = _rope(cfg, spec, "rope_theta", "partial_rotary_factor", 1.0)
+    _set_rope(spec, base, None, scaled)
 
 
 _FALCON = "h.{i}."
@@ -917,7 +1028,7 @@ FALCON = Family(
     extra=_falcon_extra,
     sources={"d_model": "hidden_size (or n_embed)", "decoder.attention.kv_heads": "num_kv_heads / multi_query",
              "decoder.parallel": "parallel_attn / num_ln_in_parallel_attn", "decoder.ffn.d_ff": "ffn_hidden_size",
-             "position.base": "rope_parameters.rope_theta"},
+             "position.base": "rope_parameters.rope_theta", "position.scaling": SCALING_SOURCE},
 )
 
 
