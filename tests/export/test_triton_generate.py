@@ -215,6 +215,32 @@ def test_engine_limits_and_cancel(repos):
         engine.submit(_request(facts, [1], 1), Sink())
 
 
+def test_a_failing_graph_model_ends_its_rows_with_one_line(repos):
+    engine, facts, _ = _engine(repos("tiny-gpt2"), "tiny-gpt2")
+    runs = engine.run
+
+    def failing(feeds):
+        if len(feeds[facts["ids"]]) > 1:  # the batched decode step fails; prefill runs
+            raise RuntimeError("Model tiny-gpt2_model - Error when running inference:\n  Server not ready")
+        return runs(feeds)
+
+    engine.run = failing
+    sinks = [Sink(), Sink()]
+    for ids, sink in zip(([5, 9], [7]), sinks):
+        engine.submit(_request(facts, ids, 4, eos=-1), sink)
+    while engine.step():
+        pass
+    for sink in sinks:
+        assert (sink.reason, len(sink.tokens)) == ("error", 1)  # the prefill's token, then the failed step
+        assert sink.error == "the graph model failed: Model tiny-gpt2_model - Error when running inference: Server not ready"
+    ok = Sink()
+    engine.run = runs
+    engine.submit(_request(facts, [5, 9], 3, eos=-1), ok)  # the next request runs as usual
+    while engine.step():
+        pass
+    assert (ok.reason, len(ok.tokens)) == ("length", 3)
+
+
 def test_refusals_are_specc_serves(repos):
     """Each mistake is refused with the line specc serve's generate endpoint answers."""
     from specc.runtime import RunError, Session
