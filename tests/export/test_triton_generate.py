@@ -323,15 +323,23 @@ def test_text_stream_matches_specc_serves(repos):
 class Tritonserver:
     """The tritonserver binary PyTriton bundles, run directly on a repository: its Python backend
     (the stub for the serve environment's Python, which then runs model.py with that environment's
-    numpy, onnxruntime and tokenizers), 127.0.0.1 only, free ports, stopped with SIGTERM."""
+    numpy, onnxruntime and tokenizers, and no specc), 127.0.0.1 only, free ports, stopped with
+    SIGTERM."""
 
     def __init__(self, repo: Path, work: Path):
         where = json.loads(subprocess.run(
             [str(SERVE_PYTHON), "-c", "import json, os, sys, sysconfig, pytriton; print(json.dumps(["
              "os.path.dirname(pytriton.__file__), sysconfig.get_config_var('LIBDIR'), "
-             "f'{sys.version_info[0]}.{sys.version_info[1]}']))"],
+             "f'{sys.version_info[0]}.{sys.version_info[1]}', sysconfig.get_paths()['purelib']]))"],
             capture_output=True, text=True, check=True).stdout)
-        package, libdir, version = Path(where[0]), where[1], where[2]
+        package, libdir, version, packages = Path(where[0]), where[1], where[2], where[3]
+        # The backend's interpreter is the first python3 on PATH, isolated (no PYTHONPATH): an
+        # environment of its own that sees the serve environment's packages (numpy, onnxruntime,
+        # tokenizers) through a .pth line, but not the .pth files there, so not specc's editable
+        # install: specc cannot be imported by the models, as on a fleet
+        fleet_python = work / "fleet-python"
+        subprocess.run([str(SERVE_PYTHON), "-m", "venv", "--without-pip", str(fleet_python)], check=True)
+        (fleet_python / "lib" / f"python{version}" / "site-packages" / "serve-packages.pth").write_text(packages + "\n")
         dist = package / "tritonserver"
         self.backends = work / "backends"
         python = self.backends / "python"
@@ -340,7 +348,7 @@ class Tritonserver:
             (python / f).symlink_to(dist / "backends" / "python" / f)
         shutil.copy(dist / "python_backend_stubs" / version / "triton_python_backend_stub", python)
         self.http, self.grpc, metrics = free_ports(3)
-        env = {**os.environ, "PATH": f"{SERVE_PYTHON.parent}{os.pathsep}{os.environ['PATH']}",
+        env = {**os.environ, "PATH": f"{fleet_python / 'bin'}{os.pathsep}{os.environ['PATH']}",
                "LD_LIBRARY_PATH": os.pathsep.join([libdir, str(package.parent / "nvidia_pytriton.libs")])}
         self.log_path = work / "tritonserver.log"
         self.log = open(self.log_path, "w")
@@ -348,7 +356,7 @@ class Tritonserver:
             [str(dist / "bin" / "tritonserver"), f"--model-repository={repo}", f"--backend-directory={self.backends}",
              "--http-address=127.0.0.1", f"--http-port={self.http}", "--grpc-address=127.0.0.1",
              f"--grpc-port={self.grpc}", "--allow-metrics=false", f"--metrics-port={metrics}", "--exit-timeout-secs=30"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=work)  # not a checkout holding specc/
         deadline = time.monotonic() + 180
         while True:
             if self.proc.poll() is not None:

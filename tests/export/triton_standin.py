@@ -2,7 +2,10 @@
 PyTriton bundles has only the Python backend): a Python-backend model.py that runs the model
 folder's model.onnx with onnxruntime, each request of a dynamic batch on its own, answering the
 same tensors as the ONNX Runtime backend would. tests/export/test_triton_generate.py copies it
-over a graph model of a built repository; it is no part of what specc writes."""
+over a graph model of a built repository; it is no part of what specc writes. It also refuses to
+load where specc can be imported: the test gives the server a Python without specc (as a fleet
+has none), and this checks that the backend's processes run there."""
+import importlib
 import os
 
 import onnxruntime as ort
@@ -11,6 +14,12 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
+        try:
+            importlib.import_module("specc")
+        except ImportError:
+            pass
+        else:
+            raise RuntimeError("specc is importable in the Python backend's interpreter; the test hides it")
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
