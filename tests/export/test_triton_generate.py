@@ -52,11 +52,20 @@ ALLOWED = {"__future__", "collections", "json", "math", "os", "threading", "time
 
 @pytest.fixture(scope="module")
 def repos(tmp_path_factory):
+    """name -> a built repository; tiny-gpt2's spec carries a tokenizer (`tokenizer:`), which the
+    build copies to the repository's root."""
     done: dict = {}
 
     def get(name: str) -> Path:
         if name not in done:
-            done[name] = build(name, tmp_path_factory.mktemp("repo") / name, target="triton").out_dir
+            folder = tmp_path_factory.mktemp("repo")
+            spec = name
+            if name == "tiny-gpt2":
+                (folder / "tok").mkdir()
+                word_tokenizer(folder / "tok" / "tokenizer.json")
+                spec = folder / "tiny-gpt2.yaml"
+                spec.write_text("specc: 1\nname: tiny-gpt2\nextends: tiny-gpt2\ntokenizer: tok\n")
+            done[name] = build(spec, folder / name, target="triton").out_dir
         return done[name]
 
     return get
@@ -249,13 +258,11 @@ def test_refusals_are_specc_serves(repos):
     from specc.runtime.scheduler import Scheduler
 
     repo = repos("tiny-gpt2")
-    words = repo.parent / "refusal-words"
-    words.mkdir(exist_ok=True)
-    word_tokenizer(words / "tokenizer.json")
     scheduler = Scheduler(Session(repo))
-    codec = TextCodec.of_build(words)
+    codec = TextCodec.of_build(repo)
     facts = _facts(repo, "tiny-gpt2")
-    mine = triton_generate.Codec.find([words])
+    mine = triton_generate.Codec.find([repo / "tiny-gpt2" / "1", repo / "tiny-gpt2", repo])
+    assert codec is not None and mine is not None
     i64, f32 = (lambda *v: np.array(v, dtype=np.int64)), (lambda *v: np.array(v, dtype=np.float32))
     cases = [  # (inputs, parameters)
         ({"input_ids": i64(5, 9)}, {"max_token": 4}),
@@ -301,10 +308,8 @@ def test_text_stream_matches_specc_serves(repos):
     """Pieces of text as tokens come, held back at a possible stop string, ended before one."""
     from specc.runtime.endpoint import TextCodec, TextStream
 
-    path = repos("tiny-gpt2").parent / "words" / "tokenizer.json"
-    path.parent.mkdir(exist_ok=True)
-    word_tokenizer(path)
-    theirs_codec, ours_codec = TextCodec.of_build(path.parent), triton_generate.Codec.find([path.parent])
+    repo = repos("tiny-gpt2")
+    theirs_codec, ours_codec = TextCodec.of_build(repo), triton_generate.Codec.find([repo])
     ids = [5, 9, 2, 77, 9, 2, 12]
     for stops in [(), ("tok9 tok2",), ("tok2 tok7", "tok12"), ("tok77 tok",)]:
         theirs, ours = TextStream(theirs_codec, stops), triton_generate.TextStream(ours_codec, stops)
@@ -432,12 +437,15 @@ def test_generation_model_on_the_bundled_tritonserver(repos, tmp_path):
     prompt alone; a seeded sample; text in and out through the repository's tokenizer.json, a
     stop string; mistakes answered 400 with specc serve's line while the server goes on; a client
     that goes away mid-stream; SIGTERM stops the server and its backend processes."""
+    from tokenizers import Tokenizer
+
     from specc.runtime import Session
 
     built = repos("tiny-gpt2")
     session = Session(built)
     repo = fleet_repo(built, tmp_path / "repo")
-    tok = word_tokenizer(repo / "tokenizer.json")  # at the repository's root, where a build keeps it
+    assert (repo / "tokenizer.json").is_file()  # the spec's tokenizer, at the repository's root
+    tok = Tokenizer.from_file(str(repo / "tokenizer.json"))
     model = "tiny-gpt2"
     rng = np.random.default_rng(0)
     cases = [(rng.integers(0, 999, size=int(rng.integers(1, 25))).tolist(), int(rng.integers(1, 20))) for _ in range(12)]
