@@ -126,7 +126,8 @@ def test_cli_inspect_json_and_table():
 def test_inspect_is_linear_in_the_number_of_layers(tmp_path):
     """A deep stack's facts: the per-layer parameters and FLOPs are those of one layer times the
     depth, and 8x the layers takes far less than the 64x a quadratic count would (the red-team
-    report: 1000 layers took 4.3 s, 2000 about 15)."""
+    report: 1000 layers took 4.3 s, 2000 about 15). A ratio of two runs side by side, not a
+    duration: a loaded machine slows both."""
     import time
 
     def facts(layers: int):
@@ -142,4 +143,4 @@ def test_inspect_is_linear_in_the_number_of_layers(tmp_path):
     assert len(big["layers"]) == 2000
     assert big["layers"][-1]["parameters"] == small["layers"][0]["parameters"]
     assert big["flops_per_token"] - small["flops_per_token"] == 1750 * small["layers"][0]["flops_per_token"]
-    assert t_big < 1.0 and t_big < 20 * max(t_small, 1e-3)
+    assert t_big < 20 * max(t_small, 1e-3)  # linear: about 8x; a quadratic count: 64x (no wall-clock bound)
