@@ -24,12 +24,18 @@ pytest.importorskip("onnxruntime")
 # vocabulary 61, learned positions (64), an untied head (tied tiny models tend to repeat one token)
 SMALL = speclib.tiny({"vocab": {"size": 61, "tie_output": False}})
 SMALL_SEED = 3  # built and compared with a seed other than the default
+# SMALL with three layers, 0 and 2 sliding a window of 3 (layer 1 global): window caches, which the
+# longer prompt and the generations outgrow
+WINDOWED = speclib.tiny({"vocab": {"size": 61, "tie_output": False},
+                         "decoder": {"layers": 3, "attention": {"heads": 4, "pattern": {"kind": "local", "window": 3}},
+                                     "overrides": [{"indices": [1], "pattern": {"kind": "full"}}]}})
 
 TARGETS = {  # label -> (spec, seed)
     "tiny-gpt2": ("tiny-gpt2", 0),
     "tiny-llama": ("tiny-llama", 0),
     "tiny-transformer": ("tiny-transformer", 0),
     "small-seed3": (SMALL, SMALL_SEED),
+    "small-window": (WINDOWED, SMALL_SEED),
 }
 DECODERS = ["tiny-gpt2", "tiny-llama", "small-seed3"]
 PROMPTS = {  # two prompts of different lengths per target
@@ -37,6 +43,7 @@ PROMPTS = {  # two prompts of different lengths per target
     "tiny-llama": ([5, 6, 7], [640, 12, 31, 81, 3, 770]),
     "tiny-transformer": ([5, 6, 7, 8, 9, 10, 11], [300, 301]),
     "small-seed3": ([5, 6, 7], [40, 12, 31, 8, 3, 17]),
+    "small-window": ([5, 6, 7], [40, 12, 31, 8, 3, 17]),
 }
 NEW = 8
 
@@ -454,10 +461,11 @@ def test_full_width_beam_search_with_eos_compares_lengths_with_the_penalty(small
 
 @pytest.mark.parametrize("k", [2, 3, 4])
 @pytest.mark.parametrize("which", [0, 1])
-def test_beam_search_equals_a_plain_reference_beam_search(built, k, which):
+@pytest.mark.parametrize("label", ["small-seed3", "small-window"])
+def test_beam_search_equals_a_plain_reference_beam_search(built, k, which, label):
     """Six steps: beams get reordered (several children of one parent), so the cache rows must follow."""
-    s, model = built("small-seed3")
-    prompt = PROMPTS["small-seed3"][which]
+    s, model = built(label)
+    prompt = PROMPTS[label][which]
     fn = torch_logp(model, "decoder", prompt, s.tokens)
     want, want_score = reference_beam(fn, k, 6)
     got = s.generate(prompt, max_new_tokens=6, beams=k).new_ids[0]
@@ -465,7 +473,7 @@ def test_beam_search_equals_a_plain_reference_beam_search(built, k, which):
     assert abs(sum_logp(fn, got) - want_score) < 1e-4
 
 
-@pytest.mark.parametrize("label", ["small-seed3", "tiny-llama", "tiny-transformer"])
+@pytest.mark.parametrize("label", ["small-seed3", "tiny-llama", "tiny-transformer", "small-window"])
 def test_reordered_beams_carry_their_own_cache(built, label):
     """Beam search moves cache rows to the beams' new slots. The tiny models' next-token ranking
     hardly depends on the history, so the beam ids alone would not show a stale cache: the logits do."""
@@ -487,7 +495,7 @@ def test_reordered_beams_carry_their_own_cache(built, label):
     assert float(np.abs(stale - want).max()) > 2e-4  # the history matters to the logits
 
 
-@pytest.mark.parametrize("label", ["tiny-llama", "tiny-transformer"])
+@pytest.mark.parametrize("label", ["tiny-llama", "tiny-transformer", "small-window"])
 def test_cpu_cache_is_allocated_once_and_written_in_place(built, label):
     """On CPU the loop's cache lives in two buffers per layer made before the prefill: every
     step's past_key_values.* point into them, alternating, and a step past the capacity is refused."""
@@ -520,6 +528,21 @@ def test_cpu_cache_is_allocated_once_and_written_in_place(built, label):
     assert sides == [{0}, {1}, {0}, {1}]
     runner.step(np.array([5, 6]))  # the third new token: the capacity
     with pytest.raises(RunError, match="capacity"):
+        runner.step(np.array([5, 6]))
+
+
+def test_window_caches_hold_the_window_only(built):
+    """A sliding layer's cache is its window long after a longer prompt and after every step (the
+    global layer's grows), and its CPU buffers are sized for the window, not the generation."""
+    s, _ = built("small-window")
+    prompt = PROMPTS["small-window"][1]
+    runner = DecoderRunner(s, [prompt, prompt[:2]], 0, 4)
+    assert {n: b[0].size for n, b in runner.kv.buffers.items()} == {
+        f"present.{i}.{w}": 2 * 4 * 3 * 8 if i != 1 else 2 * 4 * (6 + 4) * 8 for i in range(3) for w in ("key", "value")}
+    runner.prefill()
+    for total in range(6, 10):
+        lengths = {n: v.shape()[2] for n, v in runner.cache.items()}
+        assert lengths == {f"past_key_values.{i}.{w}": 3 if i != 1 else total for i in range(3) for w in ("key", "value")}
         runner.step(np.array([5, 6]))
 
 
