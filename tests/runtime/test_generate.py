@@ -15,6 +15,7 @@ import torch
 import specc
 from specc.runtime import Generated, RunError, Session
 from specc.runtime.generate import DecoderRunner, EncoderDecoderRunner, log_softmax, sample
+from specc.spec.io import present_to_past
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nn"))
 import speclib  # noqa: E402  (tests/nn/speclib.py)
@@ -544,6 +545,25 @@ def test_window_caches_hold_the_window_only(built):
         lengths = {n: v.shape()[2] for n, v in runner.cache.items()}
         assert lengths == {f"past_key_values.{i}.{w}": 3 if i != 1 else total for i in range(3) for w in ("key", "value")}
         runner.step(np.array([5, 6]))
+
+
+def test_a_window_cache_continues_a_run_and_a_wrong_one_is_refused(built):
+    """Session.run's presents fed back (with the mask over the whole sequence, or without: the
+    global layer's cache says the length) give torch's logits; a window cache cut short of its
+    window is refused naming it."""
+    s, model = built("small-window")
+    prompt = PROMPTS["small-window"][1]
+    past = present_to_past(s.run(input_ids=[prompt]))
+    want = _logits(model, input_ids=[prompt + [9]])[:, -1]
+    for mask in ({"attention_mask": np.ones((1, len(prompt) + 1), np.int64)}, {}):
+        got = s.run(input_ids=[[9]], **mask, **past)["logits"][:, -1]
+        assert float(np.abs(got - want).max()) < 1e-4
+    short = {**past, **{n: v[:, :, 1:] for n, v in past.items() if not n.startswith("past_key_values.1.")}}
+    with pytest.raises(RunError, match=r"past_key_values\.0\.key: a window cache of 2 positions, .* min\(3, 6\) = 3"):
+        s.run(input_ids=[[9]], **short)
+    # and within one call, the window caches must agree
+    with pytest.raises(RunError, match=r"past_key_values\.2\.key: past_sequence_window3 is 2 .* but 3 in past_key_values\.0\.key"):
+        s.run(input_ids=[[9]], **{**past, "past_key_values.2.key": past["past_key_values.2.key"][:, :, 1:]})
 
 
 def test_two_step_beam_search_never_scores_below_greedy(small_two_step):
