@@ -17,6 +17,9 @@ Graphs and their tensors (names follow Optimum's ONNX conventions):
                           decoder: input_ids, encoder_attention_mask, past_key_values.N.decoder.key/.value,
                                    past_key_values.N.encoder.key/.value
                                 -> outputs, present.N.decoder.key/.value
+
+A decoder-only model's sliding-window layers keep window caches (ResolvedAttention.cache_window):
+their past / present dims are the windowed forms of past_sequence / total_sequence (spec/io.py).
 """
 from __future__ import annotations
 
