@@ -30,6 +30,9 @@ SMALL_SEED = 3  # built and compared with a seed other than the default
 WINDOWED = speclib.tiny({"vocab": {"size": 61, "tie_output": False},
                          "decoder": {"layers": 3, "attention": {"heads": 4, "pattern": {"kind": "local", "window": 3}},
                                      "overrides": [{"indices": [1], "pattern": {"kind": "full"}}]}})
+# every layer sliding (as Mistral's): no cache says how long the sequence is, the mask does
+ALL_WINDOWED = speclib.tiny({"vocab": {"size": 61, "tie_output": False},
+                             "decoder": {"attention": {"heads": 4, "pattern": {"kind": "local", "window": 3}}}})
 
 TARGETS = {  # label -> (spec, seed)
     "tiny-gpt2": ("tiny-gpt2", 0),
@@ -37,6 +40,7 @@ TARGETS = {  # label -> (spec, seed)
     "tiny-transformer": ("tiny-transformer", 0),
     "small-seed3": (SMALL, SMALL_SEED),
     "small-window": (WINDOWED, SMALL_SEED),
+    "all-windowed": (ALL_WINDOWED, SMALL_SEED),
 }
 DECODERS = ["tiny-gpt2", "tiny-llama", "small-seed3"]
 PROMPTS = {  # two prompts of different lengths per target
@@ -45,6 +49,7 @@ PROMPTS = {  # two prompts of different lengths per target
     "tiny-transformer": ([5, 6, 7, 8, 9, 10, 11], [300, 301]),
     "small-seed3": ([5, 6, 7], [40, 12, 31, 8, 3, 17]),
     "small-window": ([5, 6, 7], [40, 12, 31, 8, 3, 17]),
+    "all-windowed": ([5, 6, 7], [40, 12, 31, 8, 3, 17]),
 }
 NEW = 8
 
@@ -564,6 +569,23 @@ def test_a_window_cache_continues_a_run_and_a_wrong_one_is_refused(built):
     # and within one call, the window caches must agree
     with pytest.raises(RunError, match=r"past_key_values\.2\.key: past_sequence_window3 is 2 .* but 3 in past_key_values\.0\.key"):
         s.run(input_ids=[[9]], **{**past, "past_key_values.2.key": past["past_key_values.2.key"][:, :, 1:]})
+
+
+def test_a_full_window_cache_needs_the_mask_that_says_the_length(built):
+    """Every layer sliding: a run fed caches at their full window takes the mask over the whole
+    sequence (torch's logits), and without one is refused naming attention_mask; while the
+    caches are shorter than the window, they say the length themselves."""
+    s, model = built("all-windowed")
+    prompt = PROMPTS["all-windowed"][1]
+    past = present_to_past(s.run(input_ids=[prompt]))
+    assert {v.shape[2] for v in past.values()} == {3}
+    got = s.run(input_ids=[[9]], attention_mask=np.ones((1, len(prompt) + 1), np.int64), **past)["logits"][:, -1]
+    assert float(np.abs(got - _logits(model, input_ids=[prompt + [9]])[:, -1]).max()) < 1e-4
+    with pytest.raises(RunError, match=r"^attention_mask: needed with a cache: every layer keeps a window of at most 3"):
+        s.run(input_ids=[[9]], **past)
+    short = present_to_past(s.run(input_ids=[prompt[:2]]))
+    got = s.run(input_ids=[[9]], **short)["logits"][:, -1]
+    assert float(np.abs(got - _logits(model, input_ids=[prompt[:2] + [9]])[:, -1]).max()) < 1e-4
 
 
 def test_two_step_beam_search_never_scores_below_greedy(small_two_step):
