@@ -264,7 +264,10 @@ class SpeccModel(nn.Module):
         past = layer_pasts(inputs, len(self.decoder.layers))
         use_cache = bool(inputs.get("use_cache", past is not None))
         mask = inputs.get(ATTENTION_MASK)
-        p = mask.shape[1] - t if mask is not None else self._past_length(past)
+        # a model with window caches reads the past's length off the mask (its caches may be cut);
+        # the others off the cache, as their graphs always have
+        windowed = any(layer.attention.spec.cache_window for layer in self.decoder.layers)
+        p = mask.shape[1] - t if mask is not None and windowed else self._past_length(past)
         if mask is None:
             mask = torch.ones(b, p + t, dtype=torch.int64, device=ids.device)
         position_ids = inputs.get(POSITION_IDS)
