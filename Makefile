@@ -10,30 +10,40 @@ PYTEST_ARGS ?=
 TEST_JOBS ?= 2
 
 SERVE_VENV ?= .venv-serve
+CLIENTS_VENV ?= .venv-clients
 BENCH_VENV ?= .venv-bench
 BENCH_ARGS ?=
 
-.PHONY: install install-serve install-real-models lint test test-slow fuzz bench bench-quality clean
+.PHONY: install install-serve install-clients install-real-models lint test test-slow fuzz bench bench-quality clean
 
 install:
-	@echo "[install 1/5] $(VENV): a Python virtual environment"
+	@echo "[install 1/6] $(VENV): a Python virtual environment"
 	@$(PYTHON) -m venv $(VENV)
-	@echo "[install 2/5] torch 2.13.0, the CPU build (about 750 MB installed; first and pinned, so that nothing pulls a CUDA build of several GB)"
+	@echo "[install 2/6] torch 2.13.0, the CPU build (about 750 MB installed; first and pinned, so that nothing pulls a CUDA build of several GB)"
 	@$(PY) -m pip install --quiet torch==2.13.0
-	@echo "[install 3/5] specc (editable), onnxruntime ($(RUNTIME)) and the test tools (about 400 MB)"
+	@echo "[install 3/6] specc (editable), onnxruntime ($(RUNTIME)) and the test tools (about 400 MB)"
 	@$(PY) -m pip install --quiet -e '.[$(RUNTIME),test]'
 	@$(VENV)/bin/specc --version
 	@# `specc graph` renders with graphviz's dot program: installed where this can (root with apt-get), else named
-	@command -v dot >/dev/null && echo "[install 4/5] graphviz: dot is already installed" || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && echo "[install 4/5] graphviz, for specc graph: apt-get install graphviz (about 30 MB)" && apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "[install 4/5] note: install graphviz (its dot program) for specc graph: apt-get install graphviz / brew install graphviz / conda install graphviz"
+	@command -v dot >/dev/null && echo "[install 4/6] graphviz: dot is already installed" || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && echo "[install 4/6] graphviz, for specc graph: apt-get install graphviz (about 30 MB)" && apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "[install 4/6] note: install graphviz (its dot program) for specc graph: apt-get install graphviz / brew install graphviz / conda install graphviz"
 	@$(MAKE) --no-print-directory install-serve
+	@$(MAKE) --no-print-directory install-clients
 
 # `specc serve`: its own environment, since PyTriton (the Triton server it bundles) needs numpy < 2
 install-serve:
-	@echo "[install 5/5] $(SERVE_VENV): specc serve's environment (torch again, PyTriton and its Triton server: about 1.4 GB)"
+	@echo "[install 5/6] $(SERVE_VENV): specc serve's environment (torch again, PyTriton and its Triton server: about 1.4 GB)"
 	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
 	@$(SERVE_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	@$(SERVE_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),serve]'
 	@$(SERVE_VENV)/bin/specc --version
+
+# the clients that open a build folder (Optimum, onnxruntime-genai; docs/runtime.md): their own
+# environment, since optimum-onnx pins transformers below 4.58 (tests/clients/ runs them there)
+install-clients:
+	@echo "[install 6/6] $(CLIENTS_VENV): the clients' environment (torch again, optimum-onnx, onnxruntime-genai)"
+	@test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	@$(CLIENTS_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	@$(CLIENTS_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),clients]'
 
 # ruff, configured in pyproject.toml; .ci/run runs it before the tests
 lint:

@@ -5,9 +5,9 @@ weights read once per decode step at the machine's read bandwidth, suite.read_ba
 
     .venv-bench/bin/python benchmarks/llama_cpp_peer.py [SPEC] [--prompt 128] [--new 64]
 
-SPEC (default llama-2-7b) is built with `specc build --precision int4` into build/bench (a cache
-hit after the first time; a 7B build streams, docs/build.md). Its own weights file
-(model.safetensors, the seeded fp32 weights) is written as an F16 GGUF tensor by tensor
+SPEC (default llama-2-7b) is built with `specc build --precision int4 --keep-weights` into
+build/bench (a cache hit after the first time; a 7B build streams, docs/build.md). Its own weights
+file (model.safetensors, the seeded fp32 weights, which the build keeps only when asked) is written as an F16 GGUF tensor by tensor
 (`write_gguf`: never the whole model in memory), then quantized to Q4_0 by llama.cpp's own
 quantizer; the F16 file is deleted after. Appends its table to docs/benchmarks_streamed.md.
 
@@ -240,10 +240,10 @@ def main() -> None:
 
     WORK.mkdir(parents=True, exist_ok=True)
     build = WORK / f"peer-{args.spec}-int4"
-    if not (build / "manifest.json").is_file():
+    if not (build / "model.safetensors").is_file():
         t0 = time.perf_counter()
         subprocess.run([str(Path(sys.executable).parent / "specc"), "build", args.spec, "-o", str(build),
-                        "--precision", "int4", "--force"], check=True)
+                        "--precision", "int4", "--keep-weights", "--force"], check=True)
         print(f"[peer] specc build: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     spec = json.loads((build / "manifest.json").read_text())["spec"]
     q4 = WORK / f"peer-{args.spec}.Q4_0.gguf"

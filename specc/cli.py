@@ -16,7 +16,6 @@ import click
 
 from specc import __version__
 from specc.errors import Issue, SpeccError, SpecError
-from specc.fileio import NotARegularFile, read_bounded
 from specc.interrupts import Terminated, terminate_as_interrupt
 from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, TARGETS
 
@@ -311,12 +310,14 @@ class _StageDisplay:
 @click.option("--max-memory", type=_Bytes(), default=None, help="Memory the build may use (e.g. 16GiB); default: what is available.")
 @click.option("--stream/--no-stream", default=None,
               help="Hold one layer at a time (a model larger than memory; see docs/build.md); default: streamed when the whole model does not fit.")
+@click.option("--keep-weights", is_flag=True,
+              help="Also write DIR/model.safetensors, the fp32 weights in specc's names (the graphs hold the weights either way).")
 @click.option("--force", is_flag=True, help="Rebuild even when DIR is up to date.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary; errors only.")
 @click.option("--json", "as_json", is_flag=True, help="The manifest's facts as one JSON document on stdout.")
 def build(spec: str, out_dir: str, target: str, precision: str | None, weights: str | None, seed: int,
-          opset: int | None, max_memory: int | None, stream: bool | None, force: bool, quiet: bool,
-          as_json: bool) -> None:
+          opset: int | None, max_memory: int | None, stream: bool | None, keep_weights: bool, force: bool,
+          quiet: bool, as_json: bool) -> None:
     """Build SPEC into DIR: export to ONNX, verify against PyTorch, write DIR/manifest.json.
 
     A verification failure exits 1 and leaves DIR as it was."""
@@ -329,7 +330,7 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     try:
         result = run_build(spec, out_dir, target=target, precision=precision, weights=weights, seed=seed,
                            force=force, opset=DEFAULT_OPSET if opset is None else opset, max_memory=max_memory,
-                           stream=stream, progress=display)
+                           stream=stream, keep_weights=keep_weights, progress=display)
     finally:
         display.close()
     if as_json:
@@ -355,9 +356,13 @@ def import_group() -> None:
 @click.option("-o", "--out", "out_spec", required=True, type=click.Path(dir_okay=False),
               help="The spec to write (SPEC.yaml); the weights go to SPEC.safetensors beside it.")
 @click.option("--name", default=None, help="The spec's name (default: from SRC_DIR).")
-@click.option("--force", is_flag=True, help="Replace SPEC.yaml / SPEC.safetensors if they exist.")
-@click.option("--json", "as_json", is_flag=True, help='{"spec": path, "weights": path} on stdout.')
-def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as_json: bool) -> None:
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="serving.length.max (default: the checkpoint's context, e.g. max_position_embeddings).")
+@click.option("--no-tokenizer", is_flag=True, help="Carry no tokenizer (default: SRC_DIR's tokenizer.json and its companions, to SPEC.tokenizer/).")
+@click.option("--force", is_flag=True, help="Replace SPEC.yaml / SPEC.safetensors / SPEC.tokenizer if they exist.")
+@click.option("--json", "as_json", is_flag=True, help='{"spec": path, "weights": path, "tokenizer": path or null} on stdout.')
+def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, max_length: int | None, no_tokenizer: bool,
+                  force: bool, as_json: bool) -> None:
     """Import a local Hugging Face checkpoint folder (config.json + model.safetensors or
     pytorch_model.bin): 23 families (docs/import.md), from BERT and GPT-2 to Qwen3, Gemma 3 and T5.
 
@@ -365,7 +370,8 @@ def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as
     the field."""
     from specc.importers.hf import import_hf
 
-    _report_import(*import_hf(src_dir, out_spec, name=name, force=force), as_json)
+    _report_import(*import_hf(src_dir, out_spec, name=name, force=force, max_length=max_length,
+                              tokenizer=not no_tokenizer), as_json)
 
 
 @import_group.command("gguf")
@@ -373,26 +379,42 @@ def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, force: bool, as
 @click.option("-o", "--out", "out_spec", required=True, type=click.Path(dir_okay=False),
               help="The spec to write (SPEC.yaml); the weights go to SPEC.safetensors beside it.")
 @click.option("--name", default=None, help="The spec's name (default: from the file's name).")
-@click.option("--force", is_flag=True, help="Replace SPEC.yaml / SPEC.safetensors if they exist.")
-@click.option("--json", "as_json", is_flag=True, help='{"spec": path, "weights": path} on stdout.')
-def import_gguf_cmd(src_file: str, out_spec: str, name: str | None, force: bool, as_json: bool) -> None:
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="serving.length.max (default: the file's context_length).")
+@click.option("--no-tokenizer", is_flag=True, help="Carry no tokenizer (default: the file's, converted by transformers to SPEC.tokenizer/).")
+@click.option("--force", is_flag=True, help="Replace SPEC.yaml / SPEC.safetensors / SPEC.tokenizer if they exist.")
+@click.option("--json", "as_json", is_flag=True, help='{"spec": path, "weights": path, "tokenizer": path or null} on stdout.')
+def import_gguf_cmd(src_file: str, out_spec: str, name: str | None, max_length: int | None, no_tokenizer: bool,
+                    force: bool, as_json: bool) -> None:
     """Import a llama.cpp GGUF file (llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, stablelm,
-    gptneox, falcon, bloom, gpt2, olmo2), its tensors dequantized to fp32 one at a time.
+    gptneox, falcon, bloom, gpt2, olmo2; bert; t5), its tensors dequantized to fp32 one at a time.
 
     Refused as `import hf` refuses: anything specc cannot compute exactly, naming it."""
     from specc.importers.gguf import import_gguf
 
-    _report_import(*import_gguf(src_file, out_spec, name=name, force=force), as_json)
+    _report_import(*import_gguf(src_file, out_spec, name=name, force=force, max_length=max_length,
+                                tokenizer=not no_tokenizer), as_json)
 
 
 def _report_import(spec_path, weights_path, as_json: bool) -> None:
-    """What an import wrote: JSON, or a line and the next command."""
+    """What an import wrote: JSON, or lines and the next command."""
+    from specc.importers.hf.tokenizer import tokenizer_folder
+    from specc.spec import load_spec
+
+    spec = load_spec(spec_path)
+    tokenizer = tokenizer_folder(spec_path) if spec.tokenizer is not None else None
     if as_json:
-        _emit_json({"spec": str(spec_path), "weights": str(weights_path)})
+        _emit_json({"spec": str(spec_path), "weights": str(weights_path),
+                    "tokenizer": str(tokenizer) if tokenizer is not None else None})
         return
     from specc.report import human_bytes
 
     click.echo(f"wrote {spec_path} and {weights_path} ({human_bytes(weights_path.stat().st_size)})")
+    if tokenizer is not None:
+        click.echo(f"wrote {tokenizer}/ ({', '.join(sorted(p.name for p in tokenizer.iterdir()))})")
+    else:
+        click.echo("no tokenizer carried (none in the checkpoint, or --no-tokenizer): --text needs --tokenizer FILE")
+    click.echo(f"serving.length.max {spec.serving.length.max} (--max-length N to change it)")
     click.echo(f"next: specc build {spec_path} -o DIR")
 
 
@@ -486,53 +508,43 @@ def _read_batch(path: str, session) -> "dict[str, Any] | list":
     return read_inputs(path, session.graphs["model"].info, session.limits)
 
 
-MAX_TOKENIZER_BYTES = 256 << 20  # a tokenizer.json of the largest vocabularies is tens of MB
-
-
-def _tokenizer(path: str | None):
-    if path is None:
-        return None
-    from specc.runtime import RunError
-
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise RunError("--tokenizer needs the `tokenizers` package: pip install tokenizers") from None
-    try:
-        return Tokenizer.from_str(read_bounded(path, MAX_TOKENIZER_BYTES).decode("utf-8"))
-    except (NotARegularFile, UnicodeDecodeError) as exc:
-        raise RunError(f"{path}: cannot load the tokenizer ({exc})" if isinstance(exc, UnicodeDecodeError) else str(exc)) from None
-    except Exception as exc:  # tokenizers raises its own exception type
-        raise RunError(f"{path}: cannot load the tokenizer ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-
-
-def _rows(ids: tuple[str, ...], input_file: str | None, texts: tuple[str, ...], tok) -> list[list[int]] | None:
-    """The prompt of --ids or --text; None for --input FILE, which is read once the build is open
-    (_read_batch). Usage errors (no prompt, two kinds of prompt) come first."""
+def _rows(ids: tuple[str, ...], input_file: str | None, texts: tuple[str, ...]) -> list[list[int]] | None:
+    """The prompt of --ids; None for --input FILE or --text, which are read once the build is
+    open (_read_batch, _text_tokenizer). Usage errors (no prompt, two kinds of prompt) come first."""
     given = sum(bool(x) for x in (ids, input_file, texts))
     if given != 1:
-        raise click.UsageError("give the prompt one way: --ids (repeat for a batch), --input FILE, or --text with --tokenizer")
-    if texts:
-        if tok is None:
-            raise click.UsageError("--text needs --tokenizer FILE")
-        return [tok.encode(t).ids for t in texts]
-    if input_file:
+        raise click.UsageError("give the prompt one way: --ids (repeat for a batch), --input FILE, or --text")
+    if texts or input_file:
         return None
     return [_parse_ids(x) for x in ids]
+
+
+def _text_tokenizer(session, path: str | None, texts: tuple[str, ...]):
+    """The tokenizer of --text and of the printed text: --tokenizer's (a tokenizer.json, or a
+    folder holding one) where given, else the build's where --text was given (a usage error where
+    it carries none, as --text without --tokenizer always was); None otherwise (--ids in, ids out)."""
+    from specc.runtime.text import Tokenizer
+
+    if path is not None:
+        return Tokenizer.load(path)
+    if texts and not session.has_tokenizer:
+        raise click.UsageError(f"--text needs a tokenizer: {session.dir} carries none (its spec has no "
+                               "tokenizer:); give --tokenizer FILE")
+    return session.tokenizer if texts else None
 
 
 @main.command("run")
 @click.argument("build_dir", type=click.Path(file_okay=False))
 @click.option("--ids", multiple=True, help="Token ids, comma-separated; repeat for a batch (rows of different lengths are padded).")
 @click.option("--input", "input_file", type=click.Path(dir_okay=False), default=None, help="A JSON list of lists of ids, a JSON object of named inputs, or an NPZ.")
-@click.option("--text", "texts", multiple=True, help="Text to encode with --tokenizer; repeat for a batch.")
-@click.option("--tokenizer", type=click.Path(dir_okay=False), default=None, help="A tokenizer.json (Hugging Face tokenizers).")
+@click.option("--text", "texts", multiple=True, help="Text, encoded with the build's tokenizer (or --tokenizer's), its padding and attention mask; repeat for a batch.")
+@click.option("--tokenizer", type=click.Path(), default=None, help="A tokenizer.json (Hugging Face tokenizers), or a folder holding one; default: the build's.")
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order (default: the best available).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None, help="Write every output to FILE.npz.")
 @click.option("--no-hash-check", is_flag=True, help="Open the graphs without checking them against the manifest's sha256 (faster for a large build known to be intact).")
 @click.option("--json", "as_json", is_flag=True, help='{"outputs": {name: nested lists}} on stdout.')
 def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, no_hash_check, as_json):
-    """Run a built model on token ids and print its named outputs (classifiers: probabilities)."""
+    """Run a built model on token ids or text and print its named outputs (classifiers: probabilities)."""
     import numpy as np
 
     from specc.runtime import Session
@@ -540,10 +552,11 @@ def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, n
     from specc.runtime.inputs import check_prompts
     from specc.spec.io import is_present
 
-    tok = _tokenizer(tokenizer)
-    given = _rows(ids, input_file, texts, tok)
+    given = _rows(ids, input_file, texts)
     session = Session(build_dir, providers=providers or None, check_hashes=not no_hash_check)
-    if given is None:
+    if texts:
+        given = session.encode(texts, _text_tokenizer(session, tokenizer, texts))
+    elif given is None:
         given = _read_batch(input_file, session)
     if isinstance(given, dict):
         inputs = given
@@ -580,8 +593,9 @@ def _softmax(x):
 @click.argument("build_dir", type=click.Path(file_okay=False))
 @click.option("--ids", multiple=True, help="Prompt token ids, comma-separated; repeat for a batch.")
 @click.option("--input", "input_file", type=click.Path(dir_okay=False), default=None, help="A JSON list of lists of prompt ids.")
-@click.option("--text", "texts", multiple=True, help="Prompt text (needs --tokenizer); repeat for a batch.")
-@click.option("--tokenizer", type=click.Path(dir_okay=False), default=None, help="A tokenizer.json: text in, text out.")
+@click.option("--text", "texts", multiple=True, help="Prompt text, encoded with the build's tokenizer (or --tokenizer's); repeat for a batch.")
+@click.option("--chat", is_flag=True, help="Each --text is a user's message, put in the tokenizer's chat template (with the assistant's turn opened).")
+@click.option("--tokenizer", type=click.Path(), default=None, help="A tokenizer.json, or a folder holding one (with its tokenizer_config.json): text in, text out; default: the build's.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--greedy", is_flag=True, help="Greedy decoding (the default).")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None, callback=_finite, help="Sample at this temperature.")
@@ -594,30 +608,35 @@ def _softmax(x):
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order.")
 @click.option("--no-hash-check", is_flag=True, help="Open the graphs without checking them against the manifest's sha256 (faster for a large build known to be intact).")
 @click.option("--json", "as_json", is_flag=True, help='{"ids": [[...]], "new_ids": [[...]]} on stdout.')
-def generate(build_dir, ids, input_file, texts, tokenizer, max_new_tokens, greedy, temperature, top_k, top_p, seed,
-             beams, length_penalty, eos_id, providers, no_hash_check, as_json):
+def generate(build_dir, ids, input_file, texts, chat, tokenizer, max_new_tokens, greedy, temperature, top_k, top_p,
+             seed, beams, length_penalty, eos_id, providers, no_hash_check, as_json):
     """Generate with a built decoder or encoder-decoder: greedy by default, sampling or beam search.
 
-    A single prompt's tokens stream to stdout as they come."""
+    A single prompt's tokens stream to stdout as they come (as text, whole characters at a time,
+    where there is a tokenizer)."""
     from specc.runtime import Session
 
     sampling = temperature is not None or top_k is not None or top_p is not None
     if greedy and (sampling or beams > 1):
         raise click.UsageError("--greedy cannot be combined with sampling options or --beams")
-    tok = _tokenizer(tokenizer)
-    rows = _rows(ids, input_file, texts, tok)
+    if chat and not texts:
+        raise click.UsageError("--chat takes the messages of --text")
+    rows = _rows(ids, input_file, texts)
     session = Session(build_dir, providers=providers or None, check_hashes=not no_hash_check)
-    if rows is None:
+    tok = _text_tokenizer(session, tokenizer, texts)
+    if texts:
+        rows = session.prompts(texts, chat=chat, tokenizer=tok)
+    elif rows is None:
         rows = _read_batch(input_file, session)
     if isinstance(rows, dict):
         rows = rows["input_ids"]
     stream = not as_json and len(rows) == 1 and beams == 1
+    pieces = tok.stream() if tok is not None else None
 
     def on_token(step: int, new: list) -> None:
         if new[0] is None:
             return
-        piece = tok.decode([new[0]]) if tok is not None else f"{new[0]} "
-        click.echo(piece, nl=False)
+        click.echo(pieces.push(new[0]) if pieces is not None else f"{new[0]} ", nl=False)
 
     result = session.generate(rows, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                               top_p=top_p, seed=seed, beams=beams, length_penalty=length_penalty, eos_id=eos_id,
@@ -629,7 +648,7 @@ def generate(build_dir, ids, input_file, texts, tokenizer, max_new_tokens, greed
         _emit_json(doc)
         return
     if stream:
-        click.echo()
+        click.echo(pieces.flush() if pieces is not None else "")
         return
     for row in result.new_ids:
         click.echo(tok.decode(row) if tok is not None else ",".join(map(str, row)))

@@ -33,6 +33,17 @@ LIBRARIES = 1024**3  # torch, onnxruntime, the exporter: what a build's process 
 # each case makes every layer again, and the long case's cost grows with the square of its length.
 # What that leaves unproved: docs/build.md, "Streamed builds".
 STREAMED_LONGEST = 128
+# A whole build's verification cases stop at this many tokens: an imported checkpoint serves its
+# whole context (8192 and more), whose longest case's activations (scores [H, T, T], logits
+# [T, vocab]) would take tens of GB and the square of the time. Longer inputs run the same graph;
+# the manifest's verification.length and the build's summary say the length verified.
+VERIFIED_LONGEST = 2048
+
+
+def verified_length(r: ResolvedSpec, streamed: bool) -> int:
+    """The longest sequence a build verifies: serving.length.max, capped at STREAMED_LONGEST (a
+    streamed build) or VERIFIED_LONGEST."""
+    return min(r.serving.length.max, STREAMED_LONGEST if streamed else VERIFIED_LONGEST)
 
 
 def estimate_memory(r: ResolvedSpec) -> dict:
@@ -41,7 +52,7 @@ def estimate_memory(r: ResolvedSpec) -> dict:
     buffer) plus the verification activations at the longest case, plus LIBRARIES."""
     facts = inspect_spec(r)
     weights = facts["weight_bytes"]["fp32"]
-    activations = _activations(r, r.serving.length.max)
+    activations = _activations(r, verified_length(r, streamed=False))
     total = 4 * weights + activations + LIBRARIES
     return {"bytes": total, "weights": weights, "activations": activations}
 
@@ -50,9 +61,10 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     """Bytes a streamed build needs at its peak (see the module's doc)."""
     precision = PRECISIONS[r.serving.precision]
     scheme = SCHEMES.get(precision.name)
-    # bytes a linear weight takes as written: integer codes, a float scale and a code of zero point
-    # per block; at a float precision, its dtype
-    linear = scheme.bits / 8 + (4 + scheme.bits / 8) / scheme.block if scheme else precision.dtype_bytes
+    # bytes a linear weight takes as written: integer codes, a float scale (and a code of zero point,
+    # where the scheme has them) per block; at a float precision, its dtype
+    linear = (scheme.bits / 8 + (4 + (scheme.bits / 8 if scheme.zero_points else 0)) / scheme.block
+              if scheme else precision.dtype_bytes)
     stored = 0  # the written graph's weights: linear weights as above, tables and vectors in the dtype
     outside = 0  # of those, the ones in no layer (embeddings, heads, final norms)
     short = 0  # the short module's fp32 weights
@@ -79,7 +91,7 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     # the exported graph's copy: cast to the export dtype, else (fp32) the tables outside the layers
     export_copy = short * precision.dtype_bytes // 4 if precision.dtype != "float32" else outside_fp32
     building = short + export_copy + 3 * layer
-    activations = _activations(r, min(r.serving.length.max, STREAMED_LONGEST))
+    activations = _activations(r, verified_length(r, streamed=True))
     # verified whole where onnxruntime holding every written weight needs no more than building
     # does (or than the libraries: a small model is never cut), else a segment at a time: at most
     # one layer and the weights outside the layers
@@ -146,11 +158,13 @@ def check_memory(r: ResolvedSpec, max_memory: int | None = None, streamed: bool 
 DISK_MARGIN = 256 * 1024**2  # the graph skeletons, the manifest, the verification's spilled outputs
 
 
-def check_disk(r: ResolvedSpec, out_dir: Path) -> None:
+def check_disk(r: ResolvedSpec, out_dir: Path, keep_weights: bool = False) -> None:
     """Refuse up front a build whose files cannot fit on the disk that will hold DIR: the graph's
-    weights as written, plus model.safetensors (every parameter in fp32), plus DISK_MARGIN. The
-    build is staged beside DIR (specc/export/outdir.py), so a previous build there still counts."""
-    need = estimate_streamed(r)["stored"] + inspect_spec(r)["weight_bytes"]["fp32"] + DISK_MARGIN
+    weights as written, plus model.safetensors (every parameter in fp32) where the build keeps it,
+    plus DISK_MARGIN. The build is staged beside DIR (specc/export/outdir.py), so a previous build
+    there still counts."""
+    kept = inspect_spec(r)["weight_bytes"]["fp32"] if keep_weights else 0
+    need = estimate_streamed(r)["stored"] + kept + DISK_MARGIN
     where = Path(out_dir).absolute()
     try:
         while not where.exists() and where != where.parent:
@@ -161,7 +175,7 @@ def check_disk(r: ResolvedSpec, out_dir: Path) -> None:
     free = usage.free
     if usage.total and need > free:  # a filesystem of no size (/proc) says nothing either
         raise BuildError(f"building {r.name} writes about {human_bytes(need)} (the graph's weights as "
-                         f"{r.serving.precision} and model.safetensors in fp32), but {where} has {human_bytes(free)} "
+                         f"{r.serving.precision}{' and model.safetensors in fp32' if keep_weights else ''}), but {where} has {human_bytes(free)} "
                          "free; free disk space or build into another directory (-o)")
 
 

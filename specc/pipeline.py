@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specc import build_manifest
+from specc.clients import client_files
+from specc.clients import write as write_client_files
 from specc.deps import require_onnxruntime, require_tensorrt
 from specc.errors import BuildError, VerificationError
 from specc.export import triton
@@ -41,7 +43,7 @@ from specc.export.verify import new_report, verify
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
 from specc.malloc import trim
-from specc.memory import STREAMED_LONGEST, check_disk, check_memory, streamed_fits, verifies_whole
+from specc.memory import STREAMED_LONGEST, check_disk, check_memory, streamed_fits, verified_length, verifies_whole
 from specc.runtime.session import session_options
 from specc.spec.costs import parameter_shapes
 from specc.spec.load import load_spec
@@ -124,7 +126,7 @@ class _Clock:
 def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: str | None = None,
           weights: str | os.PathLike | None = None, seed: int = 0, force: bool = False,
           opset: int = DEFAULT_OPSET, max_memory: int | None = None, stream: bool | None = None,
-          progress: Progress | None = None) -> BuildResult:
+          keep_weights: bool = False, progress: Progress | None = None) -> BuildResult:
     """Build, verify and write a spec's artifacts to `out_dir` (see `specc build --help`).
 
     spec: a path, a catalog name, a ModelSpec or a ResolvedSpec. precision: the spec's
@@ -132,7 +134,9 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
     seeded random initialisation. max_memory: bytes this build may use (default: what the machine
     has available). stream: build streamed (one layer of the deep stacks in memory at a time,
     specc/memory.py and docs/build.md), or not; by default streamed where the whole model does not
-    fit and the streamed build does. progress: called as progress(stage, "start" | "done", facts)."""
+    fit and the streamed build does. keep_weights: also write model.safetensors, the fp32 weights the
+    build used in specc's names (the graphs hold the weights either way; docs/build.md). progress:
+    called as progress(stage, "start" | "done", facts)."""
     _check_options(target, opset)
     clock = _Clock(progress)
     with clock.stage("load"):
@@ -142,9 +146,11 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         facts["name"] = r.name
     precision = r.serving.precision
     weights_file = _weights_file(weights, r)
+    tokenizer = build_manifest.tokenizer_files(r)  # copied into DIR's root, hashed in the manifest
     engines = _builds_engines(target, precision)
     made = build_manifest.inputs(r, target=target, precision=precision, opset=opset, weights=weights_file,
-                                 seed=seed, passes=_ort_passes(engines) if TARGETS[target].ort_passes else [])
+                                 seed=seed, passes=_ort_passes(engines) if TARGETS[target].ort_passes else [],
+                                 tokenizer=tokenizer, keep_weights=keep_weights)
     out = Path(out_dir)
     hit = None if force else build_manifest.cached(out, made.cache_key)
     if hit is not None:
@@ -153,7 +159,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             progress("cache", "done", {"out_dir": str(out)})
         return BuildResult(out.absolute(), hit, cached=True)
     streamed = choose_streamed(r, stream, max_memory)
-    check_disk(r, out)
+    check_disk(r, out, keep_weights)
     segmented = streamed and not verifies_whole(r)  # verified a layer at a time (specc/export/segments.py)
 
     with Staging(out) as stage, watch_interrupts():
@@ -167,11 +173,12 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         # staging directory, until compared
         spill = stage.tmp / ".references"
         spill.mkdir()
-        longest = STREAMED_LONGEST if streamed else None
+        longest = verified_length(r, streamed)
         # a streamed build's reference run waits for the save (run by result(), not forked): its
         # layers made beside the save's were such a build's peak (docs/build.md)
         with ReferenceJob(r, built.reference, seed, spill, stage.tmp / WEIGHTS_FILE, longest=longest,
-                          fork=False if streamed else None, n_params=n_params, write_weights=built.write_weights,
+                          fork=False if streamed else None, n_params=n_params,
+                          write_weights=built.write_weights if keep_weights else _no_weights_file,
                           prepare=_reference_weights(precision, weights_file),
                           layers=_streamed_roles(r) if segmented else ()) as references:
             exported, optimizations = _export(clock, r, model, precision, opset, built.source)
@@ -187,10 +194,18 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             del refs
             shutil.rmtree(spill)
             written, graph_files = WRITE_STEPS[TARGETS[target].write](r, files, plans, stage.tmp)
-            listed = build_manifest.artifacts([*written, stage.tmp / WEIGHTS_FILE], stage.tmp)
+            written += [Path(shutil.copyfile(f, stage.tmp / f.name)) for f in tokenizer]
+            clients = client_files(r, graph_files) if TARGETS[target].write == "files" else None
+            if clients is not None:
+                written += write_client_files(stage.tmp, clients)
+            if keep_weights:
+                written.append(stage.tmp / WEIGHTS_FILE)
+            listed = build_manifest.artifacts(written, stage.tmp)
             manifest = build_manifest.write(
                 stage.tmp, r, made, graph_files=graph_files, artifacts=listed, parameters=n_params,
-                optimizations=optimizations, verification={**report.to_dict(), **_protocol(streamed, segmented)},
+                clients=None if clients is None else clients.clients,
+                optimizations=optimizations, verification={**report.to_dict(), **_protocol(streamed, segmented),
+                                                          "length": {"verified": longest, "serving": r.serving.length.max}},
                 verification_tensorrt=engine_report, timings=clock.timings())
             check_interrupt()  # the last moment a Ctrl-C still leaves DIR as it was
             stage.commit()
@@ -230,6 +245,10 @@ def _ort_passes(engines: bool) -> list[str]:
     """specc's graph passes for a build. They emit onnxruntime operators, so a build that makes
     TensorRT engines from its graphs gets none."""
     return [] if engines else list(PASSES)
+
+
+def _no_weights_file(path: Path) -> None:
+    """The weights file's writer of a build that does not keep it: nothing is written."""
 
 
 def _streamed_roles(r: ResolvedSpec) -> tuple[str, ...]:

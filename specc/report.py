@@ -146,6 +146,13 @@ def build_report(manifest: dict[str, Any], out_dir: str, cached: bool = False) -
     else:
         blocks.append(f"verified: {len(v['cases'])} cases, max |onnxruntime - torch| {v['max_abs_diff']:.2e} "
                       f"({judged}, {v['target']} {v['precision']})")
+    length = v.get("length") or {}
+    if length.get("verified") is not None and length.get("serving") is not None:
+        if length["verified"] < length["serving"]:
+            blocks.append(f"verified up to {length['verified']} positions of serving.length.max {length['serving']} "
+                          "(longer inputs run the same graph, not verified at their length)")
+        else:
+            blocks.append(f"verified up to serving.length.max ({length['serving']} positions)")
     cases = [c for c in v["cases"] if isinstance(c, dict)]
     if cases:
         blocks.append(Table("verification", ["graph", "case", "max abs diff", "judged by"], [

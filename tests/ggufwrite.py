@@ -2,8 +2,9 @@
 writes it: its metadata keys for the architecture, the tensor names of the gguf package's own
 TensorNameMap (the table the converter names tensors by), and the converter's changes to the
 tensors (llama's q/k rows permuted for its rotary layout, Gemma's norms + 1, GPT-2's Conv1D
-weights transposed, BLOOM / GPT-NeoX / Falcon's fused q/k/v regrouped as all q, all k, all v),
-with fp32 or Q8_0 blocks. Written from the converter's behaviour for these tests, independently
+weights transposed, BLOOM / GPT-NeoX / Falcon's fused q/k/v regrouped as all q, all k, all v;
+RoBERTa's position rows before the padding id + 1 cut off; BERT's pooler and MLM head, and
+T5's copies of its embedding table, left out), with fp32 or Q8_0 blocks. Written from the converter's behaviour for these tests, independently
 of specc's importer (which undoes each change); the tokenizer is a placeholder vocabulary."""
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ import gguf
 # transformers' model_type -> general.architecture
 ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
         "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "stablelm": "stablelm", "gpt_neox": "gptneox",
-        "falcon": "falcon", "bloom": "bloom", "gpt2": "gpt2", "olmo2": "olmo2"}
+        "falcon": "falcon", "bloom": "bloom", "gpt2": "gpt2", "olmo2": "olmo2",
+        # the BERT converter's subclasses (DistilBERT, RoBERTa) write the bert architecture
+        "bert": "bert", "distilbert": "bert", "roberta": "bert", "t5": "t5"}
 
 
-def _metadata(w: gguf.GGUFWriter, arch: str, c: dict) -> None:
+def _metadata(w: gguf.GGUFWriter, arch: str, c: dict, pooling: gguf.PoolingType | None = None) -> None:
     """The keys each converter class writes (set_gguf_parameters), from the config C."""
-    heads = c.get("num_attention_heads") or c.get("n_head")
-    hidden = c.get("hidden_size") or c.get("n_embd")
-    layers = c.get("num_hidden_layers") or c.get("n_layer")
+    heads = _first(c, "num_attention_heads", "n_head", "n_heads", "num_heads")
+    hidden = _first(c, "hidden_size", "n_embd", "dim", "d_model")
+    layers = _first(c, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     rope = c.get("rope_parameters") or {}
     w.add_block_count(layers)
     w.add_embedding_length(hidden)
@@ -90,6 +93,35 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: dict) -> None:
         w.add_context_length(c["n_ctx"] if "n_ctx" in c else c["n_positions"])
         w.add_feed_forward_length(4 * hidden)
         w.add_layer_norm_eps(c["layer_norm_epsilon"])
+    elif arch == "bert":  # TextModel's keys, then BertModel's
+        w.add_context_length(c["max_position_embeddings"] - _position_offset(c))
+        w.add_feed_forward_length(_first(c, "intermediate_size", "hidden_dim"))
+        w.add_layer_norm_eps(c.get("layer_norm_eps", 1e-12))  # DistilBERT's converter writes 1e-12
+        w.add_causal_attention(False)
+        if pooling is not None:  # from a sentence-transformers Pooling module, where the folder has one
+            w.add_pooling_type(pooling)
+    elif arch == "t5":
+        w.add_context_length(c.get("n_positions", 512))
+        w.add_feed_forward_length(c["d_ff"])
+        if c.get("num_decoder_layers") is not None:
+            w.add_decoder_block_count(c["num_decoder_layers"])
+        w.add_key_length(c["d_kv"])
+        w.add_value_length(c["d_kv"])
+        w.add_layer_norm_eps(c["layer_norm_epsilon"])
+        w.add_relative_attn_buckets_count(c["relative_attention_num_buckets"])
+        w.add_layer_norm_rms_eps(c["layer_norm_epsilon"])
+        w.add_decoder_start_token_id(c["decoder_start_token_id"])
+
+
+def _first(c: dict, *keys: str):
+    """The first of KEYS the config has (the converter's find_hparam)."""
+    return next((c[k] for k in keys if c.get(k) is not None), None)
+
+
+def _position_offset(c: dict) -> int:
+    """RoBERTa's converter cuts the position rows before the padding id + 1 off the table (and off
+    the context length): llama.cpp counts positions from 0."""
+    return c["pad_token_id"] + 1 if c["model_type"] == "roberta" and c.get("pad_token_id") is not None else 0
 
 
 def _falcon_kv(c: dict) -> int:
@@ -118,6 +150,8 @@ def _ungroup(w: np.ndarray, heads: int, kv: int) -> np.ndarray:
 def _converted(arch: str, c: dict, name: str, t: np.ndarray) -> np.ndarray:
     """The tensor NAME as the converter's modify_tensors leaves it."""
     heads = c.get("num_attention_heads") or c.get("n_head")
+    if arch == "bert" and name == "embeddings.position_embeddings.weight":
+        return t[_position_offset(c):]
     if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
         return _permute(t, heads)
     if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -133,32 +167,72 @@ def _converted(arch: str, c: dict, name: str, t: np.ndarray) -> np.ndarray:
     return t
 
 
-def write_gguf(model, path, qtype: str = "F32") -> None:
-    """MODEL (a transformers causal LM) as llama.cpp's converter writes it, 2-D tensors in QTYPE
-    (F32 or Q8_0, where a row is whole blocks of 32)."""
+def _hf_tensors(model, arch: str, c: dict, head_copy: bool):
+    """(name, tensor) as the converter reads them from the saved checkpoint, named as its
+    filter_tensors leaves them: a tied head is not in the checkpoint (save_pretrained drops it;
+    HEAD_COPY: a T5 checkpoint that holds its tied head as a tensor, as older ones do);
+    BERT's prefixes, pooler, MLM heads and position ids are dropped; T5's first embedding table is
+    kept (as shared.weight), its copies are not."""
+    state = model.state_dict()
+    tied = c.get("tie_word_embeddings", True)
+    if arch == "t5":  # transformers' T5 config always says tied; the checkpoint holds lm_head where it is not
+        tied = model.lm_head.weight.data_ptr() == model.shared.weight.data_ptr() and not head_copy
+    for name, t in state.items():
+        if name == "lm_head.weight" and (tied or arch in ("gemma", "gemma2")):
+            continue  # save_pretrained drops a tied head; Gemma's converters skip lm_head
+        if name.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq", "position_ids", "token_type_ids")):
+            continue
+        if arch == "bloom":
+            name = name.removeprefix("transformer.")  # the bloom converter drops it before naming
+        if arch == "bert":
+            name = name.removeprefix("bert.").removeprefix("roberta.").removeprefix("distilbert.")
+            if name.startswith(("pooler.", "cls.predictions", "cls.seq_relationship", "vocab_", "lm_head")):
+                continue  # "we are only using BERT for embeddings"
+            if c["model_type"] == "bert" and name in ("classifier.weight", "classifier.bias"):
+                name = name.replace("classifier.", "classifier.out_proj.")  # BertForSequenceClassification's
+        if arch == "t5" and name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+            continue  # shared.weight comes first: the one table written
+        yield name, t
+
+
+def write_gguf(model, path, qtype: str = "F32", pooling: gguf.PoolingType | None = None,
+               head_copy: bool = False) -> None:
+    """MODEL (a transformers model) as llama.cpp's converter writes it, 2-D tensors in QTYPE
+    (F32 or Q8_0, where a row is whole blocks of 32); POOLING: the pooling type the BERT converter
+    writes for a sentence-transformers folder; HEAD_COPY: T5's tied head written as output.weight."""
     c = model.config.to_dict()
     arch = ARCH[c["model_type"]]
     w = gguf.GGUFWriter(path, arch)
-    _metadata(w, arch, c)
+    _metadata(w, arch, c, pooling)
     vocab = c["vocab_size"]
-    tokens = ["<unk>", "<s>", "</s>", *(f"t{i}" for i in range(3, vocab))]
-    w.add_tokenizer_model("llama")
+    if arch == "t5":  # the sentencepiece pieces, then [PADi] up to the vocabulary (T5's 100 sentinels among them)
+        pieces = max(3, vocab - 100)
+        tokens = ["<pad>", "</s>", "<unk>", *(f"t{i}" for i in range(3, pieces)), *(f"[PAD{i}]" for i in range(pieces, vocab))]
+        types = [3, 3, 2] + [1] * (pieces - 3) + [5] * (vocab - pieces)
+        w.add_tokenizer_model("t5")
+    elif arch == "bert":
+        tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *(f"t{i}" for i in range(4, vocab))]
+        types = [3, 2, 3, 3] + [1] * (vocab - 4)
+        w.add_tokenizer_model("bert")
+        w.add_token_type_count(c.get("type_vocab_size", 1))
+    elif arch in ("gemma", "gemma2", "gemma3"):  # Gemma's special tokens where its vocabulary has them
+        tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", *(f"t{i}" for i in range(5, vocab))]
+        types = [3, 3, 3, 2, 3] + [1] * (vocab - 5)
+        w.add_tokenizer_model("llama")
+    else:
+        tokens = ["<unk>", "<s>", "</s>", *(f"t{i}" for i in range(3, vocab))]
+        types = [2, 3, 3] + [1] * (vocab - 3)
+        w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * vocab)
-    w.add_token_types([2, 3, 3] + [1] * (vocab - 3))
+    w.add_token_types(types)
     for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
                      ("pad_token_id", w.add_pad_token_id)):
         if isinstance(c.get(key), int):
             add(c[key])
-    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), c.get("num_hidden_layers") or c["n_layer"])
-    tied = c.get("tie_word_embeddings", True)
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and (tied or arch in ("gemma", "gemma2")):
-            continue  # save_pretrained drops a tied head; Gemma's converters skip lm_head
-        if name.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")):
-            continue
-        if arch == "bloom":
-            name = name.removeprefix("transformer.")  # the bloom converter drops it before naming
+    layers = _first(c, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), layers)
+    for name, t in _hf_tensors(model, arch, c, head_copy):
         t = _converted(arch, c, name, t.float().numpy())
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, f"no GGUF name for {name}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def test_summary_lists_the_artifacts(first):
     for a in manifest["artifacts"]:
         row = next((l for l in lines if l.startswith(a["path"] + " ")), None)
         assert row is not None, f"{a['path']} not in the summary:\n{result.stdout}"
-        assert a["sha256"][:12] in row and "KiB" in row
+        assert a["sha256"][:12] in row and re.search(r" \d+(\.\d+)? (B|KiB|MiB) ", row), row
     assert "parameters: 139,264" in lines
     verified = [l for l in lines if l.startswith("verified:")]
     assert len(verified) == 1 and f"{len(manifest['verification']['cases'])} cases" in verified[0]
@@ -134,7 +135,8 @@ def test_json_prints_one_document(process_json):
     assert MANIFEST_KEYS <= doc.keys()
     assert doc["cached"] is False
     assert doc["out_dir"] == str(out)
-    assert [a["path"] for a in doc["artifacts"]] == ["model.onnx", "model.safetensors"]
+    assert [a["path"] for a in doc["artifacts"]] == ["model.onnx", "config.json", "generation_config.json",
+                                                     "genai_config.json"]
     assert doc["parameters"] == 139_264
     assert doc["verification"]["passed"] is True
     assert set(doc["graphs"]) == {"model"}

@@ -79,6 +79,7 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
     "gguf-architecture": ({"model.gguf": gguf_text("mamba")}, "import gguf model.gguf -o model.yaml", 1),
     "gguf-metadata": ({"model.gguf": gguf_text("llama", ("llama.rope.scaling.type", "yarn"))},
                       "import gguf model.gguf -o model.yaml", 1),
+    "gguf-t5encoder": ({"model.gguf": gguf_text("t5encoder")}, "import gguf model.gguf -o model.yaml", 1),
     "memory": ({}, "build -q tiny-gpt2 -o build/tiny --max-memory 1MiB", 1),
     "memory-streamed": ({"deep.yaml": GPT.replace("bad", "deep") + "decoder: {layers: 4}\n"},
                         "build -q deep.yaml -o build/deep --max-memory 1MiB", 1),
@@ -87,9 +88,14 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
     "run-bad-ids": ({"one.yaml": GPT.replace("bad", "one") + "decoder: {layers: 1}\n"},
                     "generate build/one --ids 1,2,1000", 1),
     "usage": ({}, "build tiny-gpt2", 2),
+    "tokenizer-missing": ({"bad.yaml": GPT + "tokenizer: bad.tokenizer\n"}, "build -q bad.yaml -o build/bad", 1),
+    "text-no-tokenizer": ({"one.yaml": GPT.replace("bad", "one") + "decoder: {layers: 1}\n"},
+                          "generate build/one --text Hello", 2),
+    "import-gguf-folder": ({"model.Q4_0.gguf": "GGUF"}, "import hf . -o model.yaml", 1),
+    "import-out-folder": ({}, "import hf . -o newdir/model.yaml", 1),
 }
 # commands run before a case's own (not shown in the page)
-SETUP = {"run-bad-ids": "build -q one.yaml -o build/one"}
+SETUP = {"run-bad-ids": "build -q one.yaml -o build/one", "text-no-tokenizer": "build -q one.yaml -o build/one"}
 
 
 def run_case(case_id: str, cwd: Path) -> str:

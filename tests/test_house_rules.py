@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "specc"
 # third-party modules that are slow to import, or that only some environments have
 HEAVY = {"torch", "onnx", "onnxscript", "onnx_ir", "onnxruntime", "transformers", "tensorrt", "tritonclient",
-         "pytriton", "safetensors", "matplotlib", "graphviz", "gguf", "tokenizers"}
+         "pytriton", "safetensors", "matplotlib", "graphviz", "gguf",
+         "tokenizers", "jinja2"}  # optional: text (specc/runtime/text.py)
 LAZY_ANYWHERE = {"specc/cli.py", "specc/__init__.py"}
 # (file, module): why it is imported inside a function
 LAZY_FOR_A_REASON = {
@@ -248,7 +249,7 @@ LINK = re.compile(r"\]\(([^)#\s]+)")
 
 
 def repository_files() -> list[Path]:
-    skip = {".git", ".venv", ".venv-serve", ".venv-bench", "build", ".pytest_cache"}
+    skip = {".git", ".venv", ".venv-serve", ".venv-bench", ".venv-clients", "build", ".pytest_cache"}
     out = []
     for pattern in TEXT:
         for p in ROOT.rglob(pattern):

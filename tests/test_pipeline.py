@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import specc
+from specc.clients import CONFIG, GENAI_CONFIG, GENERATION_CONFIG
 from specc.errors import BuildError, WeightsError
 from specc.export.outdir import MANIFEST
 from specc.memory import estimate_memory
@@ -30,6 +31,7 @@ from specc.weights import save_module
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "tiny-gpt2"
+CLIENT_FILES = [CONFIG, GENERATION_CONFIG, GENAI_CONFIG]  # what a decoder's build writes for other clients
 GIB = 1024**3
 
 
@@ -76,10 +78,11 @@ def same_safetensors(a: Path, b: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """tiny-gpt2, seed 0, every progress event recorded."""
+    """tiny-gpt2, seed 0, model.safetensors kept (its bytes are compared below), every progress
+    event recorded."""
     out = tmp_path_factory.mktemp("seed0") / "out"
     events = []
-    result = specc.build(SPEC, out, progress=lambda stage, state, facts: events.append((stage, state, dict(facts))))
+    result = specc.build(SPEC, out, keep_weights=True, progress=lambda stage, state, facts: events.append((stage, state, dict(facts))))
     return result, out, events
 
 
@@ -93,7 +96,7 @@ def weights_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def weights_build(tmp_path_factory, weights_file):
     out = tmp_path_factory.mktemp("wbuild") / "out"
-    return specc.build(SPEC, out, weights=weights_file), out
+    return specc.build(SPEC, out, keep_weights=True, weights=weights_file), out
 
 
 @pytest.fixture
@@ -116,7 +119,7 @@ def test_python_api(built):
     assert isinstance(result, BuildResult)
     assert result.cached is False
     assert result.out_dir == out.absolute()
-    assert [a["path"] for a in result.artifacts] == ["model.onnx", "model.safetensors"]
+    assert [a["path"] for a in result.artifacts] == ["model.onnx", *CLIENT_FILES, "model.safetensors"]
     for a in result.artifacts:
         f = out / a["path"]
         assert a["bytes"] == f.stat().st_size and a["sha256"] == sha(f)
@@ -134,8 +137,9 @@ def test_python_api(built):
     # the manifest on disk is what the result holds
     assert manifest(out) == result.manifest
     assert {"artifacts", "parameters", "verification", "versions", "graphs", "cache_key", "options"} <= d.keys()
-    assert d["options"] == {"target": "onnx", "precision": "fp32", "opset": 18, "weights": {"source": "seed", "seed": 0}}
-    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "model.onnx", "model.safetensors"]
+    assert d["options"] == {"target": "onnx", "precision": "fp32", "opset": 18, "weights": {"source": "seed", "seed": 0},
+                            "keep_weights": True}
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "model.onnx", *CLIENT_FILES, "model.safetensors"])
     assert staging_leftovers(out.parent) == []
 
 
@@ -199,7 +203,7 @@ def test_cache_hit_is_fast_and_touches_nothing(built):
     before = stats(out)
     events = []
     t0 = time.perf_counter()
-    again = specc.build(SPEC, out, progress=lambda s, st, f: events.append((s, st)))
+    again = specc.build(SPEC, out, keep_weights=True, progress=lambda s, st, f: events.append((s, st)))
     elapsed = time.perf_counter() - t0
     assert again.cached is True
     assert elapsed < 5, f"cache hit took {elapsed:.1f} s"
@@ -209,7 +213,7 @@ def test_cache_hit_is_fast_and_touches_nothing(built):
     # only loading and resolving the spec (to compute the key) ran, then the hit
     assert events == [("load", "start"), ("load", "done"), ("resolve", "start"), ("resolve", "done"), ("cache", "done")]
     # the same inputs spelled out are the same key
-    assert specc.build(SPEC, out, precision="fp32", seed=0, opset=18, target="onnx").cached is True
+    assert specc.build(SPEC, out, keep_weights=True, precision="fp32", seed=0, opset=18, target="onnx").cached is True
     assert stats(out) == before
 
 
@@ -218,13 +222,13 @@ def test_same_spec_from_another_file_is_a_hit(built, copy_of, tmp_path):
     spec = tmp_path / "elsewhere" / "my-gpt2.yaml"
     spec.parent.mkdir()
     shutil.copy(ROOT / "specs" / "tiny-gpt2.yaml", spec)
-    assert specc.build(spec, out).cached is True
+    assert specc.build(spec, out, keep_weights=True).cached is True
 
 
 def test_seed_change_rebuilds(built, copy_of, weights_build, weights_file):
     out = copy_of(built[1])
     before = stats(out)
-    result = specc.build(SPEC, out, seed=7)
+    result = specc.build(SPEC, out, keep_weights=True, seed=7)
     assert result.cached is False
     assert result.manifest["options"]["weights"] == {"source": "seed", "seed": 7}
     assert result.manifest["cache_key"] != built[0].manifest["cache_key"]
@@ -237,7 +241,7 @@ def test_seed_change_rebuilds(built, copy_of, weights_build, weights_file):
 
 def test_precision_change_rebuilds(built, copy_of):
     out = copy_of(built[1])
-    result = specc.build(SPEC, out, precision="fp16")
+    result = specc.build(SPEC, out, keep_weights=True, precision="fp16")
     assert result.cached is False
     assert result.manifest["options"]["precision"] == "fp16"
     assert result.verification["precision"] == "fp16" and result.verification["passed"]
@@ -255,19 +259,19 @@ def test_spec_change_rebuilds(built, copy_of, spec_file):
         decoder:
           ffn: {d_ff: 256}
         """, "wider.yaml")
-    result = specc.build(wider, out)
+    result = specc.build(wider, out, keep_weights=True)
     assert result.cached is False
     assert result.manifest["name"] == "tiny-gpt2"
     assert result.manifest["spec_sha256"] != built[0].manifest["spec_sha256"]
     # 2 layers x (64 x 128 more in, 128 more bias, 128 x 64 more out)
     assert result.parameters == built[0].parameters + 2 * (64 * 128 + 128 + 128 * 64)
-    assert specc.build(wider, out).cached is True
+    assert specc.build(wider, out, keep_weights=True).cached is True
 
 
 def test_force_rebuilds(built, copy_of):
     out = copy_of(built[1])
     before = stats(out)
-    result = specc.build(SPEC, out, force=True)
+    result = specc.build(SPEC, out, keep_weights=True, force=True)
     assert result.cached is False
     after = stats(out)
     assert after["model.onnx"][:2] != before["model.onnx"][:2]
@@ -298,7 +302,7 @@ def test_a_shortened_artifact_list_is_no_cache_hit(built, copy_of, lost):
     data["artifacts"] = [a for a in data["artifacts"] if a["path"] != lost]
     (out / MANIFEST).write_text(json.dumps(data))
     (out / lost).unlink()
-    result = specc.build(SPEC, out)
+    result = specc.build(SPEC, out, keep_weights=True)
     assert result.cached is False
     assert sha(out / "model.onnx") == built[0].artifacts[0]["sha256"]
     assert (out / "model.safetensors").is_file()
@@ -308,7 +312,7 @@ def test_damaged_build_is_rebuilt(built, copy_of):
     out = copy_of(built[1])
     data = (out / "model.onnx").read_bytes()
     (out / "model.onnx").write_bytes(data[: len(data) // 2])
-    result = specc.build(SPEC, out)
+    result = specc.build(SPEC, out, keep_weights=True)
     assert result.cached is False
     assert sha(out / "model.onnx") == built[0].artifacts[0]["sha256"]
     assert comparable(manifest(out)["artifacts"]) == comparable(built[0].artifacts)
@@ -322,7 +326,7 @@ def test_byte_identical_in_another_process(built, tmp_path):
     first, out_a, _ = built
     env = {k: v for k, v in os.environ.items() if k != "SPECC_DEBUG"}
     env["PYTHONHASHSEED"] = "4242"  # another set/dict iteration order than this process
-    code = "import sys, specc; r = specc.build(sys.argv[1], sys.argv[2]); print(r.out_dir)"
+    code = "import sys, specc; r = specc.build(sys.argv[1], sys.argv[2], keep_weights=True); print(r.out_dir)"
     proc = subprocess.run([sys.executable, "-c", code, SPEC, "rel/out"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
@@ -342,7 +346,7 @@ def test_byte_identical_in_another_process(built, tmp_path):
         for path in {str(out.parent), str(tmp_path), str(ROOT), str(Path.home()), os.getcwd()}:
             assert path not in text, f"{path} in {out}/manifest.json"
     # and the other process's build is a cache hit here
-    assert specc.build(SPEC, out_b).cached is True
+    assert specc.build(SPEC, out_b, keep_weights=True).cached is True
 
 
 def test_model_safetensors_bytes_are_reproducible(tmp_path):
@@ -380,7 +384,7 @@ def test_weights_key_in_spec(weights_build, weights_file, tmp_path, monkeypatch,
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # relative to the spec file, not the working directory
-    result = specc.build(spec, tmp_path / "out")
+    result = specc.build(spec, tmp_path / "out", keep_weights=True)
     out = tmp_path / "out"
     assert result.cached is False
     assert result.manifest["options"]["weights"] == weights_build[0].manifest["options"]["weights"]
@@ -399,7 +403,7 @@ def test_weights_argument_wins_over_spec_key(weights_build, weights_file, tmp_pa
         """)
     # the spec's weights file does not exist, the explicit one does: no error, and a rebuild
     # (the spec text differs) that uses the explicit file
-    result = specc.build(spec, out, weights=weights_file)
+    result = specc.build(spec, out, keep_weights=True, weights=weights_file)
     assert result.manifest["options"]["weights"]["sha256"] == sha(weights_file)
     assert tensors_equal(load_file(str(out / "model.safetensors")), load_file(str(weights_file)))
 
@@ -491,8 +495,9 @@ def test_external_data(built, tmp_path, monkeypatch):
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 1)
     out = tmp_path / "ext"
     result = specc.build(SPEC, out)
-    assert [a["path"] for a in result.artifacts] == ["model.onnx", "model.onnx.data", "model.safetensors"]
-    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "model.onnx", "model.onnx.data", "model.safetensors"]
+    # without keep_weights: the graph and its data are the weights' one copy
+    assert [a["path"] for a in result.artifacts] == ["model.onnx", "model.onnx.data", *CLIENT_FILES]
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "model.onnx", "model.onnx.data", *CLIENT_FILES])
     for a in result.artifacts:
         assert sha(out / a["path"]) == a["sha256"]
     assert result.verification["passed"] is True

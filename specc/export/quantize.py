@@ -3,18 +3,23 @@ integer blocks, one tensor at a time.
 
 Every MatMul whose weight is a constant [K, N] fp32 tensor becomes onnxruntime's com.microsoft
 MatMulNBits: the weight is stored as `bits`-bit codes in blocks of consecutive rows of one
-column, each block with its own float scale and an integer zero point, and dequantizes as
-(code - zero_point) x scale. The range of each block includes 0 (so the zero point is one of the
-codes). Activations stay fp32 outside the kernel; with accuracy_level 4 the kernel computes in
-int8, quantizing its input per block along K as well (the weight's block length), so an outlier
+column, each block with its own float scale, and dequantizes as (code - zero_point) x scale.
+Activations stay fp32 outside the kernel; with accuracy_level 4 the kernel computes in int8,
+quantizing its input per block along K as well (the weight's block length), so an outlier
 channel only coarsens the block it sits in.
 
-- int8: 8-bit codes in blocks of 16. Chosen over dynamic quantization (DynamicQuantizeMatMul, one
-  int8 scale for the whole input tensor), which a trained model's outlier channels break, and
-  over blocks of 32, whose activation blocks cost SmolLM2-135M a point of next-token agreement
-  for a tenth of the decode time (docs/benchmarks_quality.md; the choice: docs/build.md).
-- int4: 4-bit codes in blocks of 32 (Q4_1's blocks, so a checkpoint distributed as Q4_1 keeps
-  its grid), for decoders, whose decode speed is the weight bytes read per token.
+- int8: 8-bit codes in blocks of 16, an integer zero point per block (the block's range widened
+  to include 0). Chosen over dynamic quantization (DynamicQuantizeMatMul, one int8 scale for the
+  whole input tensor), which a trained model's outlier channels break, and over blocks of 32,
+  whose activation blocks cost SmolLM2-135M a point of next-token agreement for a tenth of the
+  decode time (docs/benchmarks_quality.md; the choice: docs/build.md).
+- int4: 4-bit codes in blocks of 32 (Q4_0's and Q4_1's blocks, so a checkpoint distributed in
+  them keeps its grid), for decoders, whose decode speed is the weight bytes read per token.
+  No zero-point input: the kernel's default (the middle code, 8) lets onnxruntime take its
+  symmetric path, which decodes about twice as fast as blocks with their own zero points
+  (docs/benchmarks_int4_layout.md). Each weight takes the symmetric form (Q4_0's: the block's
+  largest magnitude, with its sign, is code 0) or, where that at least halves the error, the
+  offset form (the block's [min, max], Q4_1's: its centre added back outside the kernel).
 
 Gather (the embedding tables), the attention products and a MatMul whose weight is computed (a
 tied output projection reads the transposed embedding) stay fp32. The graph is written back in
@@ -42,13 +47,19 @@ class Scheme:
     bits: int
     block: int = BLOCK
     accuracy_level: int = ACCURACY_LEVEL
+    zero_points: bool = True  # an integer zero point per block; False: every code read about the middle code
 
     @property
     def top(self) -> int:
         return (1 << self.bits) - 1
 
+    @property
+    def mid(self) -> int:
+        """The middle code: MatMulNBits' zero point where the graph gives none."""
+        return (self.top + 1) // 2
 
-SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4)}
+
+SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4, zero_points=False)}
 
 
 def describe(precision: str) -> dict:
@@ -56,19 +67,19 @@ def describe(precision: str) -> dict:
     the build's cache key hashes: a build made with another scheme is not up to date)."""
     scheme = SCHEMES[precision]
     return {"op": "MatMulNBits", "bits": scheme.bits, "block": scheme.block, "accuracy_level": scheme.accuracy_level,
-            "offset_form": scheme.bits <= 4}
+            "zero_points": scheme.zero_points, "offset_form": scheme.bits <= 4}
 
 
 @dataclass(frozen=True)
 class Packed:
     """MatMulNBits' inputs for one [K, N] weight: codes [N, blocks, block * bits / 8] uint8,
-    scales [N * blocks] float32, zero points [N * ceil(blocks * bits / 8)] uint8; with `offsets`
-    [blocks, N] float32 (the offset form), the zero points are all the middle code (8 at 4 bits)
-    and each block's centre is added back outside the kernel."""
+    scales [N * blocks] float32, zero points [N * ceil(blocks * bits / 8)] uint8 (None where the
+    scheme has none: every code is read about the middle code); with `offsets` [blocks, N] float32
+    (the offset form), each block's centre is added back outside the kernel."""
 
     codes: np.ndarray
     scales: np.ndarray
-    zero_points: np.ndarray
+    zero_points: np.ndarray | None
     offsets: np.ndarray | None = None
 
 
@@ -76,13 +87,17 @@ def pack(w: np.ndarray, scheme: Scheme, offsets: bool = False) -> Packed:
     """Blockwise asymmetric quantization of a [K, N] weight along K (rows past K in the last
     block are zeros). Deterministic: the same weight gives the same bytes.
 
-    The integer form spans each block's range widened to include 0 with an integer zero point.
-    The offset form spans the block's own [min, max] with codes from its minimum (llama.cpp's
-    Q4_1 has this form): exact for weights that already sit on such a grid, as those of a
-    checkpoint distributed as Q4_1 do. The kernel reads the codes about the middle code and the
-    block's centre stays a float, added back outside it: the int8 rounding of the input inside
-    the kernel (accuracy level 4) then meets the weight less its centre, not less its minimum,
-    about half the error (on SmolLM2: next-token agreement 94.9% -> 97.5%, docs/build.md).
+    With zero points (int8), each block spans its range widened to include 0, with an integer
+    zero point. Without them (int4) the symmetric form is llama.cpp's Q4_0: the scale is the
+    block's largest-magnitude weight, with its sign, over -mid, so that weight is code 0 exactly
+    and the others round to the nearest code (those at the opposite end clamp to the top code,
+    at most a step away). The offset form spans the block's own [min, max] with codes from its
+    minimum (llama.cpp's Q4_1 has this form): exact for weights that already sit on such a grid,
+    as those of a checkpoint distributed as Q4_1 do. The kernel reads the codes about the middle
+    code and the block's centre stays a float, added back outside it: the int8 rounding of the
+    input inside the kernel (accuracy level 4) then meets the weight less its centre, not less
+    its minimum, about half the error (on SmolLM2: next-token agreement 94.9% -> 97.5%,
+    docs/build.md).
 
     Columns are packed PACK_ELEMENTS weights at a time (each column is quantized alone), so that
     the working copies stay small beside a large weight (a 128256-token head is 2 GiB in fp32)."""
@@ -94,7 +109,7 @@ def pack(w: np.ndarray, scheme: Scheme, offsets: bool = False) -> Packed:
         return _pack_columns(w, scheme, offsets)
     parts = [_pack_columns(w[:, i:i + step], scheme, offsets) for i in range(0, n, step)]
     return Packed(np.concatenate([p.codes for p in parts]), np.concatenate([p.scales for p in parts]),
-                  np.concatenate([p.zero_points for p in parts]),
+                  np.concatenate([p.zero_points for p in parts]) if scheme.zero_points else None,
                   np.concatenate([p.offsets for p in parts], axis=1) if offsets else None)
 
 
@@ -111,25 +126,32 @@ def _pack_columns(w: np.ndarray, scheme: Scheme, offsets: bool) -> Packed:
     cols[:, :k] = torch.from_numpy(np.asarray(w, dtype=np.float32)).T
     cols = cols.reshape(n, blocks, scheme.block)
     lo, hi = cols.amin(dim=2), cols.amax(dim=2)
-    if not offsets:
-        lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
-    scale = (hi - lo) / scheme.top
-    scale[scale == 0] = 1.0  # a constant block: any scale, codes all at the zero point (or the offset)
     if offsets:
-        mid = (scheme.top + 1) // 2
-        zero = torch.full((n, blocks), mid, dtype=torch.uint8)
+        scale = (hi - lo) / scheme.top
+        scale[scale == 0] = 1.0  # a constant block: any scale, codes all at the zero point (or the offset)
+        zero = torch.full((n, blocks), scheme.mid, dtype=torch.uint8)
         codes = cols.sub_(lo[..., None]).div_(scale[..., None]).round_().clamp_(0, scheme.top).to(torch.uint8)
-        lo = lo + mid * scale
-    else:
+        lo = lo + scheme.mid * scale
+    elif scheme.zero_points:
+        lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
+        scale = (hi - lo) / scheme.top
+        scale[scale == 0] = 1.0
         zero = (-lo / scale).round_().clamp_(0, scheme.top).to(torch.uint8)
         codes = cols.div_(scale[..., None]).round_().add_(zero[..., None]).clamp_(0, scheme.top).to(torch.uint8)
+    else:  # symmetric: the largest magnitude, signed, is code 0
+        extreme = torch.where(-lo > hi, lo, hi)
+        scale = extreme / -scheme.mid
+        scale[scale == 0] = 1.0
+        zero = torch.full((n, blocks), scheme.mid, dtype=torch.uint8)
+        codes = cols.div_(scale[..., None]).round_().add_(scheme.mid).clamp_(0, scheme.top).to(torch.uint8)
     del cols
     if scheme.bits == 4:  # two codes a byte, the first in the low nibble; zero points likewise, a row padded to bytes
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
         if blocks % 2:
             zero = torch.cat([zero, torch.zeros((n, 1), dtype=torch.uint8)], dim=1)
         zero = zero[:, 0::2] | (zero[:, 1::2] << 4)
-    return Packed(codes.contiguous().numpy(), scale.reshape(-1).numpy(), zero.contiguous().reshape(-1).numpy(),
+    return Packed(codes.contiguous().numpy(), scale.reshape(-1).numpy(),
+                  zero.contiguous().reshape(-1).numpy() if scheme.zero_points else None,
                   lo.T.contiguous().numpy() if offsets else None)
 
 
@@ -154,11 +176,12 @@ def choose(w: np.ndarray, scheme: Scheme) -> Packed:
 
 
 def offset_form(w: np.ndarray, scheme: Scheme) -> bool:
-    """Whether the offset form at least halves the weight's quantization error (it costs two
-    more nodes a MatMul and a float per block), judged on an even sample of SAMPLE_COLUMNS of its
-    columns (a weight on Q4_1's grid is exact in it, a gaussian one as good in either: the
-    sample tells them apart at a fraction of packing the whole weight twice). Only 4-bit codes
-    are worth it: at 8 bits both forms are within rounding of the weight."""
+    """Whether the offset form at least halves the weight's quantization error against the
+    scheme's own form (it costs two more nodes a MatMul and a float per block), judged on an
+    even sample of SAMPLE_COLUMNS of its columns (a weight on Q4_1's grid is exact in it, a
+    gaussian one about as good in either: the sample tells them apart at a fraction of packing
+    the whole weight twice). Only 4-bit codes are worth it: at 8 bits both forms are within
+    rounding of the weight."""
     if scheme.bits > 4:
         return False
     step = -(-w.shape[1] // SAMPLE_COLUMNS)
@@ -180,10 +203,15 @@ def _unpacked_rows(p: Packed, scheme: Scheme, k: int):
     import torch
 
     n, blocks = p.codes.shape[:2]
-    codes, zero = torch.from_numpy(p.codes), torch.from_numpy(p.zero_points).reshape(n, -1)
+    codes = torch.from_numpy(p.codes)
+    if p.zero_points is None:
+        zero = torch.full((n, blocks), scheme.mid, dtype=torch.uint8)
+    else:
+        zero = torch.from_numpy(p.zero_points).reshape(n, -1)
     if scheme.bits == 4:
         codes = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(n, blocks, scheme.block)
-        zero = torch.stack([zero & 15, zero >> 4], dim=-1).reshape(n, -1)[:, :blocks]
+        if p.zero_points is not None:
+            zero = torch.stack([zero & 15, zero >> 4], dim=-1).reshape(n, -1)[:, :blocks]
     deq = (codes.float() - zero[..., None].float()).mul_(torch.from_numpy(p.scales).reshape(n, blocks)[..., None])
     if p.offsets is not None:
         deq += torch.from_numpy(p.offsets).T[..., None]
@@ -262,8 +290,9 @@ class _Packs:
         k, n = w.shape
         blocks = -(-k // self.scheme.block)
         shapes = {"codes": (np.uint8, (n, blocks, self.scheme.block * self.scheme.bits // 8)),
-                  "scales": (np.float32, (n * blocks,)),
-                  "zero_points": (np.uint8, (n * -(-blocks * self.scheme.bits // 8),))}
+                  "scales": (np.float32, (n * blocks,))}
+        if self.scheme.zero_points:
+            shapes["zero_points"] = (np.uint8, (n * -(-blocks * self.scheme.bits // 8),))
         if offsets:
             shapes["offsets"] = (np.float32, (blocks, n))
         return offsets, shapes
@@ -307,7 +336,8 @@ def _rewrite(graph, scheme: Scheme) -> tuple[int, int]:
             packed[base] = values
         values = packed[base]
         x, y = node.inputs[0], node.outputs[0]
-        matmul = ir.node("MatMulNBits", [x, values["codes"], values["scales"], values["zero_points"]],
+        inputs = [x, values["codes"], values["scales"]] + ([values["zero_points"]] if scheme.zero_points else [])
+        matmul = ir.node("MatMulNBits", inputs,
                          attributes={"K": k, "N": n, "bits": scheme.bits, "block_size": scheme.block,
                                      "accuracy_level": scheme.accuracy_level},
                          domain="com.microsoft", name=node.name)

@@ -7,10 +7,13 @@ asked for (one tensor in memory at a time, never the model), and hands both to t
 importer's writer (specc.importers.hf.importer.write_import): the same family tables, refusals and
 all-or-nothing writing as `specc import hf`.
 
-Architectures (`general.architecture`, ARCHITECTURES): llama (LLaMA, Mistral and the models
-converted as llama), qwen2, qwen3, gemma, gemma2, gemma3 (its text model), phi3, stablelm,
-gptneox, falcon, bloom, gpt2, olmo2. Any other is refused naming `general.architecture`. Every
-change llama.cpp's converter (convert_hf_to_gguf.py) makes to a tensor is undone here, exactly:
+Architectures (`general.architecture`, ARCHITECTURES): the decoders llama (LLaMA, Mistral and
+the models converted as llama), qwen2, qwen3, gemma, gemma2, gemma3 (its text model), phi3,
+stablelm, gptneox, falcon, bloom, gpt2, olmo2; the encoder bert (BERT, and the DistilBERT,
+RoBERTa and XLM-RoBERTa checkpoints the converter writes as bert: each is computed as the BERT
+it is stored as); the encoder-decoder t5. Any other is refused naming `general.architecture`.
+Every change llama.cpp's converter (convert_hf_to_gguf.py) makes to a tensor is undone here,
+exactly, or needs no undoing:
 
 - llama: the q and k rows (weights and biases) are permuted for llama.cpp's rotary layout
   (adjacent dims paired); they are permuted back to Hugging Face's (each head's halves);
@@ -19,14 +22,24 @@ change llama.cpp's converter (convert_hf_to_gguf.py) makes to a tensor is undone
 - gpt2: the Conv1D weights (stored [in, out]) are transposed; they are transposed back;
 - bloom, gptneox, falcon: the fused q/k/v rows, which Hugging Face groups per head (per
   key-value group for Falcon: its query heads, its key head, its value head), are stored as all
-  q rows, then all k, then all v; they are grouped back.
+  q rows, then all k, then all v; they are grouped back;
+- bert: RoBERTa's position rows before its padding id + 1 are cut off (llama.cpp counts
+  positions from 0, Hugging Face's RoBERTa from the padding id + 1): the table left is the
+  table of a BERT that computes what the RoBERTa computes for every real token, and is imported
+  as that BERT; the pooler and the MLM head are not written (the spec's outputs are the last
+  hidden state and, where the file names a pooling type, the pooled embedding llama.cpp gives);
+- t5: nothing changed; of the embedding tables (shared, and the encoder's and decoder's copies)
+  one is written.
 
 What the file does not say is what llama.cpp assumes, stated at each architecture below (Gemma 2
 and 3's query scale, Gemma 3's layer pattern and local rotary base). Metadata specc cannot compute
 is refused naming its GGUF key (rope scaling, per-layer values, OLMo 3's sliding windows); so are
 tensors with no place in the model (llama 3's `rope_freqs`, Phi-3's long-context factors,
-StableLM's per-head q/k norms). The tokenizer in the file is not carried: `tokenizer_metadata`
-gives its `tokenizer.*` fields for a tokenizer writer to take up (docs/import.md).
+StableLM's per-head q/k norms, UMT5's relative-position table per layer, BERT's classifier
+without its pooler). The tokenizer in the file's metadata is carried as import hf carries a
+folder's (OUT.tokenizer/), converted to a tokenizer.json by
+specc.importers.hf.tokenizer.gguf_tokenizer where transformers converts it (not bert's, gemma's,
+gptneox's or olmo2's).
 """
 from __future__ import annotations
 
@@ -40,6 +53,7 @@ import numpy as np
 
 from specc.importers.hf.checkpoint import CheckpointError
 from specc.importers.hf.importer import check_outputs, write_import
+from specc.importers.hf.tokenizer import gguf_tokenizer
 
 _MISSING = object()
 
@@ -109,9 +123,12 @@ def _regroup(w: np.ndarray, heads: int, kv: int) -> np.ndarray:
 class _Arch:
     """How one `general.architecture` maps to a Hugging Face model: the config from the metadata,
     GGUF tensor names to Hugging Face's (`blk.N.KIND` -> LAYER[KIND] under PREFIX with {i} = N,
-    TOP for the rest; `variant(meta)` gives LAYER where it depends on the file), and the
-    converter's changes to undo (`fix(kind, part, array, config)`,
-    `transposed`: kinds whose 2-D weights the converter transposed)."""
+    TOP for the rest; `enc.blk.N.KIND` and `dec.blk.N.KIND`, T5's stacks, as LAYER["enc.KIND"],
+    LAYER["dec.KIND"]; {i} may stand in LAYER's names too; `variant(meta)` gives LAYER where it
+    depends on the file), the converter's changes to undo (`fix(kind, part, array, config)`,
+    `transposed`: kinds whose 2-D weights the converter transposed), `outputs(meta)`: spec
+    outputs the file's metadata adds to the family head's, and whether the file's tokenizer is
+    carried."""
     model_type: str
     head: str
     config: Callable[[_Meta], dict]
@@ -121,6 +138,10 @@ class _Arch:
     fix: Callable[[str, str, np.ndarray, dict], np.ndarray] | None = None
     transposed: frozenset[str] = field(default_factory=frozenset)
     variant: Callable[[_Meta], Mapping[str, str]] | None = None  # LAYER for this file, where it depends on it
+    outputs: Callable[[_Meta], list[dict]] | None = None  # outputs after the family head's (a pooled embedding)
+    # whether the file's tokenizer is carried: transformers (5.24) converts the tokenizers of the
+    # architectures its GGUF loading reads, not bert's, gemma's, gptneox's or olmo2's
+    tokenizer: bool = True
 
 
 # --- metadata -> config, by architecture -------------------------------------------------------
@@ -361,6 +382,156 @@ def _olmo2(m: _Meta) -> dict:
     return cfg
 
 
+# --- encoders and encoder-decoders --------------------------------------------------------------
+
+
+def _same_tensor(m: _Meta, a: str, b: str) -> bool:
+    """Whether tensors A and B hold the same bytes in the same type and shape."""
+    ta, tb = m.tensors[a], m.tensors[b]
+    return (ta.tensor_type == tb.tensor_type and list(ta.shape) == list(tb.shape)
+            and np.array_equal(ta.data, tb.data))
+
+
+def _rows(m: _Meta, tensor: str) -> int:
+    """The rows of a 2-D table (ggml's shape is [columns, rows])."""
+    return int(m.tensors[tensor].shape[1])
+
+
+def _heads(m: _Meta) -> int:
+    """`attention.head_count`, at least 1; `attention.head_count_kv`, where present, the same
+    (these encoders have a key and a value head per query head)."""
+    heads = int(m.number("attention.head_count"))
+    if heads < 1:
+        m.refuse(f"{m.arch}.attention.head_count", f"{heads}: a model has at least one head")
+    kv = int(m.number("attention.head_count_kv", heads))
+    if kv != heads:
+        m.refuse(f"{m.arch}.attention.head_count_kv", f"{kv}: {m.arch} has a key and a value head per query head "
+                 f"({heads})")
+    return heads
+
+
+def _token(m: _Meta, key: str) -> int | None:
+    """`tokenizer.ggml.KEY`, a token id, or None where absent."""
+    full = f"tokenizer.ggml.{key}"
+    value = m.raw(full)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        m.refuse(full, f"{str(value)[:40]}: expected a token id")
+    return value
+
+
+def _bert(m: _Meta) -> dict:
+    """BERT's body (post-norm LayerNorm, learned positions, token types where the file has
+    token_types: DistilBERT has none), computed both ways (`attention.causal` true is refused),
+    GELU (exact: BERT's, RoBERTa's and DistilBERT's; llama.cpp computes its tanh approximation).
+    Positions: the table's rows (the converter's context_length; RoBERTa's less the rows it cut).
+    A classifier (cls.weight, cls.output.weight: RoBERTa's dense + tanh + projection on the first
+    token) is BertForSequenceClassification's pooler and classifier; BERT's own classifier, whose
+    pooler the converter drops (cls.output.weight alone), is refused."""
+    if m.flag("attention.causal", False):
+        m.refuse("bert.attention.causal", "true: a BERT used as a causal decoder is not imported")
+    cfg = {
+        "model_type": "bert", "architectures": ["BertModel"], "hidden_size": int(m.number("embedding_length")),
+        "num_hidden_layers": int(m.number("block_count")), "num_attention_heads": _heads(m),
+        "intermediate_size": int(m.number("feed_forward_length")),
+        "layer_norm_eps": float(m.number("attention.layer_norm_epsilon")), "hidden_act": "gelu",
+        "vocab_size": _rows(m, "token_embd.weight"),
+        "type_vocab_size": _rows(m, "token_types.weight") if m.has("token_types.weight") else 0,
+        "max_position_embeddings": (_rows(m, "position_embd.weight") if m.has("position_embd.weight")
+                                    else int(m.number("context_length"))),
+        "pad_token_id": _token(m, "padding_token_id"),
+    }
+    if m.has("cls.output.weight"):
+        if not m.has("cls.weight"):
+            m.refuse("cls.output.weight", "BERT's classifier reads its pooler (dense + tanh), which llama.cpp's "
+                     "converter does not write; import the Hugging Face checkpoint with specc import hf")
+        cfg["architectures"] = ["BertForSequenceClassification"]
+        cfg["num_labels"] = _rows(m, "cls.output.weight")
+    return cfg
+
+
+# llama.cpp's pooling types (gguf.PoolingType) specc pools with, as the pooled output's `pool`
+_POOLING = {1: "mean", 2: "first", 3: "last"}
+
+
+def _bert_outputs(m: _Meta) -> list[dict]:
+    """The embedding llama.cpp gives for `bert.pooling_type` (the sentence-transformers pooling
+    the converter read): mean, the first token's or the last's hidden state, unprojected. None
+    (0, or no key): no pooled output. Rank (4): the classifier's logits (cls tensors required)."""
+    kind = m.raw("bert.pooling_type")
+    if kind in (None, 0):
+        return []
+    if kind == 4 and m.has("cls.output.weight"):
+        return []
+    if kind not in _POOLING:
+        why = ("rank pooling without a classification head (cls.output.weight)" if kind == 4
+               else "not one of llama.cpp's pooling types specc pools with (0 none, 1 mean, 2 cls, 3 last)")
+        m.refuse("bert.pooling_type", f"{str(kind)[:40]}: {why}")
+    return [{"kind": "pooled", "name": "sentence_embedding", "pool": _POOLING[kind]}]
+
+
+# llama.cpp's T5 bucket distance (llama_relative_position_bucket's max_distance): no key in the file
+_T5_MAX_DISTANCE = 128
+
+
+def _t5(m: _Meta) -> dict:
+    """T5 (T5ForConditionalGeneration): `block_count` encoder and `decoder_block_count` (else as
+    many) decoder layers of `attention.head_count` heads of `attention.key_length` dims,
+    `attention.relative_buckets_count` buckets (to a distance of 128: llama.cpp's, no key), RMSNorm
+    at `attention.layer_norm_rms_epsilon`, decoding from `decoder_start_token_id`. The feed-forward
+    is what llama.cpp computes: gated GELU (tanh) where the file has ffn_gate (T5 v1.1, FLAN-T5),
+    else ReLU (the original T5). The head: output.weight where the file has one that is not the
+    embedding table's bytes; else the table, tied, its input scaled by d_model^-1/2 as Hugging
+    Face's tied T5 does (llama.cpp does not scale: its logits are sqrt(d_model) times these, the
+    same tokens). A relative-position table in every layer (UMT5) is refused."""
+    for name in m.tensors:
+        hit = re.fullmatch(r"(enc|dec)\.blk\.(\d+)\.(attn_rel_b|cross_attn_rel_b)\.weight", name)
+        if hit and (hit.group(2) != "0" or hit.group(3) == "cross_attn_rel_b"):
+            m.refuse(name, "a relative-position table in more than the first layer's self-attention (UMT5) is not "
+                     "expressible: specc's t5 has one table per stack")
+    heads, d_model = _heads(m), int(m.number("embedding_length"))
+    layers = int(m.number("block_count"))
+    tied = not m.has("output.weight") or _same_tensor(m, "output.weight", "token_embd.weight")
+    return {
+        "model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": d_model,
+        "num_layers": layers, "num_decoder_layers": int(m.number("decoder_block_count", layers)), "num_heads": heads,
+        "d_kv": int(m.number("attention.key_length", d_model // heads)), "d_ff": int(m.number("feed_forward_length")),
+        "layer_norm_epsilon": float(m.number("attention.layer_norm_rms_epsilon")),
+        "relative_attention_num_buckets": int(m.number("attention.relative_buckets_count")),
+        "relative_attention_max_distance": _T5_MAX_DISTANCE,
+        "feed_forward_proj": "gated-gelu" if m.has("enc.blk.0.ffn_gate.weight") else "relu",
+        "n_positions": int(m.number("context_length", 512)), "vocab_size": _rows(m, "token_embd.weight"),
+        "tie_word_embeddings": tied, "scale_decoder_outputs": tied,
+        "decoder_start_token_id": int(m.number("decoder_start_token_id")),
+        "pad_token_id": _token(m, "padding_token_id"), "eos_token_id": _token(m, "eos_token_id"),
+    }
+
+
+_BERT = {"attn_q": "attention.self.query", "attn_k": "attention.self.key", "attn_v": "attention.self.value",
+         "attn_output": "attention.output.dense", "attn_output_norm": "attention.output.LayerNorm",
+         "ffn_up": "intermediate.dense", "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm"}
+_BERT_TOP = {"token_embd": "embeddings.word_embeddings", "token_types": "embeddings.token_type_embeddings",
+             "position_embd": "embeddings.position_embeddings", "token_embd_norm": "embeddings.LayerNorm",
+             "cls": "pooler.dense", "cls.output": "classifier"}
+
+
+def _t5_layer(m: _Meta) -> Mapping[str, str]:
+    """A T5 block's sublayers (block.{i}.layer.N): self-attention, the decoder's cross-attention,
+    the feed-forward, whose up projection is wi_1 beside a gate wi_0, else wi."""
+    up = "wi_1" if m.has("enc.blk.0.ffn_gate.weight") else "wi"
+    table = {}
+    for stack, hf, ffn in (("enc", "encoder", 1), ("dec", "decoder", 2)):
+        block = f"{hf}.block.{{i}}.layer."
+        table.update({f"{stack}.attn_norm": block + "0.layer_norm", f"{stack}.attn_rel_b":
+                      block + "0.SelfAttention.relative_attention_bias",
+                      **{f"{stack}.attn_{p}": f"{block}0.SelfAttention.{p}" for p in "qkvo"},
+                      f"{stack}.ffn_norm": f"{block}{ffn}.layer_norm", f"{stack}.ffn_gate": f"{block}{ffn}.DenseReluDense.wi_0",
+                      f"{stack}.ffn_up": f"{block}{ffn}.DenseReluDense.{up}",
+                      f"{stack}.ffn_down": f"{block}{ffn}.DenseReluDense.wo"})
+    table.update({"dec.cross_attn_norm": "decoder.block.{i}.layer.1.layer_norm",
+                  **{f"dec.cross_attn_{p}": f"decoder.block.{{i}}.layer.1.EncDecAttention.{p}" for p in "qkvo"}})
+    return table
+
+
 # --- the converter's changes, undone -----------------------------------------------------------
 
 
@@ -409,16 +580,16 @@ ARCHITECTURES: dict[str, _Arch] = {
                    fix=_fix_llama),
     "qwen2": _Arch("qwen2", "Qwen2ForCausalLM", _llama("qwen2", "Qwen2ForCausalLM"), _LLAMA, _LLAMA_TOP),
     "qwen3": _Arch("qwen3", "Qwen3ForCausalLM", _llama("qwen3", "Qwen3ForCausalLM"), _LLAMA, _LLAMA_TOP),
-    "gemma": _Arch("gemma", "GemmaForCausalLM", _gemma, _LLAMA, _LLAMA_TOP, fix=_fix_gemma),
+    "gemma": _Arch("gemma", "GemmaForCausalLM", _gemma, _LLAMA, _LLAMA_TOP, fix=_fix_gemma, tokenizer=False),
     "gemma2": _Arch("gemma2", "Gemma2ForCausalLM", _gemma2, _SANDWICH, _LLAMA_TOP, fix=_fix_gemma),
     "gemma3": _Arch("gemma3_text", "Gemma3ForCausalLM", _gemma2, _SANDWICH, _LLAMA_TOP, fix=_fix_gemma),
     "phi3": _Arch("phi3", "Phi3ForCausalLM", _phi3, _PHI3, _LLAMA_TOP),
     "stablelm": _Arch("stablelm", "StableLmForCausalLM", _stablelm, _LLAMA, _LLAMA_TOP),
-    "olmo2": _Arch("olmo2", "Olmo2ForCausalLM", _olmo2, _OLMO2, _LLAMA_TOP),
+    "olmo2": _Arch("olmo2", "Olmo2ForCausalLM", _olmo2, _OLMO2, _LLAMA_TOP, tokenizer=False),
     "gptneox": _Arch("gpt_neox", "GPTNeoXForCausalLM", _gptneox,
                      {**_FUSED, "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense"},
                      {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm",
-                      "output": "embed_out"}, prefix="gpt_neox.layers.{i}.", fix=_fix_fused),
+                      "output": "embed_out"}, prefix="gpt_neox.layers.{i}.", fix=_fix_fused, tokenizer=False),
     "falcon": _Arch("falcon", "FalconForCausalLM", _falcon, _FUSED,
                     {"token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f",
                      "output": "lm_head"}, prefix="transformer.h.{i}.", fix=_fix_fused, variant=_falcon_layer),
@@ -433,20 +604,24 @@ ARCHITECTURES: dict[str, _Arch] = {
                   {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
                    "output_norm": "transformer.ln_f", "output": "lm_head"},
                   prefix="transformer.h.{i}.", fix=_fix_gpt2, transposed=_GPT2_CONV1D),
+    "bert": _Arch("bert", "BertModel", _bert, _BERT, _BERT_TOP, prefix="encoder.layer.{i}.", outputs=_bert_outputs,
+                  tokenizer=False),
+    "t5": _Arch("t5", "T5ForConditionalGeneration", _t5, {}, {
+        "token_embd": "shared", "output": "lm_head", "enc.output_norm": "encoder.final_layer_norm",
+        "dec.output_norm": "decoder.final_layer_norm"}, prefix="", variant=_t5_layer),
 }
 
 # architectures of families `import hf` reads whose GGUF form is not read
-_NOT_READ = {a: "GGUF import reads decoders; import the Hugging Face checkpoint with specc import hf"
-             for a in ("bert", "t5", "t5encoder")}
+_NOT_READ = {"t5encoder": "a T5 encoder alone (T5EncoderModel); specc's t5 family imports T5ForConditionalGeneration"}
 # tensors some converters write for rope scaling: refused by name rather than as "no place"
 _ROPE_FACTORS = {"rope_freqs.weight": "llama 3's rope scaling (per-frequency factors)",
                  "rope_factors_long.weight": "Phi-3's long-context rope scaling (longrope)",
                  "rope_factors_short.weight": "Phi-3's long-context rope scaling (longrope)"}
 
 
-def _config(reader, where: str) -> tuple[dict, _Arch, Mapping[str, str]]:
-    """The Hugging Face config of the file's model, its architecture's table, and the layer
-    names for this file."""
+def _config(reader, where: str) -> tuple[dict, _Arch, Mapping[str, str], list[dict]]:
+    """The Hugging Face config of the file's model, its architecture's table, the layer names for
+    this file, and the outputs its metadata adds."""
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         why = _NOT_READ.get(arch, "no specc family computes it")
@@ -460,19 +635,19 @@ def _config(reader, where: str) -> tuple[dict, _Arch, Mapping[str, str]]:
     if not m.has("token_embd.weight") or len(m.tensors["token_embd.weight"].shape) != 2:
         raise CheckpointError(f"{where}: no token_embd.weight tensor (a table of [d_model, vocab])")
     table = ARCHITECTURES[arch]
-    return table.config(m), table, table.variant(m) if table.variant else table.layer
+    return (table.config(m), table, table.variant(m) if table.variant else table.layer,
+            table.outputs(m) if table.outputs else [])
+
+
+# the config fields the families keep the context length in (GPT-2's and T5's n_positions,
+# BLOOM's seq_length): the carried tokenizer's model_max_length
+_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "seq_length")
 
 
 def _field(reader, key: str, default=None):
     """A metadata value as Python (a string, a number or a list), or DEFAULT when absent."""
     f = reader.fields.get(key)
     return default if f is None else f.contents()
-
-
-def tokenizer_metadata(reader) -> dict[str, Any]:
-    """The file's `tokenizer.*` fields (model, token list, scores, types, merges, special ids),
-    keys without the prefix: what a tokenizer writer needs; import_gguf does not carry them."""
-    return {k[len("tokenizer."):]: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
 
 class GGUFTensors(Mapping):
@@ -521,18 +696,20 @@ class GGUFTensors(Mapping):
 
 def _hf_name(arch: _Arch, layer: Mapping[str, str], name: str) -> tuple[str | None, str, str]:
     """(Hugging Face name, GGUF kind, weight/bias) of a GGUF tensor name; None where it has no place."""
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in layer:
-        return f"{arch.prefix.format(i=m.group(1))}{layer[m.group(2)]}.{m.group(3)}", m.group(2), m.group(3)
-    m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
+    m = re.fullmatch(r"((?:enc|dec)\.)?blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+    kind = m and (m.group(1) or "") + m.group(3)
+    if m and kind in layer:
+        return f"{(arch.prefix + layer[kind]).format(i=m.group(2))}.{m.group(4)}", kind, m.group(4)
+    m = re.fullmatch(r"(\w+(?:\.\w+)?)\.(weight|bias)", name)
     if m and m.group(1) in arch.top:
         return f"{arch.top[m.group(1)]}.{m.group(2)}", m.group(1), m.group(2)
     return None, "", ""
 
 
 def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: str | None = None,
-                force: bool = False) -> tuple[Path, Path]:
-    """Write OUT.yaml and OUT.safetensors for the GGUF file PATH; both or neither."""
+                force: bool = False, max_length: int | None = None, tokenizer: bool = True) -> tuple[Path, Path]:
+    """Write OUT.yaml and OUT.safetensors for the GGUF file PATH, and OUT.tokenizer/ from its
+    tokenizer metadata (unless tokenizer=False); all or none. max_length: as import_hf's."""
     try:
         from gguf import GGUFReader
     except ImportError:
@@ -546,9 +723,12 @@ def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: s
     except (ValueError, OSError, IndexError) as exc:
         raise CheckpointError(f"{path}: not a GGUF file gguf can read ({exc})") from None
     where = str(path)
-    config, arch, layer = _config(reader, where)
+    config, arch, layer, outputs = _config(reader, where)
     tensors = GGUFTensors(reader, config, arch, layer, where)
     stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "imported"
     label = path.name.replace("{", "{{").replace("}", "}}")  # write_import formats the description
+    context = next((config[k] for k in _CONTEXT_FIELDS if config.get(k) is not None), None)
+    carry = (lambda vocab: gguf_tokenizer(path, reader, vocab, context)) if tokenizer and arch.tokenizer else None
     return write_import(config, tensors, where, Path(out_spec), weights, name or stem,
-                        f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf")
+                        f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf",
+                        max_length=max_length, tokenizer=carry, outputs=outputs)

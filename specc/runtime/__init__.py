@@ -9,6 +9,8 @@ importing only those before it:
     cache     the KV cache: empty caches, CPU cache buffers, present.* -> past_key_values.*
     arrays    prompt padding, NPZ output
     generate  the decode loops (greedy, sampling, beam search) over a model's graphs
+    text      the build's tokenizer: texts encoded with its padding and mask, whole characters
+              streamed, chat templates rendered
     session   Session: a build directory opened, run(), generate()
     scheduler server-side generation: one cache block, one batched decode step for every sequence
     endpoint  the generate endpoint's fields, checked into a scheduler request

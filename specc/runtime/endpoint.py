@@ -42,44 +42,21 @@ import numpy as np
 from specc.fileio import NotARegularFile, read_bounded
 from specc.runtime.errors import RunError
 from specc.runtime.scheduler import GenerationRequest
+from specc.spec.triton import (
+    DEFAULT_MAX_TOKENS,
+    GENERATE_INPUTS,
+    GENERATE_OUTPUTS,
+    MAX_STOP_BYTES,
+    MAX_STOPS,
+    RESERVED_PARAMETERS,
+    Field,
+)
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's completions API and vLLM's default
 TOKENIZER_FILE = "tokenizer.json"  # at a build's root: Hugging Face tokenizers' file
 MAX_TOKENIZER_BYTES = 256 << 20
-MAX_STOPS = 16
-MAX_STOP_BYTES = 256
-
-
-@dataclass(frozen=True)
-class Field:
-    name: str
-    dtype: str  # numpy dtype name; "bytes" for Triton's BYTES
-    shape: tuple[int, ...]  # without a batch dim; -1 any length
-    kind: str  # how a value is read: ids | int | float | text | texts | bool
-
-
-INPUTS = (
-    Field("text_input", "bytes", (1,), "text"),
-    Field("input_ids", "int64", (-1,), "ids"),
-    Field("max_tokens", "int64", (1,), "int"),
-    Field("temperature", "float32", (1,), "float"),
-    Field("top_k", "int64", (1,), "int"),
-    Field("top_p", "float32", (1,), "float"),
-    Field("seed", "int64", (1,), "int"),
-    Field("stop", "bytes", (-1,), "texts"),
-    Field("eos", "int64", (1,), "int"),
-    Field("stream", "bool", (1,), "bool"),
-)
-OUTPUTS = (
-    Field("text_output", "bytes", (1,), "text"),
-    Field("output_ids", "int64", (-1,), "ids"),
-    Field("finish_reason", "bytes", (1,), "text"),
-    Field("prompt_tokens", "int32", (1,), "int"),
-    Field("completion_tokens", "int32", (1,), "int"),
-)
+INPUTS, OUTPUTS = GENERATE_INPUTS, GENERATE_OUTPUTS  # the table, shared with --target triton's model
 NAMES = tuple(f.name for f in INPUTS)
-# parameters Triton itself may put on a request (its parameters extension reserves them)
-RESERVED = ("sequence_id", "priority", "timeout", "sequence_start", "sequence_end", "headers")
+RESERVED = RESERVED_PARAMETERS
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from specc.runtime.errors import RunError
 from specc.runtime.generate import Model, lm_output, sample
 from specc.runtime.graph import Graph
 from specc.runtime.inputs import check_generation
+from specc.spec import triton as rule
 from specc.spec.io import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -89,11 +90,12 @@ class GenerationLimits:
         """The build's serving.generation, each value replaced by the argument given (`specc serve`'s
         flags); RunError naming the flag for a value the build cannot take."""
         g = info.generation
-        sequences = next(v for v in (max_sequences, g.max_sequences, info.batch.max) if v is not None)
+        sequences, tokens = rule.generation_limits(
+            info.batch.max, info.length.max, max_sequences if max_sequences is not None else g.max_sequences,
+            max_cache_tokens if max_cache_tokens is not None else g.max_cache_tokens)
         if not 1 <= sequences <= info.batch.max:
             raise RunError(f"--max-sequences {sequences}: the graphs take 1..serving.batch.max "
                            f"{info.batch.max} rows")
-        tokens = next(v for v in (max_cache_tokens, g.max_cache_tokens, sequences * info.length.max) if v is not None)
         if tokens < 1:
             raise RunError(f"--max-cache-tokens {tokens}: must be at least 1")
         waiting = next(v for v in (max_waiting, g.max_waiting) if v is not None)

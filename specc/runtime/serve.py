@@ -494,7 +494,7 @@ def _generate_fn(scheduler: Scheduler, codec: TextCodec | None, cancels: Cancels
 
 def serves_generation(info) -> bool:
     """Whether `specc serve` adds the generation model: a decoder build with an lm output."""
-    return info.architecture == "decoder" and info.lm_output is not None
+    return rule.generates(info.architecture, info.lm_output)
 
 
 def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DEFAULT_HTTP_PORT,

@@ -6,6 +6,8 @@ Session needs.
     s.provider                       # the execution provider that really runs the graphs
     s.run(input_ids=[[1, 2, 3]])     # {"logits": array, "present.0.key": array, ...}
     s.generate([1, 2, 3], max_new_tokens=8).ids
+    s.run(**s.encode(["some text"]))  # with the tokenizer the build carries (s.tokenizer)
+    s.generate(s.prompts(["Hi"], chat=True), max_new_tokens=8)
 
 The manifest is read once into a BuildInfo (specc/spec/manifest.py): the graphs and their IO
 signatures, and the facts the resolver decided (token ids, learned-position limit, lm output).
@@ -24,6 +26,7 @@ from specc.runtime.errors import RunError
 from specc.runtime.generate import Generated, generate
 from specc.runtime.graph import Graph, choose_providers, session_options
 from specc.runtime.inputs import DECODER_INPUT_IDS, Limits, check_feeds
+from specc.runtime.text import Tokenizer
 from specc.spec import manifest as spec_manifest
 from specc.spec.io import (
     ATTENTION_MASK,
@@ -36,7 +39,7 @@ from specc.spec.io import (
     positions_from_mask,
     present_to_past,
 )
-from specc.spec.manifest import MANIFEST, BuildInfo
+from specc.spec.manifest import MANIFEST, TOKENIZER_FILES, TOKENIZER_JSON, BuildInfo
 
 ENCODER_OUTPUT = "encoder_last_hidden_state"  # run()'s name for the encoder's last_hidden_state
 
@@ -62,9 +65,19 @@ def check_graph_files(build_dir: Path, manifest: dict, info: BuildInfo) -> None:
     """The graphs a session runs (and their external data) must be the files the build verified:
     each listed among the manifest's artifacts with the sha256 it has now. RunError otherwise,
     naming the file: a graph changed after its verification is refused, never run."""
-    listed = {a["path"]: a["sha256"] for a in manifest["artifacts"]}
     files = [g.file for g in info.graphs.values()]
-    files += [f"{f}.data" for f in files if f"{f}.data" in listed or (build_dir / f"{f}.data").exists()]
+    files += [f"{f}.data" for f in files if f"{f}.data" in manifest_paths(manifest) or (build_dir / f"{f}.data").exists()]
+    check_files(build_dir, manifest, files)
+
+
+def manifest_paths(manifest: dict) -> set[str]:
+    return {a["path"] for a in manifest["artifacts"]}
+
+
+def check_files(build_dir: Path, manifest: dict, files: list[str]) -> None:
+    """Each of `files` (paths in the build) listed among the manifest's artifacts with the sha256
+    it has now; RunError naming the first that is not."""
+    listed = {a["path"]: a["sha256"] for a in manifest["artifacts"]}
     for f in files:
         if f not in listed:
             raise RunError(f"{build_dir / MANIFEST}: {f} is not among the build's artifacts; rebuild it")
@@ -104,6 +117,8 @@ class Session:
         first = next(iter(self.graphs.values()))
         self.provider = first.provider  # what really runs (onnxruntime falls back silently)
         self.providers = first.session.get_providers()
+        self._check_hashes = check_hashes
+        self._tokenizer: Tokenizer | None = None
 
     # --- facts -----------------------------------------------------------------------------
 
@@ -116,6 +131,48 @@ class Session:
     def output_names(self) -> list[str]:
         """The main graph's outputs, the KV cache apart."""
         return [n for n in self.graphs[self.info.main_graph.name].outputs if not is_present(n)]
+
+    # --- text ------------------------------------------------------------------------------
+
+    @property
+    def has_tokenizer(self) -> bool:
+        """Whether the build carries a tokenizer (a tokenizer.json among its artifacts)."""
+        return TOKENIZER_JSON in manifest_paths(self.manifest)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer the build carries (specc/runtime/text.py), its files checked against the
+        manifest's sha256 first (unless check_hashes=False); RunError where it carries none."""
+        if self._tokenizer is None:
+            if not self.has_tokenizer:
+                raise RunError(f"{self.dir}: the build carries no tokenizer (its spec has no tokenizer:); "
+                               "give one (--tokenizer FILE, or specc.runtime.text.Tokenizer.load(FILE))")
+            if self._check_hashes:  # every file of the tokenizer that is there (one added since is refused too)
+                listed = manifest_paths(self.manifest)
+                check_files(self.dir, self.manifest, [f for f in TOKENIZER_FILES if f in listed or (self.dir / f).exists()])
+            self._tokenizer = Tokenizer.load(self.dir / TOKENIZER_JSON)
+        return self._tokenizer
+
+    def encode(self, texts: Sequence[str], tokenizer: Tokenizer | None = None) -> dict[str, np.ndarray]:
+        """Named inputs for run() from texts: `tokenizer` (default: the build's) with its own
+        truncation and padding, and its attention mask; rows it leaves unequal padded as --ids rows
+        are (the build's pad id; on the left for a decoder)."""
+        tok = tokenizer or self.tokenizer
+        feeds = tok.feeds(texts, pad_id=self.info.pad_id, left=self.architecture == "decoder")
+        out = {INPUT_IDS: feeds.input_ids, ATTENTION_MASK: feeds.attention_mask}
+        main = self.graphs["encoder" if self.architecture == "encoder-decoder" else "model"]
+        if TOKEN_TYPE_IDS in main.inputs:
+            out[TOKEN_TYPE_IDS] = feeds.token_type_ids
+        return out
+
+    def prompts(self, texts: Sequence[str], *, chat: bool = False, tokenizer: Tokenizer | None = None) -> list[list[int]]:
+        """Prompt ids for generate() from texts (`tokenizer`, default: the build's). chat: each
+        text is a user's message, rendered with the tokenizer's chat template (and a generation
+        prompt) before it is encoded, without special tokens added again."""
+        tok = tokenizer or self.tokenizer
+        if chat:
+            return tok.prompts([tok.chat([{"role": "user", "content": t}]) for t in texts], add_special_tokens=False)
+        return tok.prompts(texts)
 
     # --- run -------------------------------------------------------------------------------
 

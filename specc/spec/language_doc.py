@@ -175,7 +175,11 @@ NOTES = {
     "ModelSpec": "The top level of a spec file. `architecture` decides which stacks exist: `encoder`, "
                  "`decoder`, or both for `encoder-decoder`. `outputs: null` means an lm head "
                  "for anything with a decoder, the last hidden state for encoders. `weights` is a `.safetensors` file, relative "
-                 "to the spec's file.",
+                 "to the spec's file. `tokenizer` is a folder, relative to the spec's file, holding a Hugging Face "
+                 "tokenizer: `tokenizer.json` (required), and where there are `tokenizer_config.json`, "
+                 "`special_tokens_map.json` and `chat_template.jinja`; `specc build` copies them into the build "
+                 "folder's root under those names, and `specc run` / `specc generate` read them for `--text` and "
+                 "`--chat`. `specc import` writes it beside the spec (`NAME.tokenizer`).",
     "VocabSpec": "`tie_output` defaults to tying the lm / mlm head to the embeddings wherever one "
                  "exists; written as `true` without such an output it is an error. `target_size` is the "
                  "target vocabulary of an encoder-decoder.",

@@ -19,6 +19,7 @@ from specc.spec.schema import ModelSpec
 from specc.spec.yamlio import MAX_SPEC_BYTES, Located, parse_yaml
 
 MAX_EXTENDS_DEPTH = 16
+FILE_KEYS = ("weights", "tokenizer")  # top-level keys naming a path relative to the file that sets them
 
 
 # --- the catalog ----------------------------------------------------------------------------
@@ -110,16 +111,17 @@ def _load_located(
     path: Path, shown: str, chain: tuple[Path, ...], text: str | None = None
 ) -> tuple[Located, dict[str, Path]]:
     """Parse ``path`` (or ``text``, as if it were that file) and everything it extends. Returns the
-    merged data and the directory that the effective `weights:` path is relative to."""
+    merged data and, for each of the keys naming a file (FILE_KEYS: `weights:`, `tokenizer:`), the
+    directory of the file that set it, which its path is relative to."""
     real = path.resolve()
     if len(chain) >= MAX_EXTENDS_DEPTH:
         raise SpecError(Issue(f"chain longer than {MAX_EXTENDS_DEPTH} files", file=shown, key="extends"))
     located = parse_yaml(_read(path, shown) if text is None else text, shown)
     data = located.data
-    weights_dir = {"dir": real.parent} if data.get("weights") is not None else {}
+    dirs = {key: real.parent for key in FILE_KEYS if data.get(key) is not None}
     ref = data.get("extends")
     if ref is None:
-        return located, weights_dir
+        return located, dirs
     _, line, col = located.values[("extends",)]
     if not isinstance(ref, str) or not ref:
         raise SpecError(Issue("must be a catalog name or a relative path", "extends", shown, line, col))
@@ -138,11 +140,11 @@ def _load_located(
         names = " -> ".join(p.name for p in chain + (real, parent_path.resolve()))
         raise SpecError(Issue(f"cycle {names}", "extends", shown, line, col))
     try:
-        parent, parent_weights = _load_located(parent_path, parent_shown, chain + (real,))
+        parent, parent_dirs = _load_located(parent_path, parent_shown, chain + (real,))
     except SpecError as exc:
         via = f" (extended by {shown}:{line})"
         raise SpecError([Issue(i.message + via, i.key, i.file, i.line, i.column) for i in exc.issues]) from None
-    return _merge(parent, located), weights_dir or parent_weights
+    return _merge(parent, located), {**parent_dirs, **dirs}
 
 
 # --- pydantic errors to located issues ------------------------------------------------------
@@ -307,7 +309,7 @@ def load_spec(ref: str | os.PathLike) -> ModelSpec:
     """Load and validate a spec file (or a catalog name). Raises SpecError listing every issue."""
     path = find_spec(ref)
     shown = str(ref) if Path(ref).is_file() else str(path)
-    located, weights_dir = _load_located(path, shown, ())
+    located, dirs = _load_located(path, shown, ())
     try:
         spec = validate_data(located)
     except SpecError as exc:
@@ -317,17 +319,24 @@ def load_spec(ref: str | os.PathLike) -> ModelSpec:
             for i in exc.issues
         ]) from None
     spec._path = str(path.resolve())
-    if spec.weights is not None:
-        spec._weights_path = str((Path(weights_dir["dir"]) / spec.weights).resolve())
+    _file_paths(spec, dirs, path.resolve().parent)
     return spec
 
 
 def loads_spec(text: str, file: str = "<string>", base_dir: str | os.PathLike | None = None) -> ModelSpec:
-    """Load a spec from YAML text. ``extends:`` paths and ``weights:`` resolve against base_dir
-    (default: the current directory)."""
+    """Load a spec from YAML text. ``extends:`` paths, ``weights:`` and ``tokenizer:`` resolve
+    against base_dir (default: the current directory)."""
     base = Path(base_dir or ".").resolve()
-    located, weights_dir = _load_located(base / (file.strip("<>") or "string"), file, (), text=text)
+    located, dirs = _load_located(base / (file.strip("<>") or "string"), file, (), text=text)
     spec = validate_data(located)
-    if spec.weights is not None:
-        spec._weights_path = str((Path(weights_dir.get("dir", base)) / spec.weights).resolve())
+    _file_paths(spec, dirs, base)
     return spec
+
+
+def _file_paths(spec: ModelSpec, dirs: dict[str, Path], base: Path) -> None:
+    """The absolute paths of the spec's `weights:` and `tokenizer:`, each taken relative to the
+    file that set it (`dirs`, from _load_located), else to `base`."""
+    if spec.weights is not None:
+        spec._weights_path = str((Path(dirs.get("weights", base)) / spec.weights).resolve())
+    if spec.tokenizer is not None:
+        spec._tokenizer_path = str((Path(dirs.get("tokenizer", base)) / spec.tokenizer).resolve())

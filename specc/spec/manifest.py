@@ -16,6 +16,15 @@ from typing import Any, Mapping
 
 MANIFEST = "manifest.json"
 WEIGHTS_FILE = "model.safetensors"  # every build folder holds its weights under this name
+# A Hugging Face tokenizer's files, under the names a spec's `tokenizer:` folder holds them and a build
+# folder's root has them (copied by the build, hashed among its artifacts): the tokenizer itself
+# (tokenizers' serialization, required), its settings (special tokens, padding side, model_max_length,
+# an inline chat template), the older special-tokens file, and a chat template in a file of its own.
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE = "chat_template.jinja"
+TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, "special_tokens_map.json", CHAT_TEMPLATE)
+MAX_TOKENIZER_BYTES = 256 << 20  # one such file; a tokenizer.json of the largest vocabularies is tens of MB
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists graphs and hashes; a larger file is not one
 
@@ -115,6 +124,10 @@ class Tokens:
     pad: int | None = None
     decoder_start: int | None = None
 
+    def pad_for(self, eos: int | None) -> int:
+        """The padding id when `eos` ends a row: pad, else `eos`, else 0."""
+        return next(t for t in (self.pad, eos, 0) if t is not None)
+
 
 @dataclass(frozen=True)
 class Output:
@@ -155,7 +168,7 @@ class BuildInfo:
 
     def pad_for(self, eos: int | None) -> int:
         """The padding id when `eos` ends a row: tokens.pad, else `eos`, else 0."""
-        return next(t for t in (self.tokens.pad, eos, 0) if t is not None)
+        return self.tokens.pad_for(eos)
 
     @property
     def pad_id(self) -> int:

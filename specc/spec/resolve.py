@@ -137,6 +137,7 @@ class ResolvedSpec(Frozen):
     spec: ModelSpec  # explicit: every default written out, derived dims filled in
     source: str | None = None
     weights_path: str | None = None
+    tokenizer_path: str | None = None  # the spec's tokenizer: folder, absolute
     encoder: ResolvedStack | None
     decoder: ResolvedStack | None
     outputs: tuple[OutputSpec, ...]
@@ -299,7 +300,7 @@ def explicit(spec: ModelSpec) -> ModelSpec:
     update["vocab"] = spec.vocab.model_copy(update={"tie_output": effective_tie(spec)})
     data = spec.model_copy(update=update).model_dump(by_alias=True, mode="json")
     out = ModelSpec.model_validate(data)
-    out._path, out._weights_path = spec.path, spec.weights_path
+    out._path, out._weights_path, out._tokenizer_path = spec.path, spec.weights_path, spec.tokenizer_path
     return out
 
 
@@ -404,6 +405,7 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         spec=full,
         source=spec.path,
         weights_path=spec.weights_path,
+        tokenizer_path=spec.tokenizer_path,
         encoder=built.get("encoder"),
         decoder=built.get("decoder"),
         outputs=outputs,

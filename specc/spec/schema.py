@@ -455,11 +455,13 @@ class ModelSpec(Node):
     outputs: list[OutputSpec] | None = None
     tokens: TokensSpec = TokensSpec()
     weights: str | None = None
+    tokenizer: str | None = None
     serving: ServingSpec = ServingSpec()
 
     # Where the spec came from (set by the loader; not part of the language).
     _path: str | None = PrivateAttr(default=None)
     _weights_path: str | None = PrivateAttr(default=None)
+    _tokenizer_path: str | None = PrivateAttr(default=None)
 
     @field_validator("position", mode="before")
     @classmethod
@@ -505,3 +507,8 @@ class ModelSpec(Node):
     def weights_path(self) -> str | None:
         """The weights file as an absolute path, relative paths taken from the file that named it."""
         return self._weights_path
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        """The tokenizer folder as an absolute path, relative paths taken from the file that named it."""
+        return self._tokenizer_path

@@ -1,4 +1,5 @@
-"""How specc's graphs become Triton models: their names, their dims and their dynamic batching.
+"""How specc's graphs become Triton models: their names, their dims and their dynamic batching,
+and the generate endpoint's fields.
 
 One rule for both Triton routes: `specc build --target triton` (specc/export/triton.py writes it
 into config.pbtxt) and `specc serve` (specc/runtime/serve.py hands it to PyTriton), so a client
@@ -57,3 +58,60 @@ def model_dims(dims: Iterable[int | str]) -> tuple[int, ...] | None:
     if not dims or dims[0] != BATCH:
         return None
     return tuple(d if isinstance(d, int) else -1 for d in dims[1:])
+
+
+def generates(architecture: str, lm_output: str | None) -> bool:
+    """Whether a build gets a generation model (named after the spec; its graph then NAME_model):
+    a decoder with an lm output. An encoder-decoder's decoder graph takes no mask for its own
+    cache, so sequences that started at different times cannot share its step."""
+    return architecture == "decoder" and lm_output is not None
+
+
+def generation_limits(batch_max: int, length_max: int, max_sequences: int | None,
+                      max_cache_tokens: int | None) -> tuple[int, int]:
+    """serving.generation's (max_sequences, max_cache_tokens) with their defaults filled in:
+    max_sequences serving.batch.max, max_cache_tokens max_sequences x serving.length.max."""
+    sequences = max_sequences if max_sequences is not None else batch_max
+    return sequences, max_cache_tokens if max_cache_tokens is not None else sequences * length_max
+
+
+# --- the generate endpoint's fields --------------------------------------------------------------
+# One table for `specc serve`'s generation model (specc/runtime/endpoint.py reads requests with it)
+# and the generation model of `--target triton` (its config.pbtxt, and the facts its model.py reads).
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's completions API and vLLM's default
+MAX_STOPS = 16  # stop strings in one request
+MAX_STOP_BYTES = 256  # the longest stop string, in UTF-8 bytes
+# parameters Triton itself may put on a request (its parameters extension reserves them)
+RESERVED_PARAMETERS = ("sequence_id", "priority", "timeout", "sequence_start", "sequence_end", "headers")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One input or output of the generate endpoint."""
+
+    name: str
+    dtype: str  # numpy dtype name; "bytes" for Triton's BYTES
+    shape: tuple[int, ...]  # without a batch dim; -1 any length
+    kind: str  # how a value is read: ids | int | float | text | texts | bool
+
+
+GENERATE_INPUTS = (
+    Field("text_input", "bytes", (1,), "text"),
+    Field("input_ids", "int64", (-1,), "ids"),
+    Field("max_tokens", "int64", (1,), "int"),
+    Field("temperature", "float32", (1,), "float"),
+    Field("top_k", "int64", (1,), "int"),
+    Field("top_p", "float32", (1,), "float"),
+    Field("seed", "int64", (1,), "int"),
+    Field("stop", "bytes", (-1,), "texts"),
+    Field("eos", "int64", (1,), "int"),
+    Field("stream", "bool", (1,), "bool"),
+)
+GENERATE_OUTPUTS = (
+    Field("text_output", "bytes", (1,), "text"),
+    Field("output_ids", "int64", (-1,), "ids"),
+    Field("finish_reason", "bytes", (1,), "text"),
+    Field("prompt_tokens", "int32", (1,), "int"),
+    Field("completion_tokens", "int32", (1,), "int"),
+)

@@ -88,9 +88,11 @@ def _check_artifacts(result) -> None:
         assert p.is_file(), a
         assert p.stat().st_size == a["bytes"], a
         assert _sha256(p) == a["sha256"], a
-    # every graph file and the weights are listed, and nothing unlisted was written besides the manifest
+    # every graph file and every client's file are listed (no second copy of the weights by
+    # default), and nothing unlisted was written besides the manifest
     assert {g["file"] for g in result.manifest["graphs"].values()} <= listed
-    assert "model.safetensors" in listed
+    clients = {f for c in result.manifest.get("clients", {}).values() for f in c.get("files", [])}
+    assert clients <= listed and ("model.safetensors" in listed) == result.manifest["options"]["keep_weights"]
     on_disk = {p.relative_to(result.out_dir).as_posix() for p in result.out_dir.rglob("*") if p.is_file()}
     assert on_disk == listed | {"manifest.json"}
 

@@ -43,9 +43,10 @@ def _matmul_nbits(p: q.Packed, k: int, n: int, scheme: q.Scheme, accuracy_level:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    inits = [numpy_helper.from_array(p.codes, "B"), numpy_helper.from_array(p.scales, "S"),
-             numpy_helper.from_array(p.zero_points, "Z")]
-    node = helper.make_node("MatMulNBits", ["X", "B", "S", "Z"], ["Y"], domain="com.microsoft", K=k, N=n,
+    inits = [numpy_helper.from_array(p.codes, "B"), numpy_helper.from_array(p.scales, "S")]
+    if p.zero_points is not None:
+        inits.append(numpy_helper.from_array(p.zero_points, "Z"))
+    node = helper.make_node("MatMulNBits", ["X", *(t.name for t in inits)], ["Y"], domain="com.microsoft", K=k, N=n,
                             bits=scheme.bits, block_size=scheme.block, accuracy_level=accuracy_level)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["M", k])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], inits)
@@ -57,22 +58,47 @@ def _matmul_nbits(p: q.Packed, k: int, n: int, scheme: q.Scheme, accuracy_level:
 @pytest.mark.parametrize("k", [64, 100, 33])
 def test_packing_is_the_layout_onnxruntime_reads(precision, k):
     """onnxruntime's MatMulNBits (at accuracy level 0: fp32 arithmetic) multiplies by exactly the
-    weight unpack() says the codes hold, and that weight is within half a step of the original."""
+    weight unpack() says the codes hold, and that weight is within half a step of the original
+    (int4's symmetric form: a step, for weights at the far end from the block's extreme, which
+    clamp to the top code as Q4_0's do)."""
     scheme = q.SCHEMES[precision]
     rng = np.random.default_rng(k)
     w = rng.standard_normal((k, 24)).astype(np.float32)
     p = q.pack(w, scheme)
+    assert (p.zero_points is None) == (precision == "int4")
     deq = q.unpack(p, scheme, k)
-    step = np.repeat(p.scales.reshape(24, -1), scheme.block, axis=1)[:, :k].T
-    assert np.all(np.abs(deq - w) <= step / 2 + 1e-6)
+    step = np.abs(np.repeat(p.scales.reshape(24, -1), scheme.block, axis=1)[:, :k].T)
+    assert np.all(np.abs(deq - w) <= step * (0.5 if scheme.zero_points else 1.0) + 1e-6)
+    if not scheme.zero_points:  # only the clamped ones are past half a step: opposite the extreme, the scale's sign
+        far = np.abs(deq - w) > step / 2 + 1e-6
+        assert np.all(np.sign(w[far]) == np.sign(np.repeat(p.scales.reshape(24, -1), scheme.block, axis=1)[:, :k].T[far]))
     x = rng.standard_normal((3, k)).astype(np.float32)
     y = _matmul_nbits(p, k, 24, scheme, accuracy_level=0).run(None, {"X": x})[0]
     np.testing.assert_allclose(y, x @ deq, rtol=1e-5, atol=1e-4)
 
 
+def test_int4_symmetric_form_is_llama_cpp_q4_0():
+    """int4's symmetric form rounds as llama.cpp's Q4_0 does (the reference: the gguf package's
+    own Q4_0 quantizer, a port of llama.cpp's): the same codes, and the same weights up to Q4_0's
+    fp16 scale (specc keeps the scale in fp32)."""
+    from gguf import GGMLQuantizationType, quants
+
+    scheme = q.SCHEMES["int4"]
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((256, 48)).astype(np.float32)  # [K, N]: 8 blocks down each column
+    ours = q.unpack(q.pack(w, scheme), scheme, 256)
+    rows = np.ascontiguousarray(w.T)  # llama.cpp quantizes each row of a [N, K] tensor in blocks of 32
+    theirs = quants.dequantize(quants.quantize(rows, GGMLQuantizationType.Q4_0), GGMLQuantizationType.Q4_0).T
+    d = np.repeat(np.abs(q.pack(w, scheme).scales).reshape(48, -1), 32, axis=1).T
+    codes_ours, codes_theirs = np.round(ours / d), np.round(theirs / d)
+    assert np.mean(codes_ours == codes_theirs) > 0.999
+    same = codes_ours == codes_theirs
+    np.testing.assert_allclose(ours[same], theirs[same], rtol=2e-3, atol=1e-6)  # fp16's 11-bit scale
+
+
 def test_offset_form_is_exact_on_a_q4_1_grid_and_chosen_only_there():
     """Weights that sit on Q4_1's grid (4-bit codes from a float minimum per block of 32) come back
-    exactly in the offset form; gaussian weights keep the integer form, which is as good there."""
+    exactly in the offset form; gaussian weights keep the symmetric form, about as good there."""
     scheme = q.SCHEMES["int4"]
     rng = np.random.default_rng(0)
     d = rng.uniform(0.01, 0.1, size=(4, 16)).astype(np.float32)
@@ -148,6 +174,10 @@ def test_int4_is_weight_only_matmulnbits_and_generates(builds, spec):
     ops = _ops(res.out_dir / "model.onnx")
     assert ops.get("MatMulNBits", 0) >= 1, ops
     assert "MatMulInteger" not in ops
+    # no zero points: onnxruntime's symmetric path (docs/benchmarks_int4_layout.md)
+    nodes = [n for n in onnx.load(str(res.out_dir / "model.onnx"), load_external_data=False).graph.node
+             if n.op_type == "MatMulNBits"]
+    assert all(len(n.input) == 3 for n in nodes)
     out = Session(res.out_dir).generate([1, 2, 3], max_new_tokens=4)
     assert len(out.new_ids[0]) == 4
 

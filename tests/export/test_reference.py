@@ -183,10 +183,10 @@ def test_the_child_dies_with_the_build_process(tmp_path):
 
 def test_a_build_with_the_forked_run_is_the_same_build(tmp_path, monkeypatch):
     monkeypatch.setenv(ref.ENV, "inline")
-    inline = specc.build("tiny-gpt2", tmp_path / "inline")
+    inline = specc.build("tiny-gpt2", tmp_path / "inline", keep_weights=True)  # model.safetensors compared too
     events = []
     monkeypatch.setenv(ref.ENV, "fork")
-    forked = specc.build("tiny-gpt2", tmp_path / "forked", progress=lambda s, e, f: events.append((s, e, dict(f))))
+    forked = specc.build("tiny-gpt2", tmp_path / "forked", keep_weights=True, progress=lambda s, e, f: events.append((s, e, dict(f))))
     assert [a["sha256"] for a in forked.manifest["artifacts"]] == [a["sha256"] for a in inline.manifest["artifacts"]]
     verify = next(f for s, e, f in events if (s, e) == ("verify", "done"))
     assert verify["reference_s"] > 0

@@ -40,9 +40,11 @@ def _hashes(out) -> dict[str, str]:
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "int4"])
 def test_streamed_and_in_memory_builds_write_the_same_bytes(tmp_path, precision):
     spec = _deep()
-    whole = specc.build(spec, tmp_path / "whole", precision=precision, stream=False)
-    streamed = specc.build(spec, tmp_path / "streamed", precision=precision, stream=True)
+    # model.safetensors kept: its streamed writer (a tensor at a time) is compared too
+    whole = specc.build(spec, tmp_path / "whole", precision=precision, stream=False, keep_weights=True)
+    streamed = specc.build(spec, tmp_path / "streamed", precision=precision, stream=True, keep_weights=True)
     assert _hashes(tmp_path / "whole") == _hashes(tmp_path / "streamed")
+    assert "model.safetensors" in _hashes(tmp_path / "streamed")
     assert streamed.verification["streamed"]["longest"] == 128
     assert "streamed" not in whole.verification
     # and the same verification figures, case for case (a streamed build caps only cases past 128 tokens)
@@ -72,7 +74,7 @@ def test_external_data_is_written_once_per_weight_and_page_aligned(tmp_path, mon
 
 def test_a_streamed_build_from_a_weights_file_matches_the_in_memory_one(tmp_path):
     spec = _deep()
-    first = specc.build(spec, tmp_path / "seeded", seed=3, stream=False)
+    first = specc.build(spec, tmp_path / "seeded", seed=3, stream=False, keep_weights=True)
     weights = first.out_dir / "model.safetensors"
     specc.build(spec, tmp_path / "whole", weights=weights, stream=False, precision="int4")
     specc.build(spec, tmp_path / "streamed", weights=weights, stream=True, precision="int4")
@@ -192,7 +194,7 @@ def test_a_sharded_weights_file_builds_what_the_single_file_does(tmp_path):
     """--weights NAME.safetensors.index.json: the same graphs as the single file, streamed and
     not; each shard is hashed into the build's inputs, so a changed shard is a new build."""
     spec = _deep()
-    weights = specc.build(spec, tmp_path / "seeded", seed=3, stream=False).out_dir / "model.safetensors"
+    weights = specc.build(spec, tmp_path / "seeded", seed=3, stream=False, keep_weights=True).out_dir / "model.safetensors"
     (tmp_path / "sharded").mkdir()
     index = _shard(weights, tmp_path / "sharded")
     single = specc.build(spec, tmp_path / "single", weights=weights, stream=False)
@@ -219,7 +221,7 @@ def test_a_sharded_weights_file_whose_shards_disagree_with_its_index_is_refused(
     from specc.weights.io import ShardedSafetensors
 
     spec = _deep()
-    weights = specc.build(spec, tmp_path / "seeded", stream=False).out_dir / "model.safetensors"
+    weights = specc.build(spec, tmp_path / "seeded", stream=False, keep_weights=True).out_dir / "model.safetensors"
     index = _shard(weights, tmp_path)
     data = json.loads(index.read_text())
     moved = sorted(data["weight_map"])[0]

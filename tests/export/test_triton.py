@@ -55,7 +55,10 @@ def test_config_matches_onnx_graph(repos, name):
     repo = repos[name]
     r = resolve(load_spec(name))
     names = triton.model_names(r)
-    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == sorted(names.values())
+    generation = [name] if triton.generates(r) else []  # a decoder's generation model (test_triton_generate.py)
+    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == sorted([*names.values(), *generation])
+    assert names == ({"model": f"{name}_model"} if name == "tiny-gpt2" else {"encoder": f"{name}_encoder",
+                                                                             "decoder": f"{name}_decoder"})
     manifest = json.loads((repo / "manifest.json").read_text())
     for sig in r.graphs:
         model_dir = repo / names[sig.name]
@@ -86,8 +89,8 @@ def test_decoder_repo_decodes_with_explicit_cache(repos):
     import onnxruntime as ort
 
     repo = repos["tiny-gpt2"]
-    cfg = _config(repo / "tiny-gpt2" / "config.pbtxt")
-    sess = ort.InferenceSession(str(repo / "tiny-gpt2" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    cfg = _config(repo / "tiny-gpt2_model" / "config.pbtxt")
+    sess = ort.InferenceSession(str(repo / "tiny-gpt2_model" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 100, size=(2, 6), dtype=np.int64)
     pasts = [i for i in cfg.input if i.name.startswith("past_key_values.")]

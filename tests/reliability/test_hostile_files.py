@@ -200,6 +200,6 @@ def test_a_directory_as_weights(tmp_path):
 def test_the_good_file_builds(good, tmp_path):
     # the control for all of the above
     out = tmp_path / "out"
-    result = cli("build", SPEC, "-o", str(out), "--weights", str(good[0]))
+    result = cli("build", SPEC, "-o", str(out), "--weights", str(good[0]), "--keep-weights")
     assert result.exit_code == 0, result.output
     assert torch.equal(load_file(str(out / "model.safetensors"))[sorted(good[1])[0]], good[1][sorted(good[1])[0]])

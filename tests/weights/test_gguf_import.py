@@ -1,9 +1,12 @@
 """`specc import gguf`: small random-weight models of every architecture specc reads from GGUF,
 written as llama.cpp's converter writes them (tests/ggufwrite.py: its names, metadata and tensor
 changes; fp32 or Q8_0 blocks), imported, built and run in onnxruntime. An fp32 file gives the
-Hugging Face model's logits within 1e-4 and its greedy tokens; where transformers' own GGUF
-loading reads the architecture, the same file loaded by transformers gives the same logits and
-tokens too (for a Q8_0 file, that is the reference: the blocks are not the model's weights)."""
+Hugging Face model's logits (BERT: its last hidden state, pooled embedding or classifier logits)
+within 1e-4 and its greedy tokens; where transformers' own GGUF loading reads the architecture,
+the same file loaded by transformers gives the same logits and tokens too (for a Q8_0 file, that
+is the reference: the blocks are not the model's weights; for a BERT Q8_0 file, which
+transformers does not read, the Hugging Face model with its weights put through gguf's own Q8_0
+round trip is)."""
 from __future__ import annotations
 
 import sys
@@ -15,7 +18,7 @@ import torch
 
 import specc
 from specc.cli import main as cli
-from specc.importers.gguf import import_gguf, tokenizer_metadata
+from specc.importers.gguf import import_gguf
 from specc.importers.hf import CheckpointError
 from specc.runtime import Session
 
@@ -90,8 +93,16 @@ RUNS = [(label, "F32") for label in CASES] + [("llama", "Q8_0"), ("gemma2", "Q8_
 
 def hf_model(label: str):
     model_cls, cfg_cls, kwargs, draws, _ = CASES[label]
-    torch.manual_seed(SEEDS.get(label, 0))
+    return _drawn(model_cls, cfg_cls, kwargs, draws, SEEDS.get(label, 0))
+
+
+def _drawn(model_cls: str, cfg_cls: str, kwargs: dict, draws, seed: int, untie: bool = False):
+    """A transformers model with DRAWS drawn at random (UNTIE: T5's head a parameter of its own,
+    as FLAN-T5's checkpoints have it; transformers ties it to the table otherwise)."""
+    torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kwargs))
+    if untie:
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     with torch.no_grad():
         for name, p in model.named_parameters():
             rule = next(((mean, std) for part, mean, std in draws
@@ -135,11 +146,139 @@ def test_a_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype):
         assert new == want
 
 
+# --- BERT-family encoders and T5 ----------------------------------------------------------------
+
+Pool = gguf.PoolingType
+BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, initializer_range=0.2,
+            vocab_size=99, max_position_embeddings=64)
+ROBERTA = dict(BERT, pad_token_id=1, type_vocab_size=1, max_position_embeddings=66)
+LAYER_NORMS = (("LayerNorm", 1.0, 0.3), ("layer_norm", 1.0, 0.3))
+# label -> (model class, config class, config kwargs, the pooling type the file names, draws).
+# The BERT converter's subclasses write DistilBERT and RoBERTa as bert (RoBERTa's positions cut to
+# start at its padding id + 1): each is imported as the BERT it is stored as.
+ENCODERS = {
+    "bert": ("BertModel", "BertConfig", BERT, Pool.MEAN, (SMALL_BIASES, *LAYER_NORMS)),
+    "bert-nopool": ("BertModel", "BertConfig", BERT, None, ()),
+    "distilbert": ("DistilBertModel", "DistilBertConfig", dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+                                                               initializer_range=0.2, vocab_size=99,
+                                                               max_position_embeddings=64), Pool.CLS, LAYER_NORMS),
+    "roberta": ("RobertaModel", "RobertaConfig", ROBERTA, Pool.LAST, (SMALL_BIASES, *LAYER_NORMS)),
+    # RoBERTa's classification head (dense, tanh, projection on the first token): cls, cls.output
+    "roberta-classifier": ("RobertaForSequenceClassification", "RobertaConfig", dict(ROBERTA, num_labels=3), None,
+                           (SMALL_BIASES,)),
+}
+ENCODER_RUNS = [(label, "F32") for label in ENCODERS] + [("bert", "Q8_0")]
+IDS = [[2, 5, 7, 9, 11, 3, 0], [2, 4, 8, 15, 16, 3, 0]]  # no real token is RoBERTa's padding id 1
+TYPES = [[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
+MASK = [[1] * 7, [1] * 5 + [0, 0]]  # right padding in the second row
+
+
+def _q8_0_round_trip(model):
+    """MODEL with every weight the writer stores as Q8_0 (2-D, rows of whole 32-blocks) quantized
+    and dequantized by gguf's own routines: what a Q8_0 file holds."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2 and p.shape[1] % 32 == 0:
+                q = gguf.quants.quantize(p.numpy(), gguf.GGMLQuantizationType.Q8_0)
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)))
+    return model
+
+
+@pytest.mark.parametrize("label,qtype", ENCODER_RUNS)
+def test_a_bert_family_gguf_file_imports_to_the_encoder_it_holds(tmp_path, label, qtype):
+    model_cls, cfg_cls, kwargs, pooling, draws = ENCODERS[label]
+    model = _drawn(model_cls, cfg_cls, kwargs, draws, 0).eval()
+    path = tmp_path / f"tiny-{label}-{qtype}.gguf"
+    write_gguf(model, path, qtype, pooling=pooling)
+    spec, _ = import_gguf(path, tmp_path / "m.yaml")
+    specc.build(spec, tmp_path / "build", progress=None)
+    ids, mask = torch.tensor(IDS), torch.tensor(MASK)
+    typed = {"token_type_ids": torch.tensor(TYPES)} if model.config.to_dict().get("type_vocab_size", 1) > 1 else {}
+    got = Session(tmp_path / "build").run(input_ids=ids.numpy(), attention_mask=mask.numpy(),
+                                          **{k: v.numpy() for k, v in typed.items()})
+    ref = model if qtype == "F32" else _q8_0_round_trip(model)
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask, output_hidden_states=True, **typed)
+    keep = mask.bool()
+    hidden = want.hidden_states[-1]
+    assert np.abs(got["last_hidden_state"][keep.numpy()] - hidden[keep].numpy()).max() <= 1e-4
+    names = {"last_hidden_state"}
+    if pooling is not None:  # the embedding llama.cpp gives for the file's pooling type
+        last = keep.sum(1) - 1
+        pooled = {Pool.MEAN: (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True),
+                  Pool.CLS: hidden[:, 0], Pool.LAST: hidden[torch.arange(len(IDS)), last]}[pooling]
+        assert np.abs(got["sentence_embedding"] - pooled.numpy()).max() <= 1e-4
+        names.add("sentence_embedding")
+    if "Classification" in model_cls:
+        assert np.abs(got["logits"] - want.logits.numpy()).max() <= 1e-4
+        names.add("logits")
+    assert set(got) == names  # the converter writes no pooler and no MLM head
+    assert not (tmp_path / "m.tokenizer").exists()  # transformers converts no bert tokenizer
+
+
+T5 = dict(vocab_size=160, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+          decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+# label -> (config kwargs, seed, untied head, the tied head written as output.weight, draws).
+# 8 buckets to llama.cpp's distance of 128 (the file has no key for it; the log buckets bind in the
+# decoder by its tenth position)
+T5_CASES = {
+    # the original T5: ReLU, the head tied to the table (no output.weight), its input scaled
+    "t5": (dict(T5, initializer_factor=2.0), 2, False, False, ()),
+    # the same with the tied head in the file (an older checkpoint holds it as a tensor)
+    "t5-head-copy": (dict(T5, initializer_factor=2.0), 2, False, True, ()),
+    # FLAN-T5's form: gated GELU, an untied head not scaled; fewer decoder layers than encoder ones
+    # (decoder_block_count; the converter names both stacks' blocks up to block_count)
+    "t5-gated": (dict(T5, feed_forward_proj="gated-gelu", initializer_factor=1.5, num_layers=3, num_decoder_layers=2,
+                      tie_word_embeddings=False), 0, True, False,
+                 (("lm_head", 0.0, 0.5),)),
+}
+T5_RUNS = [(label, "F32") for label in T5_CASES] + [("t5-gated", "Q8_0")]
+
+
+def _t5_greedy(model, ids: list[int], new: int = 8) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=new, do_sample=False)
+    return out[0, 1:].tolist()  # after the decoder start token
+
+
+@pytest.mark.parametrize("label,qtype", T5_RUNS)
+def test_a_t5_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype):
+    kwargs, seed, untie, head_copy, draws = T5_CASES[label]
+    model = _drawn("T5ForConditionalGeneration", "T5Config", kwargs, draws, seed, untie=untie).eval()
+    path = tmp_path / f"tiny-{label}-{qtype}.gguf"
+    write_gguf(model, path, qtype, head_copy=head_copy)
+    spec, _ = import_gguf(path, tmp_path / "m.yaml")
+    assert (tmp_path / "m.tokenizer" / "tokenizer.json").is_file()  # the file's T5 vocabulary, carried
+    specc.build(spec, tmp_path / "build", progress=None)
+    s = Session(tmp_path / "build")
+    dec = [0, 5, 6, 7]
+    got = s.run(input_ids=[PROMPT], decoder_input_ids=[dec])["logits"]
+    refs = [] if qtype != "F32" else [model]
+    if untie:  # transformers reads the gated (FLAN-T5) form, told what it does not read (5.24): the
+        # gate's activation (it sets is_gated_act, and computes the gate with ReLU where llama.cpp
+        # computes GELU (tanh)) and decoder_block_count (it builds block_count decoder layers)
+        refs.append(transformers.AutoModelForSeq2SeqLM.from_pretrained(
+            tmp_path, gguf_file=path.name, dense_act_fn="gelu_new",
+            num_decoder_layers=kwargs["num_decoder_layers"]).eval())
+    assert refs
+    new = s.generate(PROMPT, max_new_tokens=8).new_ids[0]
+    for ref in refs:
+        with torch.no_grad():
+            want = ref(input_ids=torch.tensor([PROMPT]), decoder_input_ids=torch.tensor([dec])).logits.numpy()
+        assert np.abs(got - want).max() <= 1e-4
+        tokens = _t5_greedy(ref, PROMPT)
+        assert len(set(tokens)) > 2
+        assert new == tokens
+
+
 def _file(path, arch: str, keys: dict, tensors: dict | None = None) -> None:
     w = gguf.GGUFWriter(path, arch)
     for key, value in keys.items():
         if isinstance(value, str):
             w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
         elif isinstance(value, list):
             w.add_array(key, value)
         else:
@@ -155,12 +294,19 @@ def _file(path, arch: str, keys: dict, tensors: dict | None = None) -> None:
 def test_what_cannot_be_imported_is_refused_naming_it(tmp_path):
     _file(tmp_path / "x.gguf", "mamba", {})
     with pytest.raises(CheckpointError, match="general.architecture 'mamba' has no importer .*; specc import gguf "
-                                              "reads bloom, falcon, gemma, gemma2, gemma3, gpt2, gptneox, llama"):
+                                              "reads bert, bloom, falcon, gemma, gemma2, gemma3, gpt2, gptneox, llama, "
+                                              "olmo2, phi3, qwen2, qwen3, stablelm, t5$"):
+        import_gguf(tmp_path / "x.gguf", tmp_path / "m.yaml")
+    _file(tmp_path / "x.gguf", "t5encoder", {})
+    with pytest.raises(CheckpointError, match="'t5encoder' has no importer \\(a T5 encoder alone \\(T5EncoderModel\\); "
+                                              "specc's t5 family imports T5ForConditionalGeneration\\)"):
         import_gguf(tmp_path / "x.gguf", tmp_path / "m.yaml")
     (tmp_path / "y.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(CheckpointError, match="y.gguf: not a GGUF file"):
         import_gguf(tmp_path / "y.gguf", tmp_path / "m.yaml")
     llama = {"llama.embedding_length": 4, "llama.block_count": 1, "llama.attention.head_count": 1}
+    bert = {"bert.embedding_length": 4, "bert.block_count": 1, "bert.attention.head_count": 1,
+            "bert.feed_forward_length": 8, "bert.attention.layer_norm_epsilon": 1, "bert.context_length": 8}
     for keys, tensors, message in [
         ({**llama, "llama.rope.scaling.type": "yarn"}, None,
          "llama.rope.scaling.type: 'yarn': specc implements plain rotary positions only"),
@@ -175,11 +321,30 @@ def test_what_cannot_be_imported_is_refused_naming_it(tmp_path):
          "blk.0.attn_q_norm.weight: a LayerNorm of its own for each head"),
         ({"gemma3.embedding_length": 4, "gemma3.block_count": 1, "gemma3.attention.head_count": 1,
           "gemma3.feed_forward_length": 8, "gemma3.context_length": 8}, None, "no gemma3.attention.layer_norm_rms_epsilon"),
+        ({**bert, "bert.attention.causal": True}, None, "bert.attention.causal: true: a BERT used as a causal decoder"),
+        ({**bert, "bert.attention.head_count_kv": 2}, None, "bert.attention.head_count_kv: 2: bert has a key and a value "
+                                                           r"head per query head \(1\)"),
+        ({**bert, "tokenizer.ggml.padding_token_id": "x"}, None, "tokenizer.ggml.padding_token_id: x: expected a token"),
+        ({**bert, "bert.pooling_type": 4}, None, r"bert.pooling_type: 4: rank pooling without a classification head"),
+        ({**bert, "bert.pooling_type": 9}, None, "bert.pooling_type: 9: not one of llama.cpp's pooling types specc pools"),
+        ({"t5.embedding_length": 4}, {"token_embd.weight": np.zeros((8, 4), np.float32),
+                                      "enc.blk.1.attn_rel_b.weight": np.zeros((1, 4), np.float32)},
+         r"enc.blk.1.attn_rel_b.weight: a relative-position table in more than the first layer's self-attention \(UMT5\)"),
     ]:
         arch = next(iter(keys)).split(".")[0]
         _file(tmp_path / "z.gguf", arch, keys, tensors)
         with pytest.raises(CheckpointError, match=message):
             import_gguf(tmp_path / "z.gguf", tmp_path / "m.yaml")
+    assert not list(tmp_path.glob("m.*"))
+
+
+def test_a_bert_classifier_without_its_pooler_is_refused(tmp_path):
+    """BertForSequenceClassification's classifier reads the pooler, which the converter drops:
+    its file (cls.output without cls) cannot give the model's logits."""
+    model = _drawn("BertForSequenceClassification", "BertConfig", dict(BERT, num_labels=3), (), 0)
+    write_gguf(model, tmp_path / "c.gguf")
+    with pytest.raises(CheckpointError, match="c.gguf: cls.output.weight: BERT's classifier reads its pooler"):
+        import_gguf(tmp_path / "c.gguf", tmp_path / "m.yaml")
     assert not list(tmp_path.glob("m.*"))
 
 
@@ -193,12 +358,3 @@ def test_cli_import_gguf(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:  # exists: refused without --force
         cli(["import", "gguf", str(path), "-o", str(tmp_path / "m.yaml")])
     assert done.value.code != 0
-
-
-def test_the_tokenizer_is_left_for_a_tokenizer_writer(tmp_path):
-    path = tmp_path / "tiny.gguf"
-    write_gguf(hf_model("llama"), path)
-    tok = tokenizer_metadata(gguf.GGUFReader(path))
-    assert tok["ggml.model"] == "llama"
-    assert tok["ggml.tokens"][:4] == ["<unk>", "<s>", "</s>", "t3"] and len(tok["ggml.tokens"]) == 99
-    assert (tok["ggml.bos_token_id"], tok["ggml.eos_token_id"]) == (1, 2)

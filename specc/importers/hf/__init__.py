@@ -10,7 +10,8 @@ something else. The modules, lowest first:
 - families: the tables of BERT, GPT-2, LLaMA-style and BART / mBART / Marian / Pegasus (data);
 - checkpoint: reading a folder (config.json, safetensors, pytorch_model.bin, index files);
 - convert: config -> spec, checkpoint tensors -> specc's parameters;
-- importer: the whole import, writing both files or neither;
+- tokenizer: the checkpoint's tokenizer files (or a GGUF file's, converted), carried beside the spec;
+- importer: the whole import, writing all its files or none;
 - docgen: the mapping tables of docs/import.md.
 
 This package sits above specc.nn, specc.spec and specc.weights; none of them imports it.

@@ -114,6 +114,26 @@ def _inside(src: Path, path: Path, what: str, note: str = "") -> Path:
     return path
 
 
+def read_optional(src: Path, name: str, limit: int) -> bytes | None:
+    """The bytes of the file NAME in the folder SRC, None where there is none; refused (naming it)
+    where it is not a regular file, lies outside the folder once links are followed, or holds more
+    than `limit` bytes. For the files an import carries beside the weights (the tokenizer's)."""
+    path = src / name
+    if not os.path.lexists(path):
+        return None
+    fd, st = _open_regular(_inside(src, path, str(path)))
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > limit:
+            raise CheckpointError(f"{path}: {st.st_size} bytes; refused over {limit // 2**20} MiB")
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise CheckpointError(f"{path}: over {limit // 2**20} MiB; refused")
+    return data
+
+
 def _shards(src: Path, index: Path) -> list[Path]:
     """The files an index's weight_map names, each a relative name inside SRC."""
     from specc.weights.io import index_files  # imports torch
@@ -164,9 +184,16 @@ def read_checkpoint(src: str | os.PathLike) -> tuple[dict, Checkpoint]:
 
     src = Path(src)
     if not src.is_dir():
+        if src.suffix.lower() == ".gguf" and src.is_file():
+            raise CheckpointError(f"{src}: a GGUF file, not a checkpoint folder; import it with "
+                                  f"`specc import gguf {src} -o SPEC.yaml`")
         raise CheckpointError(f"{src}: not a checkpoint folder")
     cfg_path = src / "config.json"
     if not os.path.lexists(cfg_path):
+        ggufs = sorted(p.name for p in src.glob("*.gguf"))[:3]
+        if ggufs:
+            raise CheckpointError(f"{src}: no config.json, but a GGUF file ({', '.join(ggufs)}); import it with "
+                                  f"`specc import gguf {src / ggufs[0]} -o SPEC.yaml`")
         raise CheckpointError(f"{src}: no config.json")
     config = _read_json(_inside(src, cfg_path, str(cfg_path)))
     if not isinstance(config, dict):

@@ -65,8 +65,11 @@ def family_of(config: dict, where: str = "config.json") -> tuple[Family, str]:
     return fam, arch
 
 
-def config_to_spec(config: dict, tensors: dict, name: str, where: str = "config.json") -> dict:
-    """The spec (plain data) for a checkpoint's config; refuses what specc cannot express."""
+def config_to_spec(config: dict, tensors: dict, name: str, where: str = "config.json",
+                   max_length: int | None = None) -> dict:
+    """The spec (plain data) for a checkpoint's config; refuses what specc cannot express. Its
+    serving.length.max is the checkpoint's context (position.max_length, from the family's field),
+    or `max_length` where given (at most that context)."""
     fam, arch = family_of(config, where)
     for r in fam.refuse:
         value = config.get(r.name, r.default)
@@ -105,8 +108,13 @@ def config_to_spec(config: dict, tensors: dict, name: str, where: str = "config.
     _check_tokens(spec, config, where)
     # a max_length below 1 is the spec's to refuse (naming the field, see spec_error); the serving
     # range stays valid so that it is the one complaint
-    length = max(spec.get("position", {}).get("max_length", 512), 1)
-    spec["serving"] = {"length": {"min": 1, "opt": min(128, length), "max": min(512, length)}}
+    context = max(spec.get("position", {}).get("max_length", 512), 1)
+    if max_length is not None and max_length > context:
+        field = ({f.key: f.name for f in fam.fields} | fam.sources).get("position.max_length", "its context")
+        raise CheckpointError(f"{where}: --max-length {max_length} is past the checkpoint's context "
+                              f"({field} = {context}); at most {context}")
+    length = context if max_length is None else max_length
+    spec["serving"] = {"length": {"min": 1, "opt": min(128, length), "max": length}}
     return spec
 
 

@@ -1,0 +1,175 @@
+"""What a build folder holds for other clients (specc/clients.py, specc/importers/hf/as_config.py)
+and the weights it ships once (model.safetensors only with keep_weights / --keep-weights).
+
+The config.json a build writes is held to transformers' own reading of it (its model made from the
+config counts the parameters specc counts), and the clients themselves run the builds in their
+environment (.venv-clients): test_clients_run_the_builds_in_their_environment runs
+tests/clients/test_in_clients_env.py there."""
+from __future__ import annotations
+
+import json
+import os
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+import specc
+from specc.cli import main
+from specc.clients import CONFIG, GENAI, GENAI_CONFIG, GENERATION_CONFIG, OPTIMUM, client_files
+from specc.importers.hf import config_to_spec
+from specc.importers.hf.as_config import hf_config
+from specc.spec.costs import parameter_shapes
+from specc.spec.load import load_spec, loads_spec
+from specc.spec.manifest import MANIFEST, WEIGHTS_FILE
+from specc.spec.resolve import resolve
+
+pytest.importorskip("onnxruntime")
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS_PYTHON = Path(os.environ.get("SPECC_CLIENTS_VENV", ROOT / ".venv-clients")) / "bin" / "python"
+
+# catalog specs a Hugging Face family computes, and the model type that says so
+DESCRIBED = {"tiny-gpt2": "gpt2", "gpt2-small": "gpt2", "tiny-llama": "llama", "llama-2-7b": "llama",
+             "llama-3-8b": "llama", "mistral-7b": "mistral", "qwen3-0.6b": "qwen3", "gpt-j-6b": "gptj",
+             "tiny-bert": "bert", "bert-base": "bert"}
+
+
+def resolved(name: str):
+    return resolve(load_spec(name))
+
+
+def count(spec) -> int:
+    return sum(math.prod(s) for s in parameter_shapes(spec).values())
+
+
+@pytest.mark.parametrize("name", sorted(DESCRIBED))
+def test_config_json_is_read_by_transformers_as_the_spec(name):
+    """transformers builds a model of the spec's size from the config (on the meta device: no
+    memory), of the family named, and importing the config gives back the spec's computation."""
+    r = resolved(name)
+    config = hf_config(r).config
+    assert config is not None and config["model_type"] == DESCRIBED[name]
+    hf = transformers.AutoConfig.for_model(**config)
+    arch = getattr(transformers, config["architectures"][0])
+    with torch.device("meta"):
+        model = arch(hf)
+    n = sum(p.numel() for p in model.parameters())  # tied weights once, as specc counts them
+    assert n == count(r)
+
+
+def test_a_config_is_kept_only_where_importing_it_gives_the_spec_back():
+    """A GPT-2 whose score is unscaled writes scale_attn_weights false; one with a causal window
+    (no GPT-2 field says so) gets no config.json, and the reason names the families tried."""
+    dot = loads_spec("specc: 1\nname: g\nextends: tiny-gpt2\ndecoder: {attention: {score: dot}}\n")
+    assert hf_config(resolve(dot)).config["scale_attn_weights"] is False
+    windowed = loads_spec("specc: 1\nname: g\nextends: tiny-gpt2\n"
+                          "decoder: {attention: {pattern: {kind: local, window: 8}}}\n")
+    described = hf_config(resolve(windowed))
+    assert described.config is None and "tried: gpt2" in described.why
+    # a LLaMA with a window is Mistral's, whose sliding_window counts the token itself
+    llama = loads_spec("specc: 1\nname: m\nextends: tiny-llama\ndecoder: {attention: {pattern: {kind: local, window: 8}}}\n")
+    config = hf_config(resolve(llama)).config
+    assert config["model_type"] == "mistral" and config["sliding_window"] == 9
+    again = resolve(loads_spec(json.dumps(config_to_spec(config, {"x": 1} | {str(i): i for i in range(9)}, "m"))))
+    assert again.spec.decoder.attention.pattern.window == 8
+
+
+@pytest.mark.parametrize("name, client, why", [
+    ("tiny-transformer", OPTIMUM, "encoder_hidden_states"),
+    ("tiny-transformer", GENAI, "decoder-only"),
+    ("tiny-bert", GENAI, "decoder-only"),
+    ("gemma-3-1b", OPTIMUM, "no Hugging Face family"),
+    ("qwen3-0.6b", OPTIMUM, "[batch, 8, 0, 64]"),  # Optimum's head size is hidden_size // heads
+])
+def test_what_a_client_cannot_run_gets_no_file_and_a_reason(name, client, why):
+    r = resolved(name)
+    made = client_files(r, {g.name: f"{g.name}.onnx" for g in r.graphs})
+    assert "files" not in made.clients[client] and why in made.clients[client]["why"]
+    if client == OPTIMUM:
+        assert CONFIG not in made.files and GENERATION_CONFIG not in made.files
+    else:
+        assert GENAI_CONFIG not in made.files
+
+
+def test_genai_config_names_the_graph_and_its_cache():
+    r = resolved("tiny-llama")
+    genai = client_files(r, {"model": "model.onnx"}).files[GENAI_CONFIG]
+    decoder = genai["model"]["decoder"]
+    sig = r.graphs[0]
+    past = next(t for t in sig.inputs if t.name == "past_key_values.0.key")
+    assert (decoder["num_key_value_heads"], decoder["head_size"]) == (past.dims[1], past.dims[3]) == (2, 16)
+    assert set(decoder["inputs"]) - {"past_key_names", "past_value_names"} <= {t.name for t in sig.inputs}
+    assert decoder["outputs"]["logits"] == "logits" and genai["search"]["past_present_share_buffer"] is False
+    assert genai["model"]["eos_token_id"] == r.spec.tokens.eos and genai["model"]["type"] == "decoder"
+    assert decoder["filename"] == "model.onnx"
+
+
+def test_a_build_writes_the_clients_files_hashed_and_no_second_copy_of_the_weights(tmp_path):
+    result = specc.build("tiny-gpt2", tmp_path / "b")
+    out = result.out_dir
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [MANIFEST, "model.onnx", CONFIG, GENERATION_CONFIG, GENAI_CONFIG])
+    assert [a["path"] for a in result.artifacts] == ["model.onnx", CONFIG, GENERATION_CONFIG, GENAI_CONFIG]
+    assert result.manifest["clients"] == {OPTIMUM: {"files": [CONFIG, GENERATION_CONFIG]},
+                                          GENAI: {"files": [GENAI_CONFIG]}}
+    assert json.loads((out / GENERATION_CONFIG).read_text()) == {"bos_token_id": 999, "eos_token_id": 999}
+    assert result.manifest["options"]["keep_weights"] is False
+    # the graph is the weights' one copy: every parameter's bytes are in model.onnx
+    graph_bytes = (out / "model.onnx").stat().st_size
+    assert graph_bytes >= 4 * result.parameters
+    # a client's file removed from the list and the folder is no cache hit
+    manifest = json.loads((out / MANIFEST).read_text())
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["path"] != CONFIG]
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    (out / CONFIG).unlink()
+    again = specc.build("tiny-gpt2", tmp_path / "b")
+    assert not again.cached and (out / CONFIG).is_file()
+
+
+def test_keep_weights_keeps_model_safetensors_and_is_its_own_build(tmp_path):
+    out = tmp_path / "b"
+    kept = specc.build("tiny-llama", out, keep_weights=True)
+    assert WEIGHTS_FILE in [a["path"] for a in kept.artifacts] and kept.manifest["options"]["keep_weights"] is True
+    want = {k: v for k, v in specc.to_torch("tiny-llama", seed=0).state_dict().items()}
+    got = load_file(str(out / WEIGHTS_FILE))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert specc.build("tiny-llama", out, keep_weights=True).cached
+    # without the flag: not up to date, and the rebuild drops the file the previous build listed
+    dropped = specc.build("tiny-llama", out)
+    assert not dropped.cached and not (out / WEIGHTS_FILE).exists()
+    assert specc.build("tiny-llama", out).cached
+
+
+def test_cli_keep_weights(tmp_path):
+    out = tmp_path / "b"
+    result = CliRunner().invoke(main, ["build", "tiny-gpt2", "-o", str(out), "--keep-weights", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [a["path"] for a in doc["artifacts"]] == ["model.onnx", CONFIG, GENERATION_CONFIG, GENAI_CONFIG, WEIGHTS_FILE]
+
+
+def test_a_triton_repository_gets_no_client_files(tmp_path):
+    result = specc.build("tiny-gpt2", tmp_path / "repo", target="triton")
+    assert "clients" not in result.manifest
+    assert not any((tmp_path / "repo" / name).exists() for name in (CONFIG, GENERATION_CONFIG, GENAI_CONFIG))
+
+
+@pytest.mark.skipif(not CLIENTS_PYTHON.exists(),
+                    reason="the clients environment is missing: run `make install-clients` (.venv-clients)")
+def test_clients_run_the_builds_in_their_environment():
+    """Optimum and onnxruntime-genai, in their own environment, on specc builds
+    (tests/clients/test_in_clients_env.py): every test there runs and passes, none skipped."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(CLIENTS_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging",
+                           str(ROOT / "tests" / "clients" / "test_in_clients_env.py")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout and "failed" not in proc.stdout, tail
+

@@ -1,0 +1,103 @@
+"""A specc build folder opened by the clients people use, in their own environment (.venv-clients,
+`make install-clients`: optimum-onnx, which pins transformers below 4.58, and onnxruntime-genai):
+Optimum's ORTModelForCausalLM and ORTModelForFeatureExtraction load the folder as it is, and
+onnxruntime-genai runs it through the genai_config.json the build writes; each gives the outputs
+and greedy tokens specc.runtime.Session gives (what `specc run` / `specc generate` print).
+tests/clients/test_client_files.py runs this file in that environment."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import specc
+from specc.runtime import Session
+from specc.spec.load import loads_spec
+
+optimum_ort = pytest.importorskip("optimum.onnxruntime", reason="the clients environment is missing: make install-clients")
+og = pytest.importorskip("onnxruntime_genai", reason="the clients environment is missing: make install-clients")
+torch = pytest.importorskip("torch")
+
+PROMPTS = [[5, 17, 400, 23, 9], [88, 3]]  # two lengths: the second row is left-padded
+NEW = 12
+# decoders no Hugging Face family computes (no config.json): onnxruntime-genai runs them all the same
+VARIANTS = {"alibi": "position: {kind: alibi}", "relative": "position: {kind: relative, max_length: 128}",
+            "local": "decoder: {attention: {pattern: {kind: local, window: 3}}}",
+            "bigbird": "decoder: {attention: {pattern: {kind: bigbird, block: 4, window: 1, global: 1, random: 1}}}"}
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """Builds whose seeded weights are scaled up (matrices x8), so that greedy decoding picks
+    varied tokens and a wrong cache or position shows in them."""
+    specs = {name: name for name in ("tiny-gpt2", "tiny-llama", "tiny-bert")}
+    specs.update({k: loads_spec(f"specc: 1\nname: {k}\nextends: tiny-gpt2\n{text}\n") for k, text in VARIANTS.items()})
+    made = {}
+    for name, spec in specs.items():
+        root = tmp_path_factory.mktemp(name)
+        specc.save_weights(specc.to_torch(spec, seed=0), root / "w.safetensors")
+        weights = load_file(str(root / "w.safetensors"))
+        save_file({k: v * 8 if v.ndim == 2 else v for k, v in weights.items()}, str(root / "x.safetensors"))
+        made[name] = specc.build(spec, root / "build", weights=root / "x.safetensors").out_dir
+    return made
+
+
+def specc_tokens(build, prompts=PROMPTS) -> list[list[int]]:
+    return Session(build).generate(prompts, max_new_tokens=NEW).new_ids
+
+
+def left_padded(prompts, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_optimum_causal_lm_generates_specc_tokens(builds, name):
+    build = builds[name]
+    want = specc_tokens(build)
+    assert all(len(set(row)) >= 3 for row in want), want  # varied: a broken cache would show
+    model = optimum_ort.ORTModelForCausalLM.from_pretrained(build)
+    session = Session(build)
+    pad = session.info.pad_id
+    ids, mask = left_padded(PROMPTS, pad)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, num_beams=1,
+                         pad_token_id=pad, eos_token_id=None)
+    got = out[:, ids.shape[1]:].tolist()
+    assert got == want
+    # one forward on the padded batch: the logits of every real token as specc run computes them
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    ref = session.run(input_ids=ids.numpy(), attention_mask=mask.numpy())["logits"]
+    real = mask.numpy().astype(bool)
+    np.testing.assert_allclose(logits.detach().numpy()[real], ref[real], atol=1e-4, rtol=1e-4)
+
+
+def test_optimum_feature_extraction_gives_specc_hidden_states(builds):
+    build = builds["tiny-bert"]
+    model = optimum_ort.ORTModelForFeatureExtraction.from_pretrained(build)
+    ids, mask = left_padded(PROMPTS, 0)
+    types = torch.zeros_like(ids)
+    types[:, -2:] = 1
+    got = model(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state.detach().numpy()
+    ref = Session(build).run(input_ids=ids.numpy(), attention_mask=mask.numpy(), token_type_ids=types.numpy())
+    real = mask.numpy().astype(bool)
+    np.testing.assert_allclose(got[real], ref["last_hidden_state"][real], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", *VARIANTS])
+def test_onnxruntime_genai_generates_specc_tokens(builds, name):
+    build = builds[name]
+    assert (build / "genai_config.json").is_file()
+    assert (build / "config.json").is_file() == (name not in VARIANTS)
+    model = og.Model(str(build))
+    for prompt in [*PROMPTS, [5, 17, 400, 23, 9, 44, 61, 2, 90, 11]]:  # the last one past a window of 3
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prompt) + NEW, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.array([prompt], dtype=np.int32))
+        got = []
+        while not generator.is_done():
+            generator.generate_next_token()
+            got.append(int(generator.get_next_tokens()[0]))
+        assert got == specc_tokens(build, [prompt])[0]
