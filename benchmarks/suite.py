@@ -34,7 +34,7 @@ import torch
 
 import specc
 from specc.spec.costs import inspect_spec
-from specc.spec.io import ATTENTION_MASK, BATCH, INPUT_IDS, POSITION_IDS, SEQ, TOKEN_TYPE_IDS, is_past
+from specc.spec.io import ATTENTION_MASK, BATCH, INPUT_IDS, POSITION_IDS, SEQ, TOKEN_TYPE_IDS, cache_length, is_past
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "bench"
@@ -175,7 +175,8 @@ def feeds_for(sess, ids: np.ndarray, past: int = 0, heads: int = 12, head_dim: i
         elif n == POSITION_IDS:
             out[n] = np.arange(past, past + t, dtype=np.int64)[None].repeat(b, 0)
         elif is_past(n):
-            out[n] = rng.standard_normal((b, heads, past, head_dim)).astype(np.float32)
+            # a window cache holds min(W, past) positions (specc/spec/io.py)
+            out[n] = rng.standard_normal((b, heads, cache_length(i.shape, past), head_dim)).astype(np.float32)
         elif n == "use_cache_branch":
             out[n] = np.array([past > 0])
         else:

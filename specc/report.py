@@ -64,6 +64,10 @@ def inspect_report(facts: dict[str, Any]) -> list[Block]:
     cross = facts.get("cross_kv_cache_bytes_per_source_token") or 0
     blocks.append(f"KV cache per token: {facts['kv_cache_bytes_per_token']:,} bytes"
                   + (f" (+ {cross:,} per source token, cross-attention)" if cross else ""))
+    at_length = facts.get("kv_cache_bytes_at_length")
+    if at_length is not None and at_length != facts["kv_cache_bytes_per_token"] * facts["length"]:
+        blocks.append(f"KV cache of one sequence at length {facts['length']}: {at_length:,} bytes "
+                      "(sliding-window layers keep their window)")
     blocks.append("Weights: " + ", ".join(f"{p} {b / 2**20:,.1f} MiB" for p, b in facts["weight_bytes"].items()))
     blocks.append(Table(
         "layers",

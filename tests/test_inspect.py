@@ -108,7 +108,20 @@ def test_flops_and_cache_follow_the_formulas():
     assert short["flops_per_token"] == 2 * matmul + 2 * d * 50257 + layers * 2 * heads * 128 * 128
     assert non_embedding > matmul
     assert short["kv_cache_bytes_per_token"] == layers * 2 * d * 4
+    assert long["kv_cache_bytes_at_length"] == 1024 * long["kv_cache_bytes_per_token"]  # no window: all of it
     assert short["weight_bytes"]["fp16"] == 2 * short["parameters"]
+
+
+def test_window_caches_cap_the_cache_of_a_long_sequence():
+    """Mistral 7B (int4: an fp32 cache) keeps the last 4095 positions in each of its 32 layers;
+    Gemma 3 1B's 22 sliding layers keep 511 and its 4 global layers everything."""
+    mistral = inspect_spec(resolve(load_spec("mistral-7b")), 4096)
+    per_layer = 8 * (128 + 128) * 4
+    assert mistral["kv_cache_bytes_per_token"] == 32 * per_layer
+    assert mistral["kv_cache_bytes_at_length"] == 32 * per_layer * 4095
+    gemma = inspect_spec(resolve(load_spec("gemma-3-1b")), 4096)
+    per_layer = gemma["kv_cache_bytes_per_token"] // 26
+    assert gemma["kv_cache_bytes_at_length"] == per_layer * (22 * 511 + 4 * 4096)
 
 
 def test_cli_inspect_json_and_table():

@@ -19,7 +19,7 @@ from specc.errors import BuildError
 from specc.export import tensorrt_ops as ops
 from specc.export.verify import verify
 from specc.fileio import write_atomic
-from specc.spec.io import BATCH, ENC_SEQ, PAST, SEQ, TOTAL
+from specc.spec.io import BATCH, ENC_SEQ, PAST, SEQ, TOTAL, parse_window
 from specc.spec.resolve import GraphSig, ResolvedSpec
 from specc.spec.targets import PRECISIONS, TARGETS
 
@@ -56,8 +56,9 @@ def profile_shapes(r: ResolvedSpec, sig: GraphSig) -> dict[str, tuple[Shape, Sha
             if isinstance(d, int):
                 a = b = c = d
             else:
+                window = parse_window(d)  # a window cache: min(W, the dim it windows)
                 try:
-                    a, b, c = ranges[d]
+                    a, b, c = ranges[d] if window is None else (min(window[1], x) for x in ranges[window[0]])
                 except KeyError:
                     raise BuildError(f"input {t.name}: no serving range for dimension {d!r}") from None
             lo.append(a), mid.append(b), hi.append(c)

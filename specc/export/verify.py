@@ -89,12 +89,27 @@ def cases(r: ResolvedSpec, longest: int | None = None) -> list[Case]:
         prefill.append(Case("decode-step", "model", 2, 1, after="padded-prefill"))
     singles = [Case("one-token", "model", 1, 1), Case("longest", "model", 1, longest)]
     if r.architecture == "decoder":
-        return prefill + singles
+        return prefill + window_cases(r, longest) + singles
     encoder = [Case("padded", "encoder", 2, short, pad), Case("one-token", "encoder", 1, 1),
                Case("longest", "encoder", 1, longest)]
     decoder = [replace(c, graph="decoder", source={"padded-prefill": "padded", "decode-step": "padded"}.get(c.name, c.name))
                for c in prefill + singles]
     return encoder + decoder
+
+
+def window_cases(r: ResolvedSpec, longest: int) -> list[Case]:
+    """Where a layer keeps a window cache (spec/io.py) of W positions with W + 3 <= `longest`: a
+    left-padded prompt of W + 1 tokens, whose present the window cuts, and two steps from it
+    (single tokens), which read the cut cache and shift it again. None where the padded prefill
+    and its step already do that (W below the prefill's length)."""
+    windows = [layer.attention.cache_window for layer in r.decoder.layers if layer.attention.cache_window]
+    if not windows:
+        return []
+    w = min(windows)
+    if w + 3 > longest or w < min(8, longest - 1):
+        return []
+    return [Case("window-prefill", "model", 2, w + 1, 1), Case("window-step", "model", 2, 1, after="window-prefill"),
+            Case("window-step-2", "model", 2, 1, after="window-step")]
 
 
 @dataclass

@@ -167,7 +167,8 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, KV]:
         """x [B,T,D]; allowed [B,1,T,S] bool; q_idx [T] sequence index of each query;
         position_bias [1,H,T,S]: added to the scores (the stack's bucketed positions);
-        rope (cos, sin) [B,1,T,R]; past: cached (k, v) [B,Hkv,P,Dk|Dv] (for cross-attention:
+        rope (cos, sin) [B,1,T,R]; past: cached (k, v) [B,Hkv,P,Dk|Dv] (a window cache's P is at
+        most its window W, and `allowed` still covers the whole sequence; for cross-attention:
         the source's k, v, used as they are); memory [B,S,D]: the encoder output (cross-attention
         without a cache); key_keep [B,S] bool: real (not padding) keys, for linformer.
         Returns the output [B,T,D] and the present (k, v)."""
@@ -188,10 +189,20 @@ class Attention(nn.Module):
             if past is not None:
                 k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         present = (k, v)
-        k, v = self._repeat(k), self._repeat(v)
         n_keys = k.shape[2]
+        first_key = 0  # sequence index of the first key
+        if s.cache_window is not None:
+            # a window cache: the keys are the last past + new positions of the sequence the mask
+            # covers, and the present keeps the last W of them (specc/spec/io.py)
+            total = allowed.shape[-1]
+            first_key = total - n_keys
+            allowed = allowed[..., first_key:]
+            if position_bias is not None:
+                position_bias = position_bias[..., first_key:]
+            present = (k[:, :, -s.cache_window:], v[:, :, -s.cache_window:])
+        k, v = self._repeat(k), self._repeat(v)
         # key positions, only where something reads them (else a dead op in every traced layer)
-        k_idx = (torch.arange(n_keys, device=x.device)
+        k_idx = (torch.arange(n_keys, device=x.device) + first_key
                  if self.rel_k is not None or self.alibi or s.pattern.kind in ("local", "bigbird") else None)
 
         if s.pattern.kind == "linformer":

@@ -242,14 +242,32 @@ class SpeccModel(nn.Module):
                 out.update(layer_presents(cross_presents, CROSS))
         return out
 
+    def _past_length(self, past: list | None) -> int:
+        """Positions before this call, from the caches alone (no attention_mask given): a whole-
+        sequence cache's length, or a window cache's while it is shorter than its window."""
+        if past is None:
+            return 0
+        windows = [layer.attention.spec.cache_window for layer in self.decoder.layers]
+        whole = next((kv for kv, w in zip(past, windows) if w is None), None)
+        if whole is not None:
+            return whole[0].shape[2]
+        p = past[0][0].shape[2]
+        if p >= windows[0]:
+            raise TypeError(f"every layer keeps a window cache (of at most {windows[0]} positions), so a past "
+                            f"of {p} does not say how long the sequence is; give attention_mask")
+        return p
+
     def _decode_only(self, inputs: dict) -> dict[str, Tensor]:
         self._check(inputs, {INPUT_IDS, ATTENTION_MASK, POSITION_IDS, TOKEN_TYPE_IDS, "use_cache"}, "decoder")
         ids = inputs[INPUT_IDS]
         b, t = ids.shape
         past = layer_pasts(inputs, len(self.decoder.layers))
         use_cache = bool(inputs.get("use_cache", past is not None))
-        p = past[0][0].shape[2] if past is not None else 0
         mask = inputs.get(ATTENTION_MASK)
+        # a model with window caches reads the past's length off the mask (its caches may be cut);
+        # the others off the cache, as their graphs always have
+        windowed = any(layer.attention.spec.cache_window for layer in self.decoder.layers)
+        p = mask.shape[1] - t if mask is not None and windowed else self._past_length(past)
         if mask is None:
             mask = torch.ones(b, p + t, dtype=torch.int64, device=ids.device)
         position_ids = inputs.get(POSITION_IDS)

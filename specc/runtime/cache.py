@@ -3,8 +3,9 @@ of one generation, and running a graph so that its present.* become the next cal
 past_key_values.* (names, dims and the present -> past rule: specc/spec/io.py).
 
 On CPU a generation allocates its cache once (CacheBuffers: two buffers per cache output, used in
-turn, sized for prompt + max_new_tokens) and onnxruntime writes each step's present.* straight
-into them. On a GPU the present.* stay onnxruntime's own OrtValues on the device and are bound as
+turn, sized for prompt + max_new_tokens, or for its window where a layer keeps a window cache)
+and onnxruntime writes each step's present.* straight into them (never into the buffer the
+step's past is read from, so a window's shift reads nothing the write has overwritten). On a GPU the present.* stay onnxruntime's own OrtValues on the device and are bound as
 the next step's inputs. Neither copies the cache through numpy.
 """
 from __future__ import annotations
@@ -15,7 +16,17 @@ import numpy as np
 
 from specc.runtime.errors import RunError
 from specc.runtime.graph import Graph, shape_of
-from specc.spec.io import empty_cache_dims, is_growing, is_past, is_present, numpy_dtype, present_to_past
+from specc.spec.io import (
+    ATTENTION_MASK,
+    cache_length,
+    cache_window,
+    empty_cache_dims,
+    is_growing,
+    is_past,
+    is_present,
+    numpy_dtype,
+    present_to_past,
+)
 
 
 def empty_cache(graph: Graph, batch: int) -> dict[str, np.ndarray]:
@@ -26,14 +37,26 @@ def empty_cache(graph: Graph, batch: int) -> dict[str, np.ndarray]:
 
 
 def past_length(graph: Graph, feeds: dict[str, Any]) -> int:
-    """Positions already in the growing cache that `feeds` gives the graph (0 if it takes none)."""
-    first = next((n for n in graph.inputs if is_past(n) and is_growing(n)), None)
-    return 0 if first is None else shape_of(feeds[first])[2]
+    """Positions already in the growing cache that `feeds` gives the graph, when no attention_mask
+    says it (0 if the graph takes no cache): a whole-sequence cache's length, or a window cache's
+    while it is shorter than its window (at its window, it does not say; RunError)."""
+    growing = [n for n in graph.inputs if is_past(n) and is_growing(n)]
+    if not growing:
+        return 0
+    whole = next((n for n in growing if cache_window(graph.inputs[n].dims) is None), None)
+    if whole is not None:
+        return shape_of(feeds[whole])[2]
+    p, window = shape_of(feeds[growing[0]])[2], cache_window(graph.inputs[growing[0]].dims)
+    if p >= window:
+        raise RunError(f"{ATTENTION_MASK}: needed with a cache: every layer keeps a window of at most {window} "
+                       f"positions, so {growing[0]} of {p} does not say how long the sequence is")
+    return p
 
 
 class CacheBuffers:
     """The growing KV cache of one generation on CPU, allocated once: two flat buffers per
-    present.* output, each big enough for [batch, heads, capacity, head_dim], used in turn. A step
+    present.* output, each big enough for [batch, heads, capacity, head_dim] (a window cache's:
+    [batch, heads, min(window, capacity), head_dim]), used in turn. A step
     reads its past from views of one and onnxruntime writes the present into views of the other,
     so no step allocates a cache (the graph's Concat still copies past + new into the present)."""
 
@@ -42,23 +65,27 @@ class CacheBuffers:
         self.batch, self.capacity = batch, capacity
         self.buffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.heads: dict[str, tuple[int, int]] = {}
+        self.dims: dict[str, tuple] = {}
         for name, t in graph.output_sig.items():
             if is_present(name) and is_growing(name):
                 _, h, _, d = t.dims
                 dtype = numpy_dtype(t.dtype)
-                self.heads[name] = (h, d)
-                self.buffers[name] = (np.empty(batch * h * capacity * d, dtype), np.empty(batch * h * capacity * d, dtype))
+                self.heads[name], self.dims[name] = (h, d), tuple(t.dims)
+                size = batch * h * cache_length(t.dims, capacity) * d
+                self.buffers[name] = (np.empty(size, dtype), np.empty(size, dtype))
         self.turn = 0
         self.current: dict[str, np.ndarray] = {}  # the views that hold the cache now
 
     def next(self, total: int) -> dict[str, np.ndarray]:
-        """Views [batch, heads, total, head_dim] of the buffers not holding the current cache."""
+        """Views [batch, heads, length, head_dim] of the buffers not holding the current cache: the
+        length a present holds after `total` positions in all (spec/io.py's cache_length)."""
         if total > self.capacity:
             raise RunError(f"cache of {total} positions past its capacity of {self.capacity}")
         out = {}
         for name, pair in self.buffers.items():
             h, d = self.heads[name]
-            out[name] = pair[self.turn][: self.batch * h * total * d].reshape(self.batch, h, total, d)
+            n = cache_length(self.dims[name], total)
+            out[name] = pair[self.turn][: self.batch * h * n * d].reshape(self.batch, h, n, d)
         return out
 
     def hold(self, views: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -68,8 +95,10 @@ class CacheBuffers:
 
     def reorder(self, rows: np.ndarray) -> dict[str, Any]:
         """The current cache with its batch rows taken in the order `rows` (beam search)."""
-        total = next(iter(self.current.values())).shape[2]
-        views = self.next(total)
+        views = {}
+        for name, current in self.current.items():
+            h, d = self.heads[name]
+            views[name] = self.buffers[name][self.turn][: current.size].reshape(current.shape)
         for name, view in views.items():
             np.take(self.current[name], rows, axis=0, out=view)
         return self.hold(views)

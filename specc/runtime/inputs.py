@@ -41,6 +41,7 @@ from specc.spec.io import (
     is_growing,
     is_past,
     numpy_dtype,
+    parse_window,
 )
 from specc.spec.manifest import BuildInfo, GraphInfo, TensorInfo
 
@@ -158,6 +159,15 @@ def check_signature(graph: GraphInfo, shapes: Mapping[str, tuple[tuple[int, ...]
         raise RunError(f"{given[0]}: the cache comes whole or not at all; missing {', '.join(missing[:4])}"
                        f"{', ...' if len(missing) > 4 else ''}")
     past = sizes.get(PAST, (0, ""))[0]
+    windows = [(dim, parsed[1]) for dim in sizes if (parsed := parse_window(dim)) and parsed[0] == PAST]
+    if windows and PAST not in sizes:
+        # every layer keeps a window cache: the mask says how long the sequence is
+        past = sizes[TOTAL][0] - sizes[SEQ][0] if TOTAL in sizes and SEQ in sizes else min(sizes[d][0] for d, _ in windows)
+    for dim, window in windows:
+        size, size_from = sizes[dim]
+        if size != min(window, past):
+            raise RunError(f"{size_from}: a window cache of {size} positions, but it keeps the last "
+                           f"min({window}, {past}) = {min(window, past)} of the {past} before this call")
     if SEQ in sizes:
         seq, seq_from = sizes[SEQ]
         if past + seq > limits.length:
@@ -209,8 +219,8 @@ def _check_size(shown: str, dim: str, size: int, shape: tuple[int, ...], limits:
             raise RunError(f"{shown}: empty batch (shape {list(shape)})")
         if size > limits.batch:
             raise RunError(f"{shown}: batch of {size}, more than the build's serving.batch.max {limits.batch}")
-    elif dim in LENGTH_DIMS:
-        if size < 1 and dim != PAST:
+    elif dim in LENGTH_DIMS or parse_window(dim):
+        if size < 1 and dim != PAST and parse_window(dim) is None:
             raise RunError(f"{shown}: empty {dim} (shape {list(shape)}); give at least one token")
         if size > limits.length:
             raise RunError(f"{shown}: {dim} of {size}, more than the build's serving.length.max {limits.length}")

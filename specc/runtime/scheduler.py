@@ -56,6 +56,7 @@ from specc.spec.io import (
     INPUT_IDS,
     POSITION_IDS,
     TOKEN_TYPE_IDS,
+    cache_length,
     is_growing,
     is_present,
     numpy_dtype,
@@ -165,16 +166,19 @@ class Stats:
 class CacheBlock:
     """The growing cache of every active row, two flat buffers per growing present.* output, used
     in turn: views [B, H, T, Dh] of one are a step's past, onnxruntime writes the present into
-    views of the other. Buffers grow on demand, never past `max_positions` x H x Dh."""
+    views of the other. T is the longest row's positions (`length`); a layer that keeps a window
+    cache of W positions (spec/io.py) has views of min(W, T) columns, the last ones of the
+    block's. Buffers grow on demand, never past `max_positions` x H x Dh."""
 
     def __init__(self, graph: Graph, max_positions: int):
         self.graph = graph
         self.max_positions = max_positions
         self.shapes: dict[str, tuple[int, int, str]] = {}  # present name -> (H, Dh, dtype)
+        self.dims: dict[str, tuple] = {}  # present name -> its signature dims
         for name, t in graph.output_sig.items():
             if is_present(name) and is_growing(name):
                 _, h, _, d = t.dims
-                self.shapes[name] = (h, d, numpy_dtype(t.dtype))
+                self.shapes[name], self.dims[name] = (h, d, numpy_dtype(t.dtype)), tuple(t.dims)
         self.buffers: list[dict[str, np.ndarray]] = [{}, {}]
         self.turn = 0  # the buffer the next views come from
         self.current: dict[str, np.ndarray] = {}  # views holding the block now
@@ -184,24 +188,26 @@ class CacheBlock:
         return sum(h * d * np.dtype(dt).itemsize for h, d, dt in self.shapes.values())
 
     def next(self, rows: int, length: int) -> dict[str, np.ndarray]:
-        """Views [rows, H, length, Dh] of the buffer not holding the block, grown if it must be."""
-        cells = rows * length
-        if cells > self.max_positions:  # admission reserves every row's final length: a bug if reached
+        """Views [rows, H, length, Dh] (a window cache's: min(W, length) columns) of the buffer
+        not holding the block, grown if it must be."""
+        if rows * length > self.max_positions:  # admission reserves every row's final length: a bug if reached
             raise RunError(f"cache of {rows} x {length} positions past its budget of {self.max_positions}")
         out = {}
         for name, (h, d, dtype) in self.shapes.items():
+            n = cache_length(self.dims[name], length)
+            cells = rows * n
             buf = self.buffers[self.turn].get(name)
             if buf is None or buf.size < cells * h * d:
                 grown = min(self.max_positions, max(cells, 2 * (buf.size // (h * d) if buf is not None else 0)))
                 buf = self.buffers[self.turn][name] = np.empty(grown * h * d, dtype)
-            out[name] = buf[: cells * h * d].reshape(rows, h, length, d)
+            out[name] = buf[: cells * h * d].reshape(rows, h, n, d)
         return out
 
-    def hold(self, views: Mapping[str, np.ndarray]) -> None:
-        """Make `views` (from next()) the block."""
+    def hold(self, views: Mapping[str, np.ndarray], length: int) -> None:
+        """Make `views` (from next(rows, length)) the block."""
         self.current, self.turn = dict(views), 1 - self.turn
         first = next(iter(views.values()), None)
-        self.rows, self.length = (first.shape[0], first.shape[2]) if first is not None else (0, 0)
+        self.rows, self.length = (first.shape[0], length) if first is not None else (0, 0)
 
     def past(self) -> dict:
         """The block as past_key_values.* inputs (OrtValues over the views, no copy)."""
@@ -210,19 +216,23 @@ class CacheBlock:
 
     def relayout(self, keep: list[tuple[int, int]], joining: list[tuple[dict, int]], length: int) -> None:
         """A new block of `length` columns: the current rows `keep` (row index, its positions) and
-        then `joining`'s rows (each its own present.* [1, H, p, Dh], p positions), each
-        right-aligned and zero on its left (masked, but it must be finite: 0 x NaN is NaN)."""
+        then `joining`'s rows (each its own present.* [1, H, p, Dh], p positions; a window cache's
+        holds the last min(W, p)), each right-aligned and zero on its left (masked, but it must be
+        finite: 0 x NaN is NaN)."""
         rows = len(keep) + len(joining)
         views = self.next(rows, length) if rows else {}
         for name, view in views.items():
+            dims, width = self.dims[name], view.shape[2]
             for j, (i, n) in enumerate(keep):
-                view[j, :, : length - n] = 0
-                view[j, :, length - n:] = self.current[name][i, :, self.length - n:]
+                m = cache_length(dims, n)
+                view[j, :, : width - m] = 0
+                view[j, :, width - m:] = self.current[name][i, :, self.current[name].shape[2] - m:]
             for j, (present, n) in enumerate(joining, start=len(keep)):
-                view[j, :, : length - n] = 0
-                view[j, :, length - n:] = present[name][0]
+                m = cache_length(dims, n)
+                view[j, :, : width - m] = 0
+                view[j, :, width - m:] = present[name][0]
         if rows:
-            self.hold(views)
+            self.hold(views, length)
         else:
             self.current, self.rows, self.length = {}, 0, 0
 
@@ -432,7 +442,7 @@ class Scheduler:
                 self._end(seq, ERROR, str(exc))
             self.block.relayout([], [], 0)
             return
-        self.block.hold(into)
+        self.block.hold(into, length + 1)
         self.stats.steps += 1
         logits = out[self.logits_name].numpy()[:, -1, :]
         for i, seq in enumerate(self._active):

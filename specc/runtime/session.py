@@ -215,9 +215,8 @@ class Session:
         out = dict(feeds)
         for name, val in empty_cache(graph, b).items():
             out.setdefault(name, val)
-        p = past_length(graph, out)
         if ATTENTION_MASK in graph.inputs and ATTENTION_MASK not in out:
-            out[ATTENTION_MASK] = np.ones((b, p + t), dtype=np.int64)
+            out[ATTENTION_MASK] = np.ones((b, past_length(graph, out) + t), dtype=np.int64)
         if POSITION_IDS in graph.inputs and POSITION_IDS not in out:
             out[POSITION_IDS] = positions_from_mask(np.asarray(out[ATTENTION_MASK]), t)
         if TOKEN_TYPE_IDS in graph.inputs and TOKEN_TYPE_IDS not in out:

@@ -221,10 +221,14 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
             flops += 2 * r.d_model * vocab
     cache_bytes = PRECISIONS[r.serving.precision].dtype_bytes  # the cache is in the exported float dtype
     kv = 0
+    kv_at_length = 0  # one sequence of n positions: a window cache holds min(W, n) of them (spec/io.py)
     cross_kv = 0
     if r.decoder is not None:
         for layer in r.decoder.layers:
-            kv += layer.attention.kv_heads * (layer.attention.d_k + layer.attention.d_v) * cache_bytes
+            position = layer.attention.kv_heads * (layer.attention.d_k + layer.attention.d_v) * cache_bytes
+            kv += position
+            window = layer.attention.cache_window
+            kv_at_length += position * (n if window is None else min(window, n))
             if layer.cross_attention is not None:
                 c = layer.cross_attention
                 cross_kv += c.kv_heads * (c.d_k + c.d_v) * cache_bytes
@@ -242,6 +246,7 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
         "shared": shared,
         "flops_per_token": int(flops),
         "kv_cache_bytes_per_token": kv,
+        "kv_cache_bytes_at_length": kv_at_length,
         "cross_kv_cache_bytes_per_source_token": cross_kv,
         "weight_bytes": {p: int(total * b) for p, b in BYTES.items()},
         "layers": layers,

@@ -6,7 +6,14 @@ outputs, and the rules that connect one call to the next.
     present.N[.part].*  becomes the next call's  past_key_values.N[.part].*
 
 `part` is "" in a decoder-only model, "decoder" for an encoder-decoder's own (growing) cache and
-"encoder" for its cross-attention K/V, which the encoder graph computes once. spec/resolve.py
+"encoder" for its cross-attention K/V, which the encoder graph computes once.
+
+A decoder-only model's layer whose self-attention slides a window W over the past (pattern
+`local`: query t sees keys t-W .. t) keeps a window cache: its past holds the last min(W, P) of
+the P positions before the call, its present the last min(W, P + T) after it. Its cache dims are
+the windowed forms of past_sequence / total_sequence (`windowed`: "past_sequence_window4" for
+W = 4), whose sizes follow from those two (`dim_size`); the attention_mask stays [batch,
+total_sequence] over the whole sequence, and such a layer reads its last columns. spec/resolve.py
 builds every GraphSig from these names; nn/, export/, runtime/, serving and the benchmarks read
 them here and spell none of it themselves.
 
@@ -141,9 +148,54 @@ def layer_presents(pairs: Iterable[tuple[Any, Any]], part: str = SELF) -> dict[s
     return out
 
 
+WINDOW_INFIX = "_window"
+
+
+def windowed(dim: str, window: int) -> str:
+    """The cache length dim of a layer that keeps the last `window` positions of `dim` (PAST or
+    TOTAL): its size is min(window, size of dim)."""
+    return f"{dim}{WINDOW_INFIX}{window}"
+
+
+def parse_window(dim: int | str) -> tuple[str, int] | None:
+    """(the dim it windows, the window) of a `windowed` dim; None for any other dim."""
+    if not isinstance(dim, str):
+        return None
+    base, _, w = dim.rpartition(WINDOW_INFIX)
+    if base not in (PAST, TOTAL) or not w.isdigit() or int(w) < 1:
+        return None
+    return base, int(w)
+
+
+def cache_window(dims: Iterable[int | str]) -> int | None:
+    """The window of a cache tensor with these dims ([batch, heads, length, head_dim]); None for a
+    cache that holds the whole sequence."""
+    dims = list(dims)
+    parsed = parse_window(dims[2]) if len(dims) == 4 else None
+    return parsed[1] if parsed else None
+
+
+def cache_length(dims: Iterable[int | str], total: int) -> int:
+    """Positions a present.* with these dims holds after `total` positions in all."""
+    window = cache_window(dims)
+    return total if window is None else min(window, total)
+
+
+def dim_size(dim: str, sizes: Mapping[str, int]) -> int:
+    """The size of a symbolic dim: from `sizes`, a windowed dim from the dim it windows where
+    `sizes` has no entry of its own (KeyError if neither is there)."""
+    if dim in sizes:
+        return sizes[dim]
+    parsed = parse_window(dim)
+    if parsed is None:
+        raise KeyError(dim)
+    return min(parsed[1], sizes[parsed[0]])
+
+
 def concrete_dims(dims: Iterable[int | str], sizes: Mapping[str, int]) -> list[int]:
-    """A signature's dims with the symbolic ones replaced from `sizes` (KeyError if one is missing)."""
-    return [d if isinstance(d, int) else sizes[d] for d in dims]
+    """A signature's dims with the symbolic ones replaced from `sizes` (KeyError if one is missing;
+    windowed dims follow from past_sequence / total_sequence)."""
+    return [d if isinstance(d, int) else dim_size(d, sizes) for d in dims]
 
 
 def empty_cache_dims(dims: Iterable[int | str], batch: int) -> list[int]:

@@ -207,8 +207,13 @@ NOTES = {
                  "section 2) and Gemma 3 gives its global layers a rotary base of 1e6 against 1e4, "
                  "scaled linearly by 8 in the 4B and larger models (arXiv:2503.19786, section 3.2; "
                  "transformers' Gemma3TextConfig rope_parameters). See [LayerOverride](#layeroverride). Where overrides make layers 1 and on differ, the stack is exported whole (not "
-                 "stitched from two traced layers) and cannot be streamed; every layer's cache holds "
-                 "the whole sequence (a sliding layer masks what its window does not see).",
+                 "stitched from two traced layers) and cannot be streamed. In a decoder-only model, "
+                 "a layer whose pattern is `local` (window W: a token sees itself and the W before it) "
+                 "keeps a window cache, as Hugging Face's sliding layers do: its present.N.key/.value "
+                 "hold the last W positions (fewer while the sequence is shorter), with cache dims of "
+                 "their own (`past_sequence_windowW`, `total_sequence_windowW`), while the other layers' "
+                 "caches hold the whole sequence (docs/runtime.md, \"The KV cache\"); an encoder-decoder's "
+                 "decoder, which takes no mask over its own past, keeps whole caches in every layer.",
     "AttentionSpec": "`d_k` defaults to `d_model / heads` and `d_v` to `d_k`; `kv_heads` (grouped-query "
                      "attention) defaults to `heads`. `bias` gives the q, k, v and output projections "
                      "biases; `output_bias` (null: as `bias`) sets the output projection's alone, as Qwen2 "

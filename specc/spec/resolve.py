@@ -17,6 +17,9 @@ Graphs and their tensors (names follow Optimum's ONNX conventions):
                           decoder: input_ids, encoder_attention_mask, past_key_values.N.decoder.key/.value,
                                    past_key_values.N.encoder.key/.value
                                 -> outputs, present.N.decoder.key/.value
+
+A decoder-only model's sliding-window layers keep window caches (ResolvedAttention.cache_window):
+their past / present dims are the windowed forms of past_sequence / total_sequence (spec/io.py).
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ from specc.spec.io import (
     TOTAL,
     cache_slots,
     float_dtype,
+    windowed,
 )
 from specc.spec.schema import (
     AttentionSpec,
@@ -94,6 +98,9 @@ class ResolvedAttention(Frozen):
     rotary_scaling: RotaryScaling = NoScaling()  # their scaling: position.scaling, or the layer's override
     # BigBird: for each query block, the key blocks it also attends to (drawn once, seeded).
     random_blocks: tuple[tuple[int, ...], ...] = ()
+    # a decoder-only model's self-attention under a local pattern: the window W its cache keeps
+    # (the last W positions; specc/spec/io.py), None where the cache holds the whole sequence
+    cache_window: int | None = None
 
 
 class ResolvedLayer(Frozen):
@@ -233,6 +240,10 @@ def _attention(
         p = att.pattern
         n = math.ceil(spec.position.max_length / p.block)
         blocks = bigbird_random_blocks(n, p.random, p.global_, role == "causal", f"bigbird/{stack}/{layer}")
+    # an encoder-decoder's decoder takes no mask over its own past, from which a window cache's
+    # layers would learn the past's length: its caches hold the whole sequence
+    window = att.pattern.window if (att.pattern.kind == "local" and role == "causal"
+                                    and spec.architecture == "decoder") else None
     return ResolvedAttention(
         heads=att.heads,
         kv_heads=kv,
@@ -253,6 +264,7 @@ def _attention(
         rotary_base=base,
         rotary_scaling=scaling,
         random_blocks=blocks,
+        cache_window=window,
     )
 
 
@@ -317,7 +329,8 @@ def _cache_sigs(prefix: str, stack: ResolvedStack, part: str, seq: str, fdt: str
         layer = stack.layers[slot.layer]
         att = layer.cross_attention if slot.cross else layer.attention
         width = att.d_k if slot.which == KEY else att.d_v
-        sigs.append(TensorSig(name=slot.name(prefix), dtype=fdt, dims=(BATCH, att.kv_heads, seq, width)))
+        length = seq if att.cache_window is None or slot.cross else windowed(seq, att.cache_window)
+        sigs.append(TensorSig(name=slot.name(prefix), dtype=fdt, dims=(BATCH, att.kv_heads, length, width)))
     return sigs
 
 

@@ -15,6 +15,7 @@ import pytest
 from specc.export import onnx as onnx_export
 from specc.export import stitch
 from specc.nn import to_torch
+from specc.spec.io import concrete_dims
 from specc.spec.resolve import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nn"))
@@ -44,7 +45,7 @@ def _feed(r, sig) -> dict[str, np.ndarray]:
     vocab = r.target_vocab_size if sig.name == "decoder" else r.vocab.size
     feed = {}
     for t in sig.inputs:
-        shape = [SIZES[d] if isinstance(d, str) else d for d in t.dims]
+        shape = concrete_dims(t.dims, SIZES)  # a window cache's length follows from past_sequence
         if t.name in ("input_ids",):
             feed[t.name] = rng.integers(0, vocab, size=shape)
         elif t.name == "token_type_ids":

@@ -19,6 +19,7 @@ from specc.nn import streamed as st
 from specc.export.stitch import streamable
 from specc.pipeline import _resolve
 from specc.spec.load import load_spec
+from specc.spec.schema import LocalPattern
 
 pytest.importorskip("onnxruntime")
 
@@ -261,6 +262,22 @@ def test_a_build_verified_by_segments_checks_every_layer_on_every_case(tmp_path,
     assert set(by[("decoder layer 3", "longest")]) == {"decoder.layers.3", "present.3.key", "present.3.value"}
     assert set(by[("what follows decoder layer 5", "longest")]) == {"logits"}
     assert v["max_abs_diff"] <= (1e-3 if precision != "fp16" else 0.1)
+
+
+def test_window_caches_verified_by_segments(tmp_path, by_segments):
+    """Every layer sliding a window of 12 (as Mistral's): the stitched, streamed graph's presents
+    are window caches, checked layer by layer on the cases that outgrow the window."""
+    spec = _deep(layers=4)
+    att = spec.decoder.attention.model_copy(update={"pattern": LocalPattern(window=12)})
+    spec = spec.model_copy(update={"decoder": spec.decoder.model_copy(update={"attention": att})})
+    res = specc.build(spec, tmp_path / "streamed", stream=True)
+    v = res.verification
+    assert v["streamed"]["by_segments"]
+    by = {(s["segment"], s["case"]): s["outputs"] for s in v["segments"]}
+    assert {"window-prefill", "window-step", "window-step-2"} <= {case for _, case in by}
+    assert set(by[("decoder layer 3", "window-step-2")]) == {"decoder.layers.3", "present.3.key", "present.3.value"}
+    sig = {t["name"]: t["dims"] for t in res.manifest["graphs"]["model"]["outputs"]}
+    assert sig["present.3.key"][2] == "total_sequence_window12"
 
 
 @pytest.mark.parametrize("precision, weight, factor", [("fp32", "ffn.down.weight", 1.1), ("int4", "ffn.down.weight", -1.0)])

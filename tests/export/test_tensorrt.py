@@ -22,6 +22,7 @@ from specc.pipeline import _ort_passes as real_ort_passes
 from specc.pipeline import build
 from specc.spec.load import load_spec
 from specc.spec.resolve import resolve
+from specc.spec.schema import LocalPattern
 
 HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 
@@ -184,3 +185,14 @@ def test_engine_builds_and_matches(tmp_path, monkeypatch, precision):
     assert (tmp_path / "cache" / "tensorrt" / "timing.cache").stat().st_size > 0
     assert result.manifest["verification_tensorrt"]["passed"]
     assert len(result.manifest["verification_tensorrt"]["cases"]) == len(result.manifest["verification"]["cases"])
+
+
+def test_window_cache_profiles_are_capped_at_the_window():
+    spec = load_spec("tiny-llama")
+    att = spec.decoder.attention.model_copy(update={"pattern": LocalPattern(window=10)})
+    r = resolve(spec.model_copy(update={"decoder": spec.decoder.model_copy(update={"attention": att})}))
+    prof = trtx.profile_shapes(r, r.graphs[0])
+    lo, mid, hi = prof["past_key_values.0.key"]
+    n = r.serving.length
+    assert (lo[2], mid[2], hi[2]) == (0, min(10, n.opt), 10)
+    assert prof["attention_mask"][2][1] == n.max  # the mask still covers the whole sequence

@@ -159,6 +159,24 @@ def test_cases_stay_within_a_short_serving_length(kind, serving_max):
     assert max(_total(cs, c) for c in cs) <= serving_max
 
 
+@pytest.mark.parametrize("window, serving_max, cut", [(20, 64, True), (3, 64, False), (29, 32, True), (30, 32, False)])
+def test_window_caches_get_cases_that_outgrow_the_window(window, serving_max, cut):
+    """A window cache as long as the padded prefill or longer gets a padded prompt of W + 1 (the
+    present cut to W) and two steps from it; a shorter one is cut by the padded prefill already;
+    none runs past serving.length.max."""
+    r = resolve(speclib.tiny({"decoder": {"attention": {"heads": 4, "pattern": {"kind": "local", "window": window}}},
+                              "serving": {"length": {"min": 1, "opt": serving_max, "max": serving_max}}}))
+    cs = cases(r)
+    by = {c.name: c for c in cs}
+    assert max(_total(cs, c) for c in cs) <= serving_max
+    assert ("window-prefill" in by) is cut
+    if cut or window < 8:  # a padded prompt past the window, and a step from its cut cache
+        assert any(c.sequence > window and c.pad > 0 and any(d.after == c.name for d in cs) for c in cs)
+    if cut:
+        assert (by["window-prefill"].sequence, by["window-prefill"].batch) == (window + 1, 2)
+        assert by["window-step"].after == "window-prefill" and by["window-step-2"].after == "window-step"
+
+
 # --- _compare -------------------------------------------------------------------------------
 
 

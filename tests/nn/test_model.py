@@ -131,11 +131,14 @@ def test_default_initialisation_is_skipped_only_while_constructing():
 
 
 def _greedy_step_check(model, ids):
+    """Max |one full pass - token by token with the cache| of the logits; each step gets the mask
+    over the whole sequence so far (a window cache alone does not say the sequence's length)."""
     with torch.no_grad():
         full = model(input_ids=ids)["logits"]
         past, steps = {}, []
         for t in range(ids.shape[1]):
-            out = model(input_ids=ids[:, t : t + 1], use_cache=True, **past)
+            mask = torch.ones(ids.shape[0], t + 1, dtype=torch.long)
+            out = model(input_ids=ids[:, t : t + 1], attention_mask=mask, use_cache=True, **past)
             steps.append(out["logits"])
             past = {k.replace("present", "past_key_values", 1): v for k, v in out.items() if k.startswith("present.")}
     return (full - torch.cat(steps, 1)).abs().max().item()
@@ -168,6 +171,35 @@ def test_incremental_decoding_encoder_decoder(position):
             steps.append(out["logits"])
             past.update({k.replace("present", "past_key_values", 1): v for k, v in out.items() if k.startswith("present.")})
     assert (full - torch.cat(steps, 1)).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("kind", ["local", "overrides"])
+def test_sliding_layers_keep_a_window_cache(kind):
+    """A sliding layer's present is its window (2 or 3 positions) once the sequence is longer, a
+    global one's the whole sequence; a left-padded prompt longer than the window then a step from
+    that cut cache give the unpadded full pass's logits."""
+    model = specc.to_torch(tiny(KINDS[kind]), seed=1)
+    windows = [layer.attention.spec.cache_window for layer in model.decoder.layers]
+    ids = torch.randint(1, 61, (1, 7), generator=torch.Generator().manual_seed(2))
+    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), ids[:, :6]], 1)
+    mask = torch.cat([torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 6, dtype=torch.long)], 1)
+    with torch.no_grad():
+        full = model(input_ids=ids)["logits"]
+        pre = model(input_ids=padded, attention_mask=mask, use_cache=True)
+        assert [pre[f"present.{i}.key"].shape[2] for i in range(len(windows))] == [w or 8 for w in windows]
+        past = {k.replace("present", "past_key_values", 1): v for k, v in pre.items() if k.startswith("present.")}
+        step = model(input_ids=ids[:, 6:], attention_mask=torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], 1), **past)
+    assert torch.allclose(pre["logits"][:, 2:], full[:, :6], atol=1e-5)
+    assert torch.allclose(step["logits"][:, -1], full[:, -1], atol=1e-5)
+    # without a mask: the length from a whole cache, or (every cache a full window) refused
+    with torch.no_grad():
+        pre = model(input_ids=ids[:, :6], use_cache=True)
+        past = {k.replace("present", "past_key_values", 1): v for k, v in pre.items() if k.startswith("present.")}
+        if all(windows):
+            with pytest.raises(TypeError, match="give attention_mask"):
+                model(input_ids=ids[:, 6:], **past)
+        else:
+            assert torch.allclose(model(input_ids=ids[:, 6:], **past)["logits"][:, -1], full[:, -1], atol=1e-5)
 
 
 def test_prefill_then_decode_step_with_cache():

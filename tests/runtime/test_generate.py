@@ -15,6 +15,7 @@ import torch
 import specc
 from specc.runtime import Generated, RunError, Session
 from specc.runtime.generate import DecoderRunner, EncoderDecoderRunner, log_softmax, sample
+from specc.spec.io import present_to_past
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nn"))
 import speclib  # noqa: E402  (tests/nn/speclib.py)
@@ -24,12 +25,22 @@ pytest.importorskip("onnxruntime")
 # vocabulary 61, learned positions (64), an untied head (tied tiny models tend to repeat one token)
 SMALL = speclib.tiny({"vocab": {"size": 61, "tie_output": False}})
 SMALL_SEED = 3  # built and compared with a seed other than the default
+# SMALL with three layers, 0 and 2 sliding a window of 3 (layer 1 global): window caches, which the
+# longer prompt and the generations outgrow
+WINDOWED = speclib.tiny({"vocab": {"size": 61, "tie_output": False},
+                         "decoder": {"layers": 3, "attention": {"heads": 4, "pattern": {"kind": "local", "window": 3}},
+                                     "overrides": [{"indices": [1], "pattern": {"kind": "full"}}]}})
+# every layer sliding (as Mistral's): no cache says how long the sequence is, the mask does
+ALL_WINDOWED = speclib.tiny({"vocab": {"size": 61, "tie_output": False},
+                             "decoder": {"attention": {"heads": 4, "pattern": {"kind": "local", "window": 3}}}})
 
 TARGETS = {  # label -> (spec, seed)
     "tiny-gpt2": ("tiny-gpt2", 0),
     "tiny-llama": ("tiny-llama", 0),
     "tiny-transformer": ("tiny-transformer", 0),
     "small-seed3": (SMALL, SMALL_SEED),
+    "small-window": (WINDOWED, SMALL_SEED),
+    "all-windowed": (ALL_WINDOWED, SMALL_SEED),
 }
 DECODERS = ["tiny-gpt2", "tiny-llama", "small-seed3"]
 PROMPTS = {  # two prompts of different lengths per target
@@ -37,6 +48,8 @@ PROMPTS = {  # two prompts of different lengths per target
     "tiny-llama": ([5, 6, 7], [640, 12, 31, 81, 3, 770]),
     "tiny-transformer": ([5, 6, 7, 8, 9, 10, 11], [300, 301]),
     "small-seed3": ([5, 6, 7], [40, 12, 31, 8, 3, 17]),
+    "small-window": ([5, 6, 7], [40, 12, 31, 8, 3, 17]),
+    "all-windowed": ([5, 6, 7], [40, 12, 31, 8, 3, 17]),
 }
 NEW = 8
 
@@ -454,10 +467,11 @@ def test_full_width_beam_search_with_eos_compares_lengths_with_the_penalty(small
 
 @pytest.mark.parametrize("k", [2, 3, 4])
 @pytest.mark.parametrize("which", [0, 1])
-def test_beam_search_equals_a_plain_reference_beam_search(built, k, which):
+@pytest.mark.parametrize("label", ["small-seed3", "small-window"])
+def test_beam_search_equals_a_plain_reference_beam_search(built, k, which, label):
     """Six steps: beams get reordered (several children of one parent), so the cache rows must follow."""
-    s, model = built("small-seed3")
-    prompt = PROMPTS["small-seed3"][which]
+    s, model = built(label)
+    prompt = PROMPTS[label][which]
     fn = torch_logp(model, "decoder", prompt, s.tokens)
     want, want_score = reference_beam(fn, k, 6)
     got = s.generate(prompt, max_new_tokens=6, beams=k).new_ids[0]
@@ -465,7 +479,7 @@ def test_beam_search_equals_a_plain_reference_beam_search(built, k, which):
     assert abs(sum_logp(fn, got) - want_score) < 1e-4
 
 
-@pytest.mark.parametrize("label", ["small-seed3", "tiny-llama", "tiny-transformer"])
+@pytest.mark.parametrize("label", ["small-seed3", "tiny-llama", "tiny-transformer", "small-window"])
 def test_reordered_beams_carry_their_own_cache(built, label):
     """Beam search moves cache rows to the beams' new slots. The tiny models' next-token ranking
     hardly depends on the history, so the beam ids alone would not show a stale cache: the logits do."""
@@ -487,7 +501,7 @@ def test_reordered_beams_carry_their_own_cache(built, label):
     assert float(np.abs(stale - want).max()) > 2e-4  # the history matters to the logits
 
 
-@pytest.mark.parametrize("label", ["tiny-llama", "tiny-transformer"])
+@pytest.mark.parametrize("label", ["tiny-llama", "tiny-transformer", "small-window"])
 def test_cpu_cache_is_allocated_once_and_written_in_place(built, label):
     """On CPU the loop's cache lives in two buffers per layer made before the prefill: every
     step's past_key_values.* point into them, alternating, and a step past the capacity is refused."""
@@ -521,6 +535,57 @@ def test_cpu_cache_is_allocated_once_and_written_in_place(built, label):
     runner.step(np.array([5, 6]))  # the third new token: the capacity
     with pytest.raises(RunError, match="capacity"):
         runner.step(np.array([5, 6]))
+
+
+def test_window_caches_hold_the_window_only(built):
+    """A sliding layer's cache is its window long after a longer prompt and after every step (the
+    global layer's grows), and its CPU buffers are sized for the window, not the generation."""
+    s, _ = built("small-window")
+    prompt = PROMPTS["small-window"][1]
+    runner = DecoderRunner(s, [prompt, prompt[:2]], 0, 4)
+    assert {n: b[0].size for n, b in runner.kv.buffers.items()} == {
+        f"present.{i}.{w}": 2 * 4 * 3 * 8 if i != 1 else 2 * 4 * (6 + 4) * 8 for i in range(3) for w in ("key", "value")}
+    runner.prefill()
+    for total in range(6, 10):
+        lengths = {n: v.shape()[2] for n, v in runner.cache.items()}
+        assert lengths == {f"past_key_values.{i}.{w}": 3 if i != 1 else total for i in range(3) for w in ("key", "value")}
+        runner.step(np.array([5, 6]))
+
+
+def test_a_window_cache_continues_a_run_and_a_wrong_one_is_refused(built):
+    """Session.run's presents fed back (with the mask over the whole sequence, or without: the
+    global layer's cache says the length) give torch's logits; a window cache cut short of its
+    window is refused naming it."""
+    s, model = built("small-window")
+    prompt = PROMPTS["small-window"][1]
+    past = present_to_past(s.run(input_ids=[prompt]))
+    want = _logits(model, input_ids=[prompt + [9]])[:, -1]
+    for mask in ({"attention_mask": np.ones((1, len(prompt) + 1), np.int64)}, {}):
+        got = s.run(input_ids=[[9]], **mask, **past)["logits"][:, -1]
+        assert float(np.abs(got - want).max()) < 1e-4
+    short = {**past, **{n: v[:, :, 1:] for n, v in past.items() if not n.startswith("past_key_values.1.")}}
+    with pytest.raises(RunError, match=r"past_key_values\.0\.key: a window cache of 2 positions, .* min\(3, 6\) = 3"):
+        s.run(input_ids=[[9]], **short)
+    # and within one call, the window caches must agree
+    with pytest.raises(RunError, match=r"past_key_values\.2\.key: past_sequence_window3 is 2 .* but 3 in past_key_values\.0\.key"):
+        s.run(input_ids=[[9]], **{**past, "past_key_values.2.key": past["past_key_values.2.key"][:, :, 1:]})
+
+
+def test_a_full_window_cache_needs_the_mask_that_says_the_length(built):
+    """Every layer sliding: a run fed caches at their full window takes the mask over the whole
+    sequence (torch's logits), and without one is refused naming attention_mask; while the
+    caches are shorter than the window, they say the length themselves."""
+    s, model = built("all-windowed")
+    prompt = PROMPTS["all-windowed"][1]
+    past = present_to_past(s.run(input_ids=[prompt]))
+    assert {v.shape[2] for v in past.values()} == {3}
+    got = s.run(input_ids=[[9]], attention_mask=np.ones((1, len(prompt) + 1), np.int64), **past)["logits"][:, -1]
+    assert float(np.abs(got - _logits(model, input_ids=[prompt + [9]])[:, -1]).max()) < 1e-4
+    with pytest.raises(RunError, match=r"^attention_mask: needed with a cache: every layer keeps a window of at most 3"):
+        s.run(input_ids=[[9]], **past)
+    short = present_to_past(s.run(input_ids=[prompt[:2]]))
+    got = s.run(input_ids=[[9]], **short)["logits"][:, -1]
+    assert float(np.abs(got - _logits(model, input_ids=[prompt[:2] + [9]])[:, -1]).max()) < 1e-4
 
 
 def test_two_step_beam_search_never_scores_below_greedy(small_two_step):

@@ -24,7 +24,20 @@ from specc.runtime.scheduler import (
 
 pytest.importorskip("onnxruntime")
 
-DECODERS = ["tiny-gpt2", "tiny-llama"]
+DECODERS = ["tiny-gpt2", "tiny-llama", "tiny-llama-window"]
+
+# tiny-llama with sliding windows of 6 in layers 0 and 2 (layer 1 global): window caches that the
+# test's prompts (up to 30 tokens) and generations outgrow
+WINDOWED = """\
+specc: 1
+name: tiny-llama-window
+extends: tiny-llama
+decoder:
+  layers: 3
+  attention: {heads: 4, kv_heads: 2, pattern: {kind: local, window: 6}}
+  ffn: {d_ff: 128}
+  overrides: [{indices: [1], pattern: {kind: full}}]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +48,13 @@ def built(tmp_path_factory):
 
     def get(name: str) -> Session:
         if name not in done:
-            out = tmp_path_factory.getbasetemp() / "specc-runtime-builds" / name
-            done[name] = Session(specc.build(name, out).out_dir)
+            root = tmp_path_factory.getbasetemp() / "specc-runtime-builds"
+            spec = name
+            if name == "tiny-llama-window":
+                root.mkdir(parents=True, exist_ok=True)
+                spec = root / f"{name}.yaml"
+                spec.write_text(WINDOWED)
+            done[name] = Session(specc.build(spec, root / name).out_dir)
         return done[name]
 
     return get

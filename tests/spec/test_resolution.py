@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from specc.spec import loads_spec, resolve
+from specc.spec.io import cache_length, concrete_dims, empty_cache_dims, parse_window, windowed
 from specc.spec.resolve import explicit
 from spectext import DEC
 
@@ -189,3 +190,34 @@ def test_resolve_is_idempotent():
     r = resolve(loads_spec(ED))
     assert resolve(r) is r
     assert resolve(r.spec) == r
+
+
+def test_sliding_layers_of_a_decoder_keep_window_caches():
+    """A decoder-only model's local layers get windowed cache dims (their own length, min(W, the
+    sequence)); its global layers (overrides) and an encoder-decoder's decoder keep the whole."""
+    text = DEC.replace("    heads: 4\n", "    heads: 4\n    pattern: {kind: local, window: 5}\n  overrides: [{indices: [1], pattern: {kind: full}}]\n")
+    r = resolve(loads_spec(text))
+    g = r.graph("model")
+    assert [layer.attention.cache_window for layer in r.decoder.layers] == [5, None]
+    assert g.input("past_key_values.0.key").dims == ("batch", 4, "past_sequence_window5", 16)
+    assert g.input("past_key_values.1.value").dims == ("batch", 4, "past_sequence", 16)
+    outs = {t.name: t.dims for t in g.outputs}
+    assert outs["present.0.value"][2] == "total_sequence_window5" and outs["present.1.key"][2] == "total_sequence"
+    ed = resolve(loads_spec(ED))
+    assert ed.decoder.layers[0].attention.cache_window is None
+    assert all("window" not in str(t.dims) for t in ed.graph("decoder").inputs)
+
+
+def test_window_dims_follow_from_the_dims_they_window():
+    assert windowed("past_sequence", 4) == "past_sequence_window4"
+    assert parse_window("total_sequence_window4") == ("total_sequence", 4)
+    for other in ("past_sequence", "sequence_window4", "past_sequence_window0", "past_sequence_windowx", 4):
+        assert parse_window(other) is None
+    dims = ("batch", 2, "past_sequence_window4", 8)
+    assert concrete_dims(dims, {"batch": 3, "past_sequence": 2}) == [3, 2, 2, 8]
+    assert concrete_dims(dims, {"batch": 3, "past_sequence": 9}) == [3, 2, 4, 8]
+    assert empty_cache_dims(dims, 1) == [1, 2, 0, 8]
+    assert [cache_length(dims, t) for t in (1, 4, 9)] == [1, 4, 4]
+    assert cache_length(("batch", 2, "past_sequence", 8), 9) == 9
+    with pytest.raises(KeyError):
+        concrete_dims(dims, {"batch": 3})

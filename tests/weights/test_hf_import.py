@@ -343,6 +343,24 @@ def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     assert s.generate(PROMPTS, max_new_tokens=NEW).new_ids == wants
 
 
+@pytest.mark.parametrize("label", ["mistral-window", "gemma2"])
+def test_sliding_layers_keep_a_window_cache_as_hugging_face_does(imported, label):
+    """Hugging Face's sliding layers (every layer of Mistral's, every other of Gemma 2's) keep a
+    window cache: so do the built graph's, sliding_window - 1 positions after the longer prompt
+    (a token sees itself and those), the global layers' the whole prompt; the generations past
+    the window are the ones test_decoder_logits_and_greedy_match_hugging_face checks."""
+    model, _, _, out = imported(label)
+    cfg = model.config
+    kinds = getattr(cfg, "layer_types", None) or ["sliding_attention"] * cfg.num_hidden_layers
+    prompt = PROMPTS[1]
+    assert len(prompt) > cfg.sliding_window
+    got = Session(out).run(input_ids=[prompt])
+    want = {i: cfg.sliding_window - 1 if kind == "sliding_attention" else len(prompt) for i, kind in enumerate(kinds)}
+    assert "full_attention" in kinds or label == "mistral-window"
+    assert {i: got[f"present.{i}.key"].shape[2] for i in want} == want
+    assert {i: got[f"present.{i}.value"].shape[2] for i in want} == want
+
+
 @pytest.mark.parametrize("label", ["bart", "mbart", "marian", "pegasus", "t5", "t5-gated"])
 def test_encoder_decoder_outputs_and_greedy_match_hugging_face(imported, label):
     model, _, _, out = imported(label)
