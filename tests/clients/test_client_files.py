@@ -173,3 +173,12 @@ def test_clients_run_the_builds_in_their_environment():
     assert proc.returncode == 0, tail
     assert " passed" in proc.stdout and "skipped" not in proc.stdout and "failed" not in proc.stdout, tail
 
+
+def test_window_caches_get_no_client_files_and_say_why():
+    """A decoder whose sliding layers keep window caches gets no files for clients that feed every
+    cache back at the sequence's length (onnxruntime-genai failed on one)."""
+    r = resolve(loads_spec("specc: 1\nname: m\nextends: tiny-llama\ndecoder: {attention: {pattern: {kind: local, window: 8}}}\n"))
+    made = client_files(r, {"model": "model.onnx"})
+    assert made.files == {}
+    for client in (OPTIMUM, GENAI):
+        assert "keep only their window" in made.clients[client]["why"]

@@ -22,7 +22,6 @@ PROMPTS = [[5, 17, 400, 23, 9], [88, 3]]  # two lengths: the second row is left-
 NEW = 12
 # decoders no Hugging Face family computes (no config.json): onnxruntime-genai runs them all the same
 VARIANTS = {"alibi": "position: {kind: alibi}", "relative": "position: {kind: relative, max_length: 128}",
-            "local": "decoder: {attention: {pattern: {kind: local, window: 3}}}",
             "bigbird": "decoder: {attention: {pattern: {kind: bigbird, block: 4, window: 1, global: 1, random: 1}}}"}
 
 

@@ -85,7 +85,7 @@ def test_import_hf_cli(tmp_path):
     out = tmp_path / "m.yaml"
     res = CliRunner().invoke(main, ["import", "hf", str(tmp_path / "ckpt"), "-o", str(out), "--name", "tiny", "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output) == {"spec": str(out), "weights": str(tmp_path / "m.safetensors")}
+    assert json.loads(res.output) == {"spec": str(out), "weights": str(tmp_path / "m.safetensors"), "tokenizer": None}
     spec = specc.load_spec(out)
     assert spec.name == "tiny" and spec.weights == "m.safetensors"
     again = CliRunner().invoke(main, ["import", "hf", str(tmp_path / "ckpt"), "-o", str(out)])
