@@ -37,7 +37,10 @@ def _hashes(out) -> dict[str, str]:
             if p.is_file() and p.name != "manifest.json"}
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "int4"])
+SLOW = pytest.mark.slow  # make test keeps fp32 and int4 (the two writers' extremes); make test-slow adds the rest
+
+
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("fp16", marks=SLOW), pytest.param("int8", marks=SLOW), "int4"])
 def test_streamed_and_in_memory_builds_write_the_same_bytes(tmp_path, precision):
     spec = _deep()
     # model.safetensors kept: its streamed writer (a tensor at a time) is compared too
@@ -122,7 +125,8 @@ def _plant(monkeypatch, weight: str, factor: float) -> None:
 
 # int4: a norm's gain, since at a tiny seeded model's scale a wrong FFN projection hides under
 # int4's noise bar (a negated one passes; docs/build.md, "Streamed builds", says so)
-@pytest.mark.parametrize("precision, weight, factor", [("fp32", "ffn.down.weight", 1.1), ("fp16", "ffn.down.weight", 3.0),
+@pytest.mark.parametrize("precision, weight, factor", [("fp32", "ffn.down.weight", 1.1),
+                                                       pytest.param("fp16", "ffn.down.weight", 3.0, marks=SLOW),
                                                        ("int4", "ffn_norm.weight", 10.0)])
 def test_a_wrong_weight_in_a_deep_layer_fails_the_build_naming_the_layer(tmp_path, monkeypatch, precision, weight, factor):
     """Layer 3's weight, as the graph reads it, is scaled: the build fails, says decoder layer 3,
@@ -245,7 +249,7 @@ def by_segments(monkeypatch):
     monkeypatch.setattr(pipeline, "verifies_whole", lambda r: False)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "int4"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("fp16", marks=SLOW), "int4"])
 def test_a_build_verified_by_segments_checks_every_layer_on_every_case(tmp_path, by_segments, precision):
     """Each layer's segment, the first (with the embeddings) and the last (the head) run on every
     case; the graph is the one a whole build writes."""

@@ -87,8 +87,10 @@ CASES = {
 # the seed a case's weights are drawn with, where 0's greedy tokens repeat
 SEEDS = {"gemma3": 1, "stablelm-parallel": 1, "falcon-7b-form": 2, "bloom": 4}
 # label, file type: fp32 for every case, Q8_0 blocks for some
-RUNS = [(label, "F32") for label in CASES] + [("llama", "Q8_0"), ("gemma2", "Q8_0"), ("falcon-7b-form", "Q8_0"),
-                                              ("gpt2", "Q8_0")]
+# Q8_0 blocks are read alike for every architecture: make test keeps llama's, make test-slow the rest
+SLOW_Q8 = pytest.mark.slow
+RUNS = [(label, "F32") for label in CASES] + [("llama", "Q8_0")] + [
+    pytest.param(label, "Q8_0", marks=SLOW_Q8) for label in ("gemma2", "falcon-7b-form", "gpt2")]
 
 
 def hf_model(label: str):
@@ -167,7 +169,7 @@ ENCODERS = {
     "roberta-classifier": ("RobertaForSequenceClassification", "RobertaConfig", dict(ROBERTA, num_labels=3), None,
                            (SMALL_BIASES,)),
 }
-ENCODER_RUNS = [(label, "F32") for label in ENCODERS] + [("bert", "Q8_0")]
+ENCODER_RUNS = [(label, "F32") for label in ENCODERS] + [pytest.param("bert", "Q8_0", marks=SLOW_Q8)]
 IDS = [[2, 5, 7, 9, 11, 3, 0], [2, 4, 8, 15, 16, 3, 0]]  # no real token is RoBERTa's padding id 1
 TYPES = [[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
 MASK = [[1] * 7, [1] * 5 + [0, 0]]  # right padding in the second row
@@ -232,7 +234,7 @@ T5_CASES = {
                       tie_word_embeddings=False), 0, True, False,
                  (("lm_head", 0.0, 0.5),)),
 }
-T5_RUNS = [(label, "F32") for label in T5_CASES] + [("t5-gated", "Q8_0")]
+T5_RUNS = [(label, "F32") for label in T5_CASES] + [pytest.param("t5-gated", "Q8_0", marks=SLOW_Q8)]
 
 
 def _t5_greedy(model, ids: list[int], new: int = 8) -> list[int]:
