@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 RUNTIME ?= cpu
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test: the tests are mostly single-threaded exports (2 workers take
-# 9 min where one took 23 on a 2-core machine); TEST_JOBS=0 runs them in this process
+# 9 min where one took 23 on a 2-core machine); TEST_JOBS=0 runs them in this process. loadgroup:
+# tests marked xdist_group("NAME") run on one worker, so that they share a module's fixture
 TEST_JOBS ?= 2
 
 SERVE_VENV ?= .venv-serve
@@ -50,7 +51,7 @@ lint:
 	$(VENV)/bin/ruff check .
 
 test:
-	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 test-slow: install-real-models
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

@@ -208,12 +208,26 @@ def test_serve_answers_concurrent_http_and_grpc_requests_like_specc_run(tmp_path
             s.connect(("127.0.0.1", port))
 
 
+@pytest.fixture(scope="module")
+def gpt2_server(tmp_path_factory):
+    """One server of a tiny-gpt2 build for the tests of its graph model (the xdist group keeps
+    them on one worker); its output at start, and a clean stop after."""
+    build = specc.build("tiny-gpt2", tmp_path_factory.mktemp("served") / "tiny-gpt2").out_dir
+    server = Server(build)
+    started = server.output()
+    yield build, server, started
+    code = server.stop()
+    assert code == 0, server.output()
+    assert "Traceback" not in server.output()
+
+
 @needs_serve_env
-def test_serve_decoder_prefill_and_cached_step_over_http(tmp_path):
+@pytest.mark.xdist_group("gpt2-server")
+def test_serve_decoder_prefill_and_cached_step_over_http(gpt2_server):
     """A decoder served stateless: prefill with an empty cache, then one step fed the returned present.*."""
     from specc.runtime import Session
 
-    build = specc.build("tiny-gpt2", tmp_path / "tiny-gpt2").out_dir
+    build, server, started = gpt2_server
     session = Session(build)
     graph = session.graphs["model"]
     ids = np.array([[5, 9, 2, 7]], dtype=np.int64)
@@ -228,44 +242,41 @@ def test_serve_decoder_prefill_and_cached_step_over_http(tmp_path):
         f.update(past)
         return f
 
-    server = Server(build)
-    try:
-        # one line to start with, Triton's own log in the file it names
-        lines = server.output().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("serving tiny-gpt2, tiny-gpt2_model ") and "Triton's log: " in lines[0], lines
-        assert "tiny-gpt2 generates (ids; 4 sequences at once, 512 cache positions, 64 waiting)" in lines[0], lines
-        assert "server_version" in Path(lines[0].split("Triton's log: ")[1].split(";")[0]).read_text()
-        # the request docs/serving.md gives to paste answers as specc run does
-        doc = (ROOT / "docs" / "serving.md").read_text()
-        body = doc.split("<!-- request: tiny-gpt2 -->")[1].split("-d '")[1].split("'\n")[0]
-        req = urllib.request.Request(f"http://127.0.0.1:{server.http}/v2/models/tiny-gpt2_model/infer", data=body.encode())
-        with urllib.request.urlopen(req, timeout=60) as answer:
-            got = json.loads(answer.read())["outputs"][0]
-        assert got["name"] == "logits" and got["shape"] == [1, 3, 1000]
-        np.testing.assert_allclose(np.array(got["data"]).reshape(1, 3, 1000), session.run(input_ids=[[5, 9, 2]])["logits"],
-                                   rtol=1e-4, atol=1e-4)
-        # the prefill sends no cache: the server supplies the empty one
-        model = session.spec["name"] + "_model"  # the spec's name is the generation model's
-        first = infer("http", server.http, model, feeds_for(ids, {}, 0), ["logits"] + present_names)
-        want = session.run(**feeds_for(ids, {}, 0))
-        np.testing.assert_allclose(first["logits"], want["logits"], rtol=1e-5, atol=1e-5)
-        past = {p: first[q] for p, q in zip(sorted(past_names), sorted(present_names))}
-        nxt = np.array([[int(first["logits"][0, -1].argmax())]], dtype=np.int64)
-        second = infer("http", server.http, model, feeds_for(nxt, past, 4), ["logits"])
-        full = session.run(input_ids=np.concatenate([ids, nxt], axis=1))
-        np.testing.assert_allclose(second["logits"][0, -1], full["logits"][0, -1], rtol=1e-4, atol=1e-4)
-    finally:
-        assert server.stop() == 0, server.output()
+    # one line to start with, Triton's own log in the file it names
+    lines = started.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("serving tiny-gpt2, tiny-gpt2_model ") and "Triton's log: " in lines[0], lines
+    assert "tiny-gpt2 generates (ids; 4 sequences at once, 512 cache positions, 64 waiting)" in lines[0], lines
+    assert "server_version" in Path(lines[0].split("Triton's log: ")[1].split(";")[0]).read_text()
+    # the request docs/serving.md gives to paste answers as specc run does
+    doc = (ROOT / "docs" / "serving.md").read_text()
+    body = doc.split("<!-- request: tiny-gpt2 -->")[1].split("-d '")[1].split("'\n")[0]
+    req = urllib.request.Request(f"http://127.0.0.1:{server.http}/v2/models/tiny-gpt2_model/infer", data=body.encode())
+    with urllib.request.urlopen(req, timeout=60) as answer:
+        got = json.loads(answer.read())["outputs"][0]
+    assert got["name"] == "logits" and got["shape"] == [1, 3, 1000]
+    np.testing.assert_allclose(np.array(got["data"]).reshape(1, 3, 1000), session.run(input_ids=[[5, 9, 2]])["logits"],
+                               rtol=1e-4, atol=1e-4)
+    # the prefill sends no cache: the server supplies the empty one
+    model = session.spec["name"] + "_model"  # the spec's name is the generation model's
+    first = infer("http", server.http, model, feeds_for(ids, {}, 0), ["logits"] + present_names)
+    want = session.run(**feeds_for(ids, {}, 0))
+    np.testing.assert_allclose(first["logits"], want["logits"], rtol=1e-5, atol=1e-5)
+    past = {p: first[q] for p, q in zip(sorted(past_names), sorted(present_names))}
+    nxt = np.array([[int(first["logits"][0, -1].argmax())]], dtype=np.int64)
+    second = infer("http", server.http, model, feeds_for(nxt, past, 4), ["logits"])
+    full = session.run(input_ids=np.concatenate([ids, nxt], axis=1))
+    np.testing.assert_allclose(second["logits"][0, -1], full["logits"][0, -1], rtol=1e-4, atol=1e-4)
 
 
 @needs_serve_env
-def test_serve_answers_client_mistakes_with_400_and_one_line_and_goes_on(tmp_path):
+@pytest.mark.xdist_group("gpt2-server")
+def test_serve_answers_client_mistakes_with_400_and_one_line_and_goes_on(gpt2_server):
     """Each mistake `specc run` refuses is refused by the server too: HTTP 400 / gRPC INVALID_ARGUMENT
     with the same one line (no traceback, no server path), and a good request right after it is
     answered as Session answers it. Mistakes sent concurrently with good requests fail alone."""
     from specc.runtime import RunError, Session
 
-    build = specc.build("tiny-gpt2", tmp_path / "tiny-gpt2").out_dir
+    build, server, _ = gpt2_server
     session = Session(build)
     model = session.spec["name"] + "_model"
     past = [n for n in session.graphs["model"].inputs if n.startswith("past_key_values.")]
@@ -300,35 +311,29 @@ def test_serve_answers_client_mistakes_with_400_and_one_line_and_goes_on(tmp_pat
     }
     good = feeds([[5, 9, 2]])
     want = session.run(**good)["logits"]
-    server = Server(build)
-    try:
-        for name, (request, line) in mistakes.items():
-            in_process = None
-            if name not in ("empty-sequence", "zero-length-cache", "cache-heads", "batch-past-max"):
-                with pytest.raises(RunError) as info:
-                    session.run(**request)  # what `specc run` says
-                in_process = str(info.value)
-            for protocol, port in (("http", server.http), ("grpc", server.grpc)):
-                status, message = refusal(protocol, port, model, request)
-                assert status == BAD[protocol], (name, status, message)
-                if line is not None:
-                    assert message.startswith(line), (name, message)
-                if in_process is not None:
-                    assert message == in_process, (name, message)
-                got = infer(protocol, port, model, good, ["logits"])["logits"]
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        # bad and good requests at once: Triton may batch them together; each bad one fails alone
-        bad = feeds([[-5, 9, 2]])
-        with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(lambda i: infer("http", server.http, model, good, ["logits"]) if i % 2
-                                    else refusal("http", server.http, model, bad), range(32)))
-        for i, answer in enumerate(answers):
-            if i % 2:
-                np.testing.assert_allclose(answer["logits"], want, rtol=1e-5, atol=1e-5)
-            else:
-                assert answer == ("400", mistakes["negative-id"][1]), answer
-        assert server.proc.poll() is None  # still serving
-    finally:
-        code = server.stop()
-    assert code == 0, server.output()
-    assert "Traceback" not in server.output()
+    for name, (request, line) in mistakes.items():
+        in_process = None
+        if name not in ("empty-sequence", "zero-length-cache", "cache-heads", "batch-past-max"):
+            with pytest.raises(RunError) as info:
+                session.run(**request)  # what `specc run` says
+            in_process = str(info.value)
+        for protocol, port in (("http", server.http), ("grpc", server.grpc)):
+            status, message = refusal(protocol, port, model, request)
+            assert status == BAD[protocol], (name, status, message)
+            if line is not None:
+                assert message.startswith(line), (name, message)
+            if in_process is not None:
+                assert message == in_process, (name, message)
+            got = infer(protocol, port, model, good, ["logits"])["logits"]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # bad and good requests at once: Triton may batch them together; each bad one fails alone
+    bad = feeds([[-5, 9, 2]])
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda i: infer("http", server.http, model, good, ["logits"]) if i % 2
+                                else refusal("http", server.http, model, bad), range(32)))
+    for i, answer in enumerate(answers):
+        if i % 2:
+            np.testing.assert_allclose(answer["logits"], want, rtol=1e-5, atol=1e-5)
+        else:
+            assert answer == ("400", mistakes["negative-id"][1]), answer
+    assert server.proc.poll() is None  # still serving
