@@ -242,12 +242,18 @@ class SpeccModel(nn.Module):
                 out.update(layer_presents(cross_presents, CROSS))
         return out
 
+    def _windows(self) -> list[int | None]:
+        """Each decoder layer's cache window, from the resolved spec: never from the layers
+        themselves, since a streamed model makes a layer each time one is reached
+        (specc/nn/streamed.py)."""
+        return [layer.attention.cache_window for layer in self.resolved.decoder.layers]
+
     def _past_length(self, past: list | None) -> int:
         """Positions before this call, from the caches alone (no attention_mask given): a whole-
         sequence cache's length, or a window cache's while it is shorter than its window."""
         if past is None:
             return 0
-        windows = [layer.attention.spec.cache_window for layer in self.decoder.layers]
+        windows = self._windows()
         whole = next((kv for kv, w in zip(past, windows) if w is None), None)
         if whole is not None:
             return whole[0].shape[2]
@@ -266,7 +272,7 @@ class SpeccModel(nn.Module):
         mask = inputs.get(ATTENTION_MASK)
         # a model with window caches reads the past's length off the mask (its caches may be cut);
         # the others off the cache, as their graphs always have
-        windowed = any(layer.attention.spec.cache_window for layer in self.decoder.layers)
+        windowed = any(self._windows())
         p = mask.shape[1] - t if mask is not None and windowed else self._past_length(past)
         if mask is None:
             mask = torch.ones(b, p + t, dtype=torch.int64, device=ids.device)

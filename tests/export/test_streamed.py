@@ -107,6 +107,20 @@ def test_a_streamed_build_holds_one_made_layer_at_a_time(tmp_path, monkeypatch):
     assert most[0] == 1
 
 
+def test_the_reference_run_makes_each_layer_once_per_case():
+    """A streamed model's forward reaches each cut layer once: nothing else walks its layers (a
+    walk to read each layer's cache window once made all 32 of a 7B model again per case)."""
+    from specc.export import verify
+
+    r = as_resolved(_deep(layers=6))
+    short, source = st.short_and_source(r, ("decoder",), stitch.KEEP, 0)
+    made = []
+    source.on_layer = lambda role, index, of: made.append(index)
+    verify.reference_outputs(r, st.streamed_model(short, source).eval(), 0)
+    cases = len(verify.cases(r))
+    assert cases >= 3 and sorted(made) == sorted(list(range(stitch.KEEP, 6)) * cases)
+
+
 def _plant(monkeypatch, weight: str, factor: float) -> None:
     """Layer 3's `weight`, as the stitched graph reads it, multiplied by `factor`."""
     real = stitch._weight
