@@ -15,7 +15,7 @@ CLIENTS_VENV ?= .venv-clients
 BENCH_VENV ?= .venv-bench
 BENCH_ARGS ?=
 
-.PHONY: install install-serve install-clients install-real-models lint test test-slow fuzz bench bench-quality clean
+.PHONY: install install-serve install-clients install-real-models lint test test-slow fuzz bench bench-quality llama-server clean
 
 install:
 	@echo "[install 1/6] $(VENV): a Python virtual environment"
@@ -92,6 +92,18 @@ bench-quality:
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),bench]'
 	$(MAKE) install-real-models PY=$(BENCH_VENV)/bin/python
 	$(BENCH_VENV)/bin/python benchmarks/quality.py
+
+# llama.cpp's own server (continuous batching over parallel slots), built from the llama.cpp that
+# llama-cpp-python's PyPI source vendors: the peer route of benchmarks/serve_load.py
+# (docs/serving.md). About 20 minutes on 2 cores; binary: build/llama-server/bin/llama-server
+LLAMA_CPP_PYTHON ?= 0.3.36
+LLAMA_SRC = build/llama-server/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+llama-server:
+	mkdir -p build/llama-server
+	test -d $(LLAMA_SRC) || ($(PY) -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d build/llama-server && tar xzf build/llama-server/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C build/llama-server)
+	cmake -S $(LLAMA_SRC) -B build/llama-server -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+	cmake --build build/llama-server --target llama-server -j 2
 
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) $(BENCH_VENV) build *.egg-info .pytest_cache

@@ -5,9 +5,15 @@ Reports, per model and concurrency: aggregate tokens/s, time to first token and 
 tokens (p50, p99). 127.0.0.1 only; never run under pytest. The goal (docs/serving.md): 16 streams
 at least 5x one stream's aggregate tokens/s.
 
+With --llama-server (llama.cpp's own server binary, built from the llama.cpp that
+llama-cpp-python's PyPI source vendors: `make llama-server`), a third route serves each
+LLaMA-shaped build's own weights (the build's model.safetensors: build it with --keep-weights) as
+a GGUF of the build's precision (fp32 or fp16) with as many parallel slots as specc serve runs
+sequences at once, under the same load.
+
     .venv/bin/python benchmarks/serve_load.py --builds build/tiny-gpt2 --clients 1 4 --seconds 5
-    .venv/bin/python benchmarks/serve_load.py --builds build/gpt2-small build/llama-style-1b \\
-        --clients 1 4 16 64 --seconds 30
+    .venv/bin/python benchmarks/serve_load.py --builds build/gpt2-small build/smollm2 \\
+        --clients 1 4 16 64 --seconds 30 --llama-server build/llama-server/bin/llama-server
 
 Each build is served by `.venv-serve/bin/specc serve BUILD --max-sequences M` (M: the most
 clients, within serving.batch.max), started and stopped here.
@@ -15,6 +21,7 @@ clients, within serving.batch.max), started and stopped here.
 from __future__ import annotations
 
 import argparse
+import datetime
 import http.client
 import json
 import signal
@@ -22,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +39,8 @@ from specc.spec import io
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / ".venv-serve" / "bin" / "specc"
+THREADS = 2  # llama-server's threads; specc serve's session uses the machine's cores, 2 here
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def free_ports(n: int) -> list[int]:
@@ -70,6 +80,62 @@ def stream_one(port: int, model: str, ids: list[int], new: int) -> list[float]:
             times.append(time.perf_counter() - t0)
     conn.close()
     return times
+
+
+def start_llama_server(binary: Path, gguf: Path, slots: int, context: int) -> tuple[subprocess.Popen, int]:
+    """llama.cpp's server on GGUF with SLOTS parallel slots of CONTEXT tokens each, the same
+    threads as specc's; returns once /health answers 200."""
+    port = free_ports(1)[0]
+    log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen([str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                             "-t", str(THREADS), "-tb", str(THREADS), "--parallel", str(slots),
+                             "-c", str(slots * context), "--no-kv-unified"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"llama-server exited {proc.returncode}: {Path(log.name).read_text()[-2000:]}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"llama-server did not come up in 300 s: {log.name}")
+
+
+def llama_stream_one(port: int, ids: list[int], new: int) -> list[float]:
+    """The same greedy request to llama.cpp's /completion, streamed: one event per token."""
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/completion", body=json.dumps({"prompt": ids, "n_predict": new, "stream": True,
+                                                         "temperature": 0, "ignore_eos": True,
+                                                         "cache_prompt": False}),
+                 headers={"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    times = []
+    for line in answer.fp:
+        if line.startswith(b"data:"):
+            if b'"stop":true' in line:
+                break
+            times.append(time.perf_counter() - t0)
+    conn.close()
+    return times
+
+
+def llama_gguf(build: Path, spec: dict, out: Path) -> Path:
+    """The build's kept weights as a GGUF of its precision (llama_cpp_peer.write_gguf)."""
+    from llama_cpp_peer import write_gguf
+
+    weights = build / "model.safetensors"
+    if not weights.exists():
+        raise SystemExit(f"{build}: no model.safetensors; build it with --keep-weights for --llama-server")
+    dtype = np.float16 if json.loads((build / "manifest.json").read_text())["options"]["precision"] == "fp16" else np.float32
+    write_gguf(weights, spec, out, dtype=dtype)
+    return out
 
 
 def stateless_one(port: int, model: str, ids: list[int], new: int, graph_inputs: list[str]) -> list[float]:
@@ -139,13 +205,31 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     ap.add_argument("--new", type=int, default=64, help="new tokens per request")
     ap.add_argument("--no-stateless", action="store_true", help="skip the client-loop route")
+    ap.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server: a route for LLaMA-shaped builds")
+    ap.add_argument("--out", type=Path, help="also write the table, with this command and the machine, to this file")
     args = ap.parse_args()
     rows = []
     for build in args.builds:
         manifest = json.loads((build / "manifest.json").read_text())
         name, vocab = manifest["spec"]["name"], manifest["spec"]["vocab"]["size"]
-        graph_inputs = [t["name"] for t in manifest["graphs"]["model"]["inputs"]]
         batch_max = manifest["spec"]["serving"]["batch"]["max"]
+        if args.llama_server and manifest["spec"]["position"]["kind"] == "rotary":
+            with tempfile.TemporaryDirectory(dir=build.parent) as tmp:
+                gguf = llama_gguf(build, manifest["spec"], Path(tmp) / f"{name}.gguf")
+                # as many slots as specc serve gets sequences at once
+                proc, port = start_llama_server(args.llama_server, gguf, min(max(args.clients), batch_max),
+                                                args.prompt + args.new + 16)
+                try:
+                    for clients in args.clients:
+                        fn = lambda ids, n: llama_stream_one(port, ids, n)  # noqa: E731
+                        row = {"model": name, "route": "llama.cpp server (completion stream)",
+                               **load(fn, clients, args.seconds, args.prompt, args.new, vocab)}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=60)
+        graph_inputs = [t["name"] for t in manifest["graphs"]["model"]["inputs"]]
         proc, http_port, _ = start(build, min(max(args.clients), batch_max))
         try:
             for clients in args.clients:
@@ -160,12 +244,26 @@ def main() -> None:
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=120)
-    print("\n| model | route | clients | tokens/s | TTFT p50 / p99 ms | per token p50 / p99 ms |")
-    print("|---|---|---|---|---|---|")
+    table = ["| model | route | clients | tokens/s | vs 1 client | TTFT p50 / p99 ms | per token p50 / p99 ms |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        print(f"| {r['model']} | {r['route']} | {r['clients']} | {r['tokens_per_s']:.1f} | "
-              f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | {r['token_p50_ms']:.1f} / {r['token_p99_ms']:.1f} |")
+        one = next((o["tokens_per_s"] for o in rows if o["model"] == r["model"] and o["route"] == r["route"]
+                    and o["clients"] == 1), None)
+        gain = f"{r['tokens_per_s'] / one:.2f}x" if one else "-"
+        table.append(f"| {r['model']} | {r['route']} | {r['clients']} | {r['tokens_per_s']:.1f} | {gain} | "
+                     f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['token_p50_ms']:.1f} / {r['token_p99_ms']:.1f} |")
+    print("\n" + "\n".join(table))
+    if args.out:
+        from suite import _cpu
 
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        command = " ".join(["benchmarks/serve_load.py", *sys.argv[1:]])
+        args.out.write_text(f"# Serving load: generate_stream under concurrent clients\n\n"
+                            f"Written by `benchmarks/serve_load.py --out`; do not edit by hand. Run {when} on "
+                            f"{_cpu()}; command: `{command}`. Each client sends greedy requests of "
+                            f"{args.prompt} random prompt tokens and {args.new} new tokens back to back for "
+                            f"{args.seconds:g} s; tokens/s is all clients' streamed tokens over the wall time.\n\n"
+                            + "\n".join(table) + "\n")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -491,7 +491,7 @@ def _row(name: str, ts: list[float], base: float, unit: str = "ms", floor: float
     return "| " + " | ".join(cells) + " |"
 
 
-SEE_ALSO = ('Also: integer quality on trained checkpoints beside llama.cpp, [benchmarks_quality.md](benchmarks_quality.md) (benchmarks/quality.py); what each graph pass buys, [benchmarks_passes.md](benchmarks_passes.md) (benchmarks/passes.py); build cost after the streaming writer, [benchmarks_build.md](benchmarks_build.md) (benchmarks/build_cost.py); build memory against model size, streamed and whole, beside Optimum, [benchmarks_streamed.md](benchmarks_streamed.md) (benchmarks/streamed_build.py); the GPU suite, [benchmarks_gpu.md](benchmarks_gpu.md) (benchmarks/gpu.py, on a CUDA machine).')
+SEE_ALSO = ('Also: integer quality on trained checkpoints beside llama.cpp, [benchmarks_quality.md](benchmarks_quality.md) (benchmarks/quality.py); what each graph pass buys, [benchmarks_passes.md](benchmarks_passes.md) (benchmarks/passes.py); build cost after the streaming writer, [benchmarks_build.md](benchmarks_build.md) (benchmarks/build_cost.py); build memory against model size, streamed and whole, beside Optimum, [benchmarks_streamed.md](benchmarks_streamed.md) (benchmarks/streamed_build.py); serving under concurrent clients beside llama.cpp (llama-server), [benchmarks_serving.md](benchmarks_serving.md) (benchmarks/serve_load.py); the GPU suite, [benchmarks_gpu.md](benchmarks_gpu.md) (benchmarks/gpu.py, on a CUDA machine).')
 
 
 def report(facts: dict, bert: dict, gen: dict, step: dict, builds: dict, plot: str | None, command: str,
