@@ -65,21 +65,27 @@ def start(build: Path, max_sequences: int) -> tuple[subprocess.Popen, int, int]:
     return proc, http_port, grpc_port
 
 
-def stream_one(port: int, model: str, ids: list[int], new: int) -> list[float]:
-    """Arrival times of each token of one streamed greedy request, from its sending."""
+def event_times(port: int, path: str, body: dict, last: bytes) -> list[float]:
+    """Arrival times of each server-sent event of one streamed request, from its sending, up to
+    the event that holds `last` (the final one, which carries no token)."""
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", f"/v2/models/{model}/generate_stream",
-                 body=json.dumps({"input_ids": ids, "max_tokens": new, "eos": -1, "stream": True}))
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
     answer = conn.getresponse()
     times = []
     for line in answer.fp:  # the raw chunked body: read up to the last event, not to the close
         if line.startswith(b"data:"):
-            if b"finish_reason" in line:
+            if last in line:
                 break
             times.append(time.perf_counter() - t0)
     conn.close()
     return times
+
+
+def stream_one(port: int, model: str, ids: list[int], new: int) -> list[float]:
+    """Arrival times of each token of one streamed greedy request to specc serve."""
+    return event_times(port, f"/v2/models/{model}/generate_stream",
+                       {"input_ids": ids, "max_tokens": new, "eos": -1, "stream": True}, b"finish_reason")
 
 
 def start_llama_server(binary: Path, gguf: Path, slots: int, context: int) -> tuple[subprocess.Popen, int]:
@@ -109,21 +115,8 @@ def start_llama_server(binary: Path, gguf: Path, slots: int, context: int) -> tu
 
 def llama_stream_one(port: int, ids: list[int], new: int) -> list[float]:
     """The same greedy request to llama.cpp's /completion, streamed: one event per token."""
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/completion", body=json.dumps({"prompt": ids, "n_predict": new, "stream": True,
-                                                         "temperature": 0, "ignore_eos": True,
-                                                         "cache_prompt": False}),
-                 headers={"Content-Type": "application/json"})
-    answer = conn.getresponse()
-    times = []
-    for line in answer.fp:
-        if line.startswith(b"data:"):
-            if b'"stop":true' in line:
-                break
-            times.append(time.perf_counter() - t0)
-    conn.close()
-    return times
+    return event_times(port, "/completion", {"prompt": ids, "n_predict": new, "stream": True, "temperature": 0,
+                                             "ignore_eos": True, "cache_prompt": False}, b'"stop":true')
 
 
 def llama_gguf(build: Path, spec: dict, out: Path) -> Path:
