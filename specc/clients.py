@@ -61,11 +61,6 @@ class ClientFiles:
     clients: dict[str, dict] = field(default_factory=dict)
 
 
-def _window_caches(r: ResolvedSpec) -> list[int]:
-    """The windows of the decoder's layers that keep window-length caches (spec/resolve.py)."""
-    return [] if r.decoder is None else [l.attention.cache_window for l in r.decoder.layers if l.attention.cache_window]
-
-
 WINDOWED = ("{client} feeds every layer's cache back at the sequence's length; this graph's sliding layers keep "
             "only their window (window caches: docs/runtime.md)")
 
@@ -75,7 +70,7 @@ def client_files(r: ResolvedSpec, graph_files: dict[str, str]) -> ClientFiles:
     graph's file in the build folder, as the manifest records it."""
     out = ClientFiles()
     config, why = _hf_files(r)
-    if config is not None and _window_caches(r):
+    if config is not None and any(r.cache_windows):
         config, why = None, WINDOWED.format(client="Optimum")
     if config is None:
         out.clients[OPTIMUM] = {"why": why}
@@ -170,7 +165,7 @@ def _genai_config(r: ResolvedSpec, graph_files: dict[str, str]) -> tuple[dict | 
     lm = next((o.name for o in r.spec.outputs if o.kind == "lm"), None)
     if lm is None:
         return None, "onnxruntime-genai generates from an lm output; the spec has none"
-    if _window_caches(r):
+    if any(r.cache_windows):
         return None, WINDOWED.format(client="onnxruntime-genai")
     others = [t.name for t in sig.inputs if t.name not in GENAI_INPUTS and not io.is_past(t.name)]
     if others:

@@ -102,7 +102,7 @@ def window_cases(r: ResolvedSpec, longest: int) -> list[Case]:
     left-padded prompt of W + 1 tokens, whose present the window cuts, and two steps from it
     (single tokens), which read the cut cache and shift it again. None where the padded prefill
     and its step already do that (W below the prefill's length)."""
-    windows = [layer.attention.cache_window for layer in r.decoder.layers if layer.attention.cache_window]
+    windows = [w for w in r.cache_windows if w]
     if not windows:
         return []
     w = min(windows)

@@ -29,6 +29,7 @@ from specc.spec.io import (
     is_present,
     layer_pasts,
     layer_presents,
+    past_from_caches,
     positions_from_mask,
     present_to_past,
 )
@@ -242,25 +243,17 @@ class SpeccModel(nn.Module):
                 out.update(layer_presents(cross_presents, CROSS))
         return out
 
-    def _windows(self) -> list[int | None]:
-        """Each decoder layer's cache window, from the resolved spec: never from the layers
-        themselves, since a streamed model makes a layer each time one is reached
-        (specc/nn/streamed.py)."""
-        return [layer.attention.cache_window for layer in self.resolved.decoder.layers]
-
     def _past_length(self, past: list | None) -> int:
-        """Positions before this call, from the caches alone (no attention_mask given): a whole-
-        sequence cache's length, or a window cache's while it is shorter than its window."""
+        """Positions before this call, from the caches alone (no attention_mask given; spec/io.py).
+        The windows come from the resolved spec, never from the layers: a streamed model makes a
+        layer each time one is reached (specc/nn/streamed.py)."""
         if past is None:
             return 0
-        windows = self._windows()
-        whole = next((kv for kv, w in zip(past, windows) if w is None), None)
-        if whole is not None:
-            return whole[0].shape[2]
-        p = past[0][0].shape[2]
-        if p >= windows[0]:
+        windows = self.resolved.cache_windows
+        p = past_from_caches((kv[0].shape[2], w) for kv, w in zip(past, windows))
+        if p is None:
             raise TypeError(f"every layer keeps a window cache (of at most {windows[0]} positions), so a past "
-                            f"of {p} does not say how long the sequence is; give attention_mask")
+                            f"of {past[0][0].shape[2]} does not say how long the sequence is; give attention_mask")
         return p
 
     def _decode_only(self, inputs: dict) -> dict[str, Tensor]:
@@ -272,7 +265,7 @@ class SpeccModel(nn.Module):
         mask = inputs.get(ATTENTION_MASK)
         # a model with window caches reads the past's length off the mask (its caches may be cut);
         # the others off the cache, as their graphs always have
-        windowed = any(self._windows())
+        windowed = any(self.resolved.cache_windows)
         p = mask.shape[1] - t if mask is not None and windowed else self._past_length(past)
         if mask is None:
             mask = torch.ones(b, p + t, dtype=torch.int64, device=ids.device)

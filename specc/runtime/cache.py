@@ -25,6 +25,7 @@ from specc.spec.io import (
     is_past,
     is_present,
     numpy_dtype,
+    past_from_caches,
     present_to_past,
 )
 
@@ -41,15 +42,12 @@ def past_length(graph: Graph, feeds: dict[str, Any]) -> int:
     says it (0 if the graph takes no cache): a whole-sequence cache's length, or a window cache's
     while it is shorter than its window (at its window, it does not say; RunError)."""
     growing = [n for n in graph.inputs if is_past(n) and is_growing(n)]
-    if not growing:
-        return 0
-    whole = next((n for n in growing if cache_window(graph.inputs[n].dims) is None), None)
-    if whole is not None:
-        return shape_of(feeds[whole])[2]
-    p, window = shape_of(feeds[growing[0]])[2], cache_window(graph.inputs[growing[0]].dims)
-    if p >= window:
-        raise RunError(f"{ATTENTION_MASK}: needed with a cache: every layer keeps a window of at most {window} "
-                       f"positions, so {growing[0]} of {p} does not say how long the sequence is")
+    p = past_from_caches((shape_of(feeds[n])[2], cache_window(graph.inputs[n].dims)) for n in growing)
+    if p is None:
+        first = growing[0]
+        raise RunError(f"{ATTENTION_MASK}: needed with a cache: every layer keeps a window of at most "
+                       f"{cache_window(graph.inputs[first].dims)} positions, so {first} of "
+                       f"{shape_of(feeds[first])[2]} does not say how long the sequence is")
     return p
 
 
@@ -97,7 +95,6 @@ class CacheBuffers:
         """The current cache with its batch rows taken in the order `rows` (beam search)."""
         views = {}
         for name, current in self.current.items():
-            h, d = self.heads[name]
             views[name] = self.buffers[name][self.turn][: current.size].reshape(current.shape)
         for name, view in views.items():
             np.take(self.current[name], rows, axis=0, out=view)

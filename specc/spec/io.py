@@ -181,6 +181,20 @@ def cache_length(dims: Iterable[int | str], total: int) -> int:
     return total if window is None else min(window, total)
 
 
+def past_from_caches(caches: Iterable[tuple[int, int | None]]) -> int | None:
+    """Positions before a call, from its growing caches alone, each given as (its length, its
+    window or None): a whole-sequence cache's length, or a window cache's while it is shorter than
+    its window; None where every cache is at its window (then only the attention_mask says it)."""
+    caches = list(caches)
+    if not caches:
+        return 0
+    whole = next((n for n, w in caches if w is None), None)
+    if whole is not None:
+        return whole
+    n, w = caches[0]
+    return n if n < w else None
+
+
 def dim_size(dim: str, sizes: Mapping[str, int]) -> int:
     """The size of a symbolic dim: from `sizes`, a windowed dim from the dim it windows where
     `sizes` has no entry of its own (KeyError if neither is there)."""

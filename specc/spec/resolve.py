@@ -197,6 +197,12 @@ class ResolvedSpec(Frozen):
         there is one)."""
         return (self.decoder or self.encoder).vocab_size
 
+    @property
+    def cache_windows(self) -> tuple[int | None, ...]:
+        """Each decoder layer's window cache: the W positions it keeps (spec/io.py), None where
+        its cache holds the whole sequence; () without a decoder."""
+        return () if self.decoder is None else tuple(layer.attention.cache_window for layer in self.decoder.layers)
+
     def stack(self, role: str) -> ResolvedStack:
         found = getattr(self, role)
         if found is None:
