@@ -3,7 +3,22 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # the runtime extra: cpu (onnxruntime) by default; gpu installs onnxruntime-gpu instead, never both
+# (the two wheels overwrite each other's files). TensorRT is apart: pip install -e '.[gpu,tensorrt]'
 RUNTIME ?= cpu
+# the onnxruntime distribution each runtime extra installs, and the one it must not share an env with
+ORT_cpu := onnxruntime
+ORT_gpu := onnxruntime-gpu
+ORT_OTHER_cpu := onnxruntime-gpu
+ORT_OTHER_gpu := onnxruntime
+# An env switched to the other runtime (make install RUNTIME=gpu after make install) first loses
+# both distributions, since removing one takes files the other needs; the install then puts back one.
+define ORT_SWITCH
+if $(1)/bin/python -m pip show --quiet $(ORT_OTHER_$(2)) >/dev/null 2>&1; then echo "  $(1): removing $(ORT_OTHER_$(2)) for $(ORT_$(2))"; $(1)/bin/python -m pip uninstall --quiet --quiet -y onnxruntime onnxruntime-gpu; fi
+endef
+# after an install: exactly the one onnxruntime distribution of the env's runtime, else fail
+define ORT_CHECK
+$(1)/bin/python -c 'import sys; from specc.deps import installed_runtimes; found = installed_runtimes(); print("  $(1): onnxruntime from", ", ".join(found) or "nothing"); sys.exit(found != ["$(ORT_$(2))"])'
+endef
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test: the tests are mostly single-threaded exports (2 workers take
 # 9 min where one took 23 on a 2-core machine); TEST_JOBS=0 runs them in this process. loadgroup:
@@ -22,9 +37,11 @@ install:
 	@$(PYTHON) -m venv $(VENV)
 	@echo "[install 2/6] torch 2.13.0, the CPU build (about 750 MB installed; first and pinned, so that nothing pulls a CUDA build of several GB)"
 	@$(PY) -m pip install --quiet torch==2.13.0
-	@echo "[install 3/6] specc (editable), onnxruntime ($(RUNTIME)) and the test tools (about 400 MB)"
+	@echo "[install 3/6] specc (editable), $(ORT_$(RUNTIME)) ($(RUNTIME)) and the test tools (about 400 MB)"
+	@$(call ORT_SWITCH,$(VENV),$(RUNTIME))
 	@$(PY) -m pip install --quiet -e '.[$(RUNTIME),test]'
 	@$(VENV)/bin/specc --version
+	@$(call ORT_CHECK,$(VENV),$(RUNTIME))
 	@# `specc graph` renders with graphviz's dot program: installed where this can (root with apt-get), else named
 	@command -v dot >/dev/null && echo "[install 4/6] graphviz: dot is already installed" || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && echo "[install 4/6] graphviz, for specc graph: apt-get install graphviz (about 30 MB)" && apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "[install 4/6] note: install graphviz (its dot program) for specc graph: apt-get install graphviz / brew install graphviz / conda install graphviz"
 	@$(MAKE) --no-print-directory install-serve
@@ -35,16 +52,23 @@ install-serve:
 	@echo "[install 5/6] $(SERVE_VENV): specc serve's environment (torch again, PyTriton and its Triton server: about 1.4 GB)"
 	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
 	@$(SERVE_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	@$(call ORT_SWITCH,$(SERVE_VENV),$(RUNTIME))
 	@$(SERVE_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),serve]'
 	@$(SERVE_VENV)/bin/specc --version
+	@$(call ORT_CHECK,$(SERVE_VENV),$(RUNTIME))
 
 # the clients that open a build folder (Optimum, onnxruntime-genai; docs/runtime.md): their own
-# environment, since optimum-onnx pins transformers below 4.58 (tests/clients/ runs them there)
+# environment, since optimum-onnx pins transformers below 4.58 (tests/clients/ runs them there).
+# Always the cpu runtime, whatever RUNTIME says: onnxruntime-genai requires the CPU `onnxruntime`
+# wheel, which must not share an env with onnxruntime-gpu (its GPU twin, onnxruntime-genai-cuda,
+# is not what the clients' tests run), and those tests run on CPU.
 install-clients:
-	@echo "[install 6/6] $(CLIENTS_VENV): the clients' environment (torch again, optimum-onnx, onnxruntime-genai)"
+	@echo "[install 6/6] $(CLIENTS_VENV): the clients' environment (torch again, optimum-onnx, onnxruntime-genai; the cpu runtime)"
 	@test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
 	@$(CLIENTS_VENV)/bin/python -m pip install --quiet torch==2.13.0
-	@$(CLIENTS_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),clients]'
+	@$(call ORT_SWITCH,$(CLIENTS_VENV),cpu)
+	@$(CLIENTS_VENV)/bin/python -m pip install --quiet -e '.[cpu,clients]'
+	@$(call ORT_CHECK,$(CLIENTS_VENV),cpu)
 
 # ruff, configured in pyproject.toml; .ci/run runs it before the tests
 lint:
@@ -106,4 +130,4 @@ llama-server:
 	cmake --build build/llama-server --target llama-server -j 2
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) $(BENCH_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) $(CLIENTS_VENV) $(BENCH_VENV) build *.egg-info .pytest_cache

@@ -15,8 +15,17 @@ downloaded:
 - gpt2-small: greedy generation (prompt 32 + 64 new, batch 1) with HF GPT2LMHeadModel.generate
   and with specc's module in a cached greedy loop (below), fp32 and fp16; one decode step at 512
   context (511 cached + 1 new), eager and (specc, fp16) under torch.compile;
-- onnxruntime: specc's built bert-base graph on the CUDA and TensorRT execution providers, and
-  a TensorRT engine built by `specc build --target tensorrt`, where those can be had.
+- onnxruntime on the GPU (where onnxruntime-gpu is installed): specc's builds of bert-base (fp32,
+  fp16), gpt2-small (fp16) and llama-style-1b (fp16), each verified by `specc build
+  --verify-provider cuda`, run by specc.runtime.Session(provider="cuda") in the same tables:
+  bert's graph with inputs and outputs bound on the device; generation with the KV cache kept on
+  the device (IO binding) against the same graph in a loop that copies the cache to the host and
+  back every step; gpt2's decode step at 512 context with its cache on the device;
+- llama-style-1b fp16 generation (prompt 32 + 64 new): HF LlamaForCausalLM.generate, specc's
+  module in the cached greedy loop, and specc's graph on onnxruntime CUDA;
+- Optimum's own export of the same HF models run by its ORTModel classes on onnxruntime CUDA
+  (benchmarks/gpu_optimum.py, in a process of its own with Optimum's transformers: --optimum-path);
+- a TensorRT engine built by `specc build --target tensorrt`, where TensorRT can be had.
 
 Timing: every call is bracketed by torch.cuda.synchronize(); the variants of a table run
 interleaved, one call of each per round, after warm-up rounds; medians and min-max ranges are
@@ -29,6 +38,7 @@ import contextlib
 import copy
 import datetime
 import gc
+import json
 import os
 import platform
 import signal
@@ -45,7 +55,9 @@ import torch
 import specc
 from specc.deps import installed_runtimes
 from specc.spec.costs import inspect_spec
-from specc.spec.io import ATTENTION_MASK, INPUT_IDS, TOKEN_TYPE_IDS, present_to_past
+from specc.runtime.cache import empty_cache
+from specc.runtime.graph import unusable_provider
+from specc.spec.io import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, TOKEN_TYPE_IDS, is_present, present_to_past
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import _cpu  # noqa: E402  (the CPU suite's; it imports no baseline at module level)
@@ -249,6 +261,10 @@ class Sizes:
     def __init__(self, tiny: bool):
         self.tiny = tiny
         self.bert_spec, self.gpt_spec = ("tiny-bert", "tiny-gpt2") if tiny else ("bert-base", "gpt2-small")
+        self.llama_spec = "tiny-llama" if tiny else "llama-style-1b"
+        # specc's builds onnxruntime runs on the GPU, each verified there
+        self.ort_builds = ((self.bert_spec, "fp32"), (self.bert_spec, "fp16"), (self.gpt_spec, "fp16"),
+                           (self.llama_spec, "fp16"))
         self.seq = 32 if tiny else 128
         self.batches = (1, 8) if not tiny else (1, 2)
         self.context = 64 if tiny else 512
@@ -271,6 +287,19 @@ class Sizes:
                                 bos_token_id=999, eos_token_id=999)
         return T.GPT2Config()
 
+    def llama_config(self):
+        """Hugging Face's LlamaConfig of specs/llama-style-1b.yaml (TinyLlama-1.1B's shapes), or of
+        tiny-llama."""
+        import transformers as T
+
+        r = specc.resolve(specc.load_spec(self.llama_spec))
+        spec = specc.load_spec(self.llama_spec)
+        att = spec.decoder.attention
+        return T.LlamaConfig(vocab_size=spec.vocab.size, hidden_size=spec.d_model, num_hidden_layers=spec.decoder.layers,
+                             num_attention_heads=att.heads, num_key_value_heads=att.kv_heads or att.heads,
+                             intermediate_size=spec.decoder.ffn.d_ff, max_position_embeddings=r.serving.length.max,
+                             rms_norm_eps=spec.norm.eps, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+
 
 def hf_model(cls, config, device: str, dtype):
     torch.manual_seed(0)
@@ -285,7 +314,8 @@ def specc_model(spec: str, device: str, dtype):
 # --- bert-base ----------------------------------------------------------------------------------------
 
 
-def bert(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, compile_limit: float, failures: list) -> dict:
+def bert(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, compile_limit: float, failures: list,
+         o: Ort) -> dict:
     import transformers as T
 
     dev = runner.device
@@ -298,6 +328,7 @@ def bert(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, compile_limit
     rng = np.random.default_rng(0)
     variants: dict[int, dict] = {}
     refs = {}
+    ort_outs: dict[int, dict] = {b: {} for b in sizes.batches}
     for batch in sizes.batches:
         ids = torch.from_numpy(rng.integers(sizes.vocab_lo, sizes.vocab_hi, (batch, sizes.seq))).to(dev)
         feeds = {INPUT_IDS: ids, ATTENTION_MASK: torch.ones_like(ids), TOKEN_TYPE_IDS: torch.zeros_like(ids)}
@@ -313,6 +344,12 @@ def bert(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, compile_limit
         variants[batch] = {HF_FP32: lambda hf=hf: hf(hf32), "HF eager fp16": lambda hf=hf: hf(hf16),
                            "specc eager fp32": lambda sp=sp: sp(sp32), "specc eager fp16": lambda sp=sp: sp(sp16)}
         refs[batch] = sp
+        try:
+            ort_calls, ort_outs[batch] = ort_bert_variants(o, sizes, batch, ids.cpu().numpy())
+            variants[batch].update(ort_calls)
+        except Exception as exc:
+            failures.append((f"bert batch {batch}: onnxruntime", first_line(exc)))
+            log(f"bert batch {batch}: onnxruntime: {first_line(exc)}")
     # every compile before any timing, so that no table is measured while the compilers' worker
     # processes are still busy and every table sees the same machine
     compile_s: dict[int, dict] = {b: {} for b in sizes.batches}
@@ -331,7 +368,9 @@ def bert(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, compile_limit
         log(f"bert batch {batch}: timing {len(variants[batch])} variants")
         times = runner.interleaved(variants[batch], repeats)
         ref = refs[batch](sp32).float()
-        diffs = {k: float((v().float() - ref).abs().max()) for k, v in variants[batch].items() if k.startswith("specc")}
+        diffs = {k: float((v().float() - ref).abs().max()) for k, v in variants[batch].items()
+                 if k.startswith("specc") and k not in ort_outs[batch]}
+        diffs.update({k: float((v().float() - ref.cpu()).abs().max()) for k, v in ort_outs[batch].items()})
         tables[batch] = {"times": times, "diffs": diffs, "compile_s": compile_s[batch]}
     return {"tables": tables, "attn": attn}
 
@@ -361,7 +400,7 @@ def specc_greedy(model, prompt: torch.Tensor, new: int) -> torch.Tensor:
 
 
 def gpt2(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, gen_repeats: int, compile_limit: float,
-         failures: list) -> dict:
+         failures: list, o: Ort) -> dict:
     """Generation and the decode step; each part that fails is recorded, the other still runs."""
     import transformers as T
 
@@ -374,7 +413,7 @@ def gpt2(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, gen_repeats: 
     result: dict = {}
     for part, fn in (("generation", gpt2_generation), ("decode step", gpt2_decode_step)):
         try:
-            result.update(fn(models, sizes, runner, clock, repeats, gen_repeats, compile_limit, failures))
+            result.update(fn(models, sizes, runner, clock, repeats, gen_repeats, compile_limit, failures, o))
         except Exception as exc:
             failures.append((f"{sizes.gpt_spec} {part}", first_line(exc)))
             log(f"gpt2 {part} failed: {first_line(exc)}")
@@ -384,8 +423,14 @@ def gpt2(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, gen_repeats: 
     return result
 
 
+def same_ids_as(name: str) -> str:
+    """The generation row a row's ids are compared with: specc's own fp32 (torch) loop for
+    onnxruntime's rows (the same seeded weights), else the row's fp32 twin."""
+    return "specc greedy loop fp32" if name.startswith("specc ORT") else name.replace("fp16", "fp32")
+
+
 def gpt2_generation(models: dict, sizes: Sizes, runner: Runner, clock: Clock, repeats: int, gen_repeats: int,
-                    compile_limit: float, failures: list) -> dict:
+                    compile_limit: float, failures: list, o: Ort) -> dict:
     dev = runner.device
     rng = np.random.default_rng(0)
     prompt = torch.from_numpy(rng.integers(sizes.vocab_lo, sizes.vocab_hi, (1, sizes.prompt))).to(dev)
@@ -401,17 +446,25 @@ def gpt2_generation(models: dict, sizes: Sizes, runner: Runner, clock: Clock, re
             "HF generate fp16": lambda n: hf_gen(models["hf16"], n),
             "specc greedy loop fp32": lambda n: specc_greedy(models["sp32"], prompt, n),
             "specc greedy loop fp16": lambda n: specc_greedy(models["sp16"], prompt, n)}
+    gens.update(ort_generation_variants(o, sizes.gpt_spec, prompt[0].tolist()))
     log("gpt2: generation")
+    return generation_table(gens, sizes, runner, gen_repeats)
+
+
+def generation_table(gens: dict, sizes: Sizes, runner: Runner, gen_repeats: int) -> dict:
+    """gens: name -> call(n) making n new tokens (ids as a tensor or a list). Every call timed
+    interleaved for sizes.new tokens and for 1 (the time to the first token); the ids compared."""
     full = runner.interleaved({k: (lambda g=g: g(sizes.new)) for k, g in gens.items()}, gen_repeats, warmup=1)
     first = runner.interleaved({k: (lambda g=g: g(1)) for k, g in gens.items()}, gen_repeats, warmup=1)
-    ids = {k: g(sizes.new).cpu() for k, g in gens.items()}
-    same = {k: bool(torch.equal(ids[k], ids[k.replace("fp16", "fp32")])) for k in gens if k.endswith("fp16")}
+    ids = {k: torch.as_tensor(g(sizes.new)).reshape(1, -1).cpu() for k, g in gens.items()}
+    same = {k: bool(torch.equal(ids[k], ids[same_ids_as(k)])) for k in gens
+            if (k.endswith("fp16") or k.startswith("specc ORT")) and same_ids_as(k) in ids}
     n_tokens = {k: int(v.shape[1]) for k, v in ids.items()}
     return {"full": full, "first": first, "same": same, "n_tokens": n_tokens}
 
 
 def gpt2_decode_step(models: dict, sizes: Sizes, runner: Runner, clock: Clock, repeats: int, gen_repeats: int,
-                     compile_limit: float, failures: list) -> dict:
+                     compile_limit: float, failures: list, o: Ort) -> dict:
     """One new token after context - 1 cached positions."""
     dev = runner.device
     log("gpt2: decode step")
@@ -463,12 +516,78 @@ def gpt2_decode_step(models: dict, sizes: Sizes, runner: Runner, clock: Clock, r
             if fn is not None:
                 variants[name] = fn
                 compile_s[name] = secs
+    ort_out = {}
+    if (sizes.gpt_spec, "fp16") in o.dirs:
+        try:
+            name, call, ort_out[name] = ort_decode_step(o, sizes, ctx.cpu().numpy())
+            variants[name] = call
+        except Exception as exc:
+            failures.append(("gpt2 decode step: onnxruntime", first_line(exc)))
+            log(f"gpt2 decode step: onnxruntime: {first_line(exc)}")
     log(f"gpt2 decode step: timing {len(variants)} variants")
     step_times = runner.interleaved(variants, repeats)
     with torch.inference_mode():
         ref = models["sp32"](input_ids=step, **pasts["fp32"])["logits"].float()
-    diffs = {k: float((v().float() - ref).abs().max()) for k, v in variants.items() if k.startswith("specc")}
+    diffs = {k: float((v().float() - ref).abs().max()) for k, v in variants.items()
+             if k.startswith("specc") and k not in ort_out}
+    diffs.update({k: float((v().float() - ref.cpu()).abs().max()) for k, v in ort_out.items()})
     return {"step": step_times, "step_diffs": diffs, "compile_s": compile_s}
+
+
+def ort_decode_step(o: Ort, sizes: Sizes, ctx: np.ndarray):
+    """specc's fp16 gpt2 graph on onnxruntime: one token (id 42) after `ctx` [1, context - 1], the
+    cache of the prefill kept on the device. Returns (name, call, call -> logits as a torch tensor)."""
+    graph = o.session(sizes.gpt_spec, "fp16").graphs["model"]
+    n = ctx.shape[1]
+    feeds = {INPUT_IDS: ctx, ATTENTION_MASK: np.ones_like(ctx), **empty_cache(graph, 1)}
+    if POSITION_IDS in graph.inputs:
+        feeds[POSITION_IDS] = np.arange(n, dtype=np.int64)[None]
+    past = present_to_past({k: v for k, v in graph.run(feeds).items() if is_present(k)})
+    step = {INPUT_IDS: np.asarray([[42]], dtype=np.int64), ATTENTION_MASK: np.ones((1, n + 1), dtype=np.int64)}
+    if POSITION_IDS in graph.inputs:
+        step[POSITION_IDS] = np.asarray([[n]], dtype=np.int64)
+    feeds = {**ort_feeds(graph, step), **past}
+    name = ort_label(o, "fp16", "cache on the device")
+    return (name, lambda: graph.run(feeds),
+            lambda: torch.from_numpy(graph.run(feeds)["logits"].numpy()))
+
+
+# --- llama-style-1b -------------------------------------------------------------------------------
+
+
+def llama(sizes: Sizes, runner: Runner, clock: Clock, gen_repeats: int, failures: list, o: Ort) -> dict:
+    """fp16 greedy generation, batch 1, prompt sizes.prompt + sizes.new: HF LlamaForCausalLM.generate,
+    specc's module in the cached greedy loop, specc's graph on onnxruntime (both loops)."""
+    import transformers as T
+
+    dev = runner.device
+    log("llama: models")
+    with torch.device(dev):
+        hf = hf_model(T.LlamaForCausalLM, sizes.llama_config(), dev, torch.float16)
+    sp = specc.to_torch(sizes.llama_spec, seed=0)
+    sp32 = sp.to(dev).eval()
+    rng = np.random.default_rng(2)
+    prompt = torch.from_numpy(rng.integers(sizes.vocab_lo, sizes.vocab_hi, (1, sizes.prompt))).to(dev)
+    kw = dict(do_sample=False, num_beams=1, pad_token_id=0, eos_token_id=None)
+    # specc's fp32 loop first, for the ids the fp16 rows are compared with, then the module in fp16
+    want32 = specc_greedy(sp32, prompt, sizes.new).cpu()
+    sp16 = sp32.half()
+    del sp32, sp
+
+    def hf_gen(n):
+        with torch.inference_mode():
+            out = hf.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
+                              min_new_tokens=n, **kw)
+        return out[:, prompt.shape[1]:]
+
+    gens = {"HF generate fp16": hf_gen, "specc greedy loop fp16": lambda n: specc_greedy(sp16, prompt, n)}
+    gens.update(ort_generation_variants(o, sizes.llama_spec, prompt[0].tolist()))
+    log(f"llama: generation, {len(gens)} variants")
+    table = generation_table(gens, sizes, runner, gen_repeats)
+    # the fp16 rows against specc's fp32 loop (the same seeded weights; HF's are its own)
+    table["same"] = {k: bool(torch.equal(torch.as_tensor(gens[k](sizes.new)).reshape(1, -1).cpu(), want32))
+                     for k in gens if k.startswith("specc")}
+    return table
 
 
 # --- onnxruntime and TensorRT ---------------------------------------------------------------------
@@ -477,22 +596,38 @@ def gpt2_decode_step(models: dict, sizes: Sizes, runner: Runner, clock: Clock, r
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
 
-def onnxruntime_gpu(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, failures: list,
-                    test_providers: list[str]) -> dict:
-    """specc's built bert-base graph (fp32, and fp16 where it builds) on the CUDA and TensorRT
-    execution providers; `test_providers` stand in for them in a debug run."""
-    facts: dict = {"rows": {}}
+class Ort:
+    """onnxruntime as this run has it: its facts, the provider specc verifies and runs on ("cuda";
+    "cpu" in a debug run; None where it cannot run), and specc's builds verified there:
+    (spec, precision) -> build directory, with a row of figures per build."""
+
+    def __init__(self):
+        self.facts: dict = {}
+        self.provider: str | None = None
+        self.dirs: dict[tuple[str, str], Path] = {}
+        self.build_rows: list[dict] = []
+
+    def session(self, spec: str, precision: str):
+        from specc.runtime import Session
+
+        return Session(self.dirs[(spec, precision)], provider=self.provider)
+
+
+def onnxruntime_setup(sizes: Sizes, runner: Runner, clock: Clock, failures: list, debug_cpu: bool) -> Ort:
+    """onnxruntime's facts, what it cannot run here (and why), and specc's builds of sizes.ort_builds,
+    each verified on the GPU (`specc build --verify-provider cuda`); `debug_cpu`: a debug run's
+    stand-in, verified and run on the CPU provider."""
+    o = Ort()
     try:
         import onnxruntime as ort
     except ImportError as exc:
         for p in GPU_PROVIDERS:
             failures.append((f"onnxruntime {p}", f"onnxruntime is not installed ({first_line(exc)})"))
-        return facts
+        return o
     available = ort.get_available_providers()
     dists = installed_runtimes()
-    facts.update(version=ort.__version__, available=available, device=ort.get_device(), dists=dists)
+    o.facts.update(version=ort.__version__, available=available, device=ort.get_device(), dists=dists)
     log(f"onnxruntime {ort.__version__} ({', '.join(dists) or 'no distribution metadata'}): providers {available}")
-    wanted = [p for p in GPU_PROVIDERS if p in available] + [p for p in test_providers if p in available]
     for p in GPU_PROVIDERS:
         if p not in available:
             cpu_build = "onnxruntime-gpu" not in dists
@@ -500,49 +635,147 @@ def onnxruntime_gpu(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, fa
                    f"(the `onnxruntime` wheel, get_device() = {ort.get_device()}; providers: {', '.join(available)}); "
                    "it needs `onnxruntime-gpu`" if cpu_build else
                    f"{p} not available in onnxruntime-gpu {ort.__version__} here (providers: {', '.join(available)})")
-            if p == "TensorrtExecutionProvider" and not cpu_build:
-                why += "; it also needs TensorRT's libraries"
             failures.append((f"onnxruntime {p}", why))
-    if not wanted:
-        return facts
-    if runner.device != "cuda" and not test_providers:
-        return facts
-    from specc.runtime import Session
-
-    rng = np.random.default_rng(0)
-    for precision in ("fp32", "fp16"):
-        if clock.left() < 120:
-            failures.append((f"onnxruntime, specc {precision} graph", "skipped: the run's time budget was spent"))
+        elif p == "TensorrtExecutionProvider":
+            why = unusable_provider(ort, p)
+            if why:
+                failures.append((f"onnxruntime {p}", why))
+    if runner.cuda:
+        why = unusable_provider(ort, "CUDAExecutionProvider") if "CUDAExecutionProvider" in available else "not available"
+        o.provider = None if why else "cuda"
+    elif debug_cpu:
+        o.provider = "cpu"
+    if o.provider is None:
+        return o
+    for spec, precision in sizes.ort_builds:
+        label = f"specc build {spec} --precision {precision} --verify-provider {o.provider}"
+        if clock.left() < 240:
+            failures.append((label, "skipped: too little of the run's time budget left"))
             continue
-        out_dir = WORK / f"{sizes.bert_spec}-{precision}"
-        log(f"onnxruntime: specc build {sizes.bert_spec} {precision}")
+        out_dir = WORK / f"{spec}-{precision}-{o.provider}"
+        log(label)
         try:
             t0 = time.perf_counter()
-            result = specc.build(sizes.bert_spec, out_dir, precision=precision, progress=None)
-            facts.setdefault("build_s", {})[precision] = (time.perf_counter() - t0, result.cached)
+            result = specc.build(spec, out_dir, precision=precision, verify_provider=o.provider, progress=None)
+            seconds = time.perf_counter() - t0
         except Exception as exc:
-            failures.append((f"specc build {sizes.bert_spec} --precision {precision}", first_line(exc)))
+            failures.append((label, first_line(exc)))
+            log(f"{label}: {first_line(exc)}")
             continue
-        for provider in wanted:
-            if provider == "TensorrtExecutionProvider" and clock.left() < 240:
-                failures.append((f"onnxruntime {provider}, {precision}", "skipped: too little of the run's time "
-                                 "budget left for TensorRT's engine build"))
-                continue
-            label = f"specc {precision} graph, onnxruntime {provider.replace('ExecutionProvider', '')}"
-            try:
-                graph = Session(out_dir, providers=[provider]).graphs["model"]
-                if graph.provider != provider:
-                    raise RuntimeError(f"onnxruntime put the graph on {graph.provider}")
-                for batch in sizes.batches:
-                    ids = rng.integers(sizes.vocab_lo, sizes.vocab_hi, (batch, sizes.seq)).astype(np.int64)
-                    arrays = {INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids), TOKEN_TYPE_IDS: np.zeros_like(ids)}
-                    feeds = {n: graph.value(n, arrays[n]) for n in graph.inputs}
-                    t = runner.interleaved({label: lambda: graph.run(feeds)}, repeats)
-                    facts["rows"].setdefault(batch, {})[label] = t[label]
-            except Exception as exc:
-                failures.append((label, first_line(exc)))
-                log(f"{label}: {first_line(exc)}")
-    return facts
+        v = result.manifest["verification"]
+        o.dirs[(spec, precision)] = out_dir
+        o.build_rows.append({"spec": spec, "precision": precision, "provider": v.get("provider", "cpu"),
+                             "max_abs_diff": v["max_abs_diff"], "tolerance": v.get("tolerance"),
+                             "cases": len(v.get("cases", [])), "seconds": seconds, "cached": result.cached,
+                             "verify_s": result.manifest.get("timings", {}).get("verify")})
+        log(f"{label}: verified, max abs diff {v['max_abs_diff']:.3g} ({seconds:.0f} s)")
+    return o
+
+
+def ort_label(o: Ort, precision: str, what: str = "") -> str:
+    name = "CUDA" if o.provider == "cuda" else (o.provider or "?").upper()
+    return f"specc ORT {name} {precision}" + (f", {what}" if what else "")
+
+
+def ort_feeds(graph, arrays: dict) -> dict:
+    """`arrays` (numpy, inputs of the graph) as OrtValues on the graph's device."""
+    return {n: graph.value(n, a) for n, a in arrays.items()}
+
+
+def ort_bert_variants(o: Ort, sizes: Sizes, batch: int, ids: np.ndarray) -> tuple[dict, dict]:
+    """The bert table's onnxruntime variants for one batch: name -> call (inputs and outputs bound on
+    the device), name -> the call's last_hidden_state as a torch tensor (for the diff)."""
+    variants, outputs = {}, {}
+    for precision in ("fp32", "fp16"):
+        if (sizes.bert_spec, precision) not in o.dirs:
+            continue
+        graph = o.session(sizes.bert_spec, precision).graphs["model"]
+        arrays = {INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids), TOKEN_TYPE_IDS: np.zeros_like(ids)}
+        feeds = ort_feeds(graph, arrays)
+        name = ort_label(o, precision)
+        variants[name] = lambda graph=graph, feeds=feeds: graph.run(feeds)
+        outputs[name] = lambda graph=graph, feeds=feeds: torch.from_numpy(graph.run(feeds)["last_hidden_state"].numpy())
+    return variants, outputs
+
+
+def host_copy_greedy(graph, prompt: list[int], new: int) -> list[int]:
+    """A greedy loop over a decoder graph that takes every output to the host and feeds the cache back
+    from there each step (numpy in, numpy out: the round trip IO binding saves). Batch 1, no EOS."""
+    ids = np.asarray([prompt], dtype=np.int64)
+    feeds = {INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids)}
+    feeds.update(empty_cache(graph, 1))
+    length, chosen = ids.shape[1], []
+    for step in range(new):
+        if POSITION_IDS in graph.inputs:
+            t = feeds[INPUT_IDS].shape[1]
+            feeds[POSITION_IDS] = np.arange(length - t, length, dtype=np.int64)[None]
+        out = {k: v.numpy() for k, v in graph.run(feeds).items()}
+        token = int(out["logits"][0, -1].argmax())
+        chosen.append(token)
+        length += 1
+        feeds = {INPUT_IDS: np.asarray([[token]], dtype=np.int64), ATTENTION_MASK: np.ones((1, length), dtype=np.int64),
+                 **present_to_past({k: v for k, v in out.items() if is_present(k)})}
+    return chosen
+
+
+def ort_generation_variants(o: Ort, spec: str, prompt: list[int]) -> dict:
+    """Greedy generation with specc's fp16 graph of `spec` on onnxruntime: Session.generate (the
+    cache kept on the device, IO binding) and the host-copy loop. name -> call(n) -> new ids."""
+    if (spec, "fp16") not in o.dirs:
+        return {}
+    sess = o.session(spec, "fp16")
+    graph = sess.graphs["model"]
+    return {ort_label(o, "fp16", "generate, cache on the device (IO binding)"):
+            lambda n: sess.generate(prompt, max_new_tokens=n, eos_id=-1, pad_id=0).new_ids[0],
+            ort_label(o, "fp16", "host-copy loop (cache to the host and back each step)"):
+            lambda n: host_copy_greedy(graph, prompt, n)}
+
+
+def optimum(sizes: Sizes, clock: Clock, args, failures: list) -> dict | None:
+    """benchmarks/gpu_optimum.py in a process of its own, with args.optimum_path first on its path
+    (Optimum and the transformers it takes); its JSON, or None (the reason in failures)."""
+    if not args.optimum_path:
+        failures.append(("Optimum's export on onnxruntime", "not run: no --optimum-path (optimum-onnx pins transformers "
+                         "below 4.58, so it runs from a folder of its own)"))
+        return None
+    limit = clock.left() - 20
+    if limit < 60:
+        failures.append(("Optimum's export on onnxruntime", "skipped: the run's time budget was spent"))
+        return None
+    out = WORK / "optimum.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).with_name("gpu_optimum.py")), "--out", str(out),
+           "--repeats", str(args.repeats), "--gen-repeats", str(args.gen_repeats), "--device", args.device]
+    if args.tiny:
+        cmd.append("--tiny")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (args.optimum_path, str(ROOT), env.get("PYTHONPATH")) if p)
+    log(f"optimum: {' '.join(cmd[1:])} (limit {limit:.0f} s)")
+    try:
+        done = subprocess.run(cmd, env=env, timeout=limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except subprocess.TimeoutExpired:
+        failures.append(("Optimum's export on onnxruntime", f"did not finish within the {limit:.0f} s left of the run"))
+        return None
+    if done.returncode or not out.is_file():
+        tail = done.stdout.strip().splitlines()[-1:] or ["no output"]
+        failures.append(("Optimum's export on onnxruntime", f"exit {done.returncode}: {tail[0]}"))
+        return None
+    result = json.loads(out.read_text())
+    failures.extend(tuple(f) for f in result.get("failures", []))
+    return result
+
+
+def merge_optimum(opt: dict | None, bert_r: dict | None, gpt_r: dict | None) -> None:
+    """Optimum's times as rows of the bert and gpt2 generation tables (marked as timed apart)."""
+    if not opt:
+        return
+    name = opt["name"]
+    for batch, ts in opt.get("bert", {}).items():
+        if bert_r and int(batch) in bert_r["tables"]:
+            bert_r["tables"][int(batch)]["times"][name] = ts
+    if gpt_r and "full" in gpt_r and "gpt2" in opt:
+        gpt_r["full"][name], gpt_r["first"][name] = opt["gpt2"]["full"], opt["gpt2"]["first"]
+        gpt_r["n_tokens"][name] = opt["gpt2"]["n_tokens"]
 
 
 def tensorrt_engine(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, failures: list) -> dict:
@@ -553,7 +786,7 @@ def tensorrt_engine(sizes: Sizes, runner: Runner, clock: Clock, repeats: int, fa
     except ImportError as exc:
         failures.append(("TensorRT engine (specc build --target tensorrt)",
                          f"TensorRT is not installed here ({first_line(exc)}); it comes from NVIDIA's package index "
-                         "(`pip install 'specc[gpu]'` on a CUDA machine)"))
+                         "(`pip install 'specc[gpu,tensorrt]'` on a CUDA machine)"))
         return rows
     if runner.device != "cuda":
         return rows
@@ -613,8 +846,40 @@ def _row(name: str, ts: list[float], base: float | None, extra: list[str]) -> st
     return "| " + " | ".join(cells) + " |"
 
 
+ORT_GENERATION = (
+    "specc ORT: the fp16 build on onnxruntime's CUDA provider, `Session.generate` (its present.* stay "
+    "onnxruntime's OrtValues on the device and are bound as the next step's inputs; the last position's "
+    "logits come to the host for the choice), and the same graph in a loop that takes every output to the host "
+    "as numpy and feeds the cache back from there each step (`host_copy_greedy`).")
+
+
+def generation_lines(title: str, table: dict, sizes: Sizes, base_name: str, desc: str) -> list[str]:
+    """A generation table: tokens/s, range, time to first token, speed against `base_name`, and
+    whether the ids equal the row's reference (same_ids_as)."""
+    full, first, new = table["full"], table["first"], sizes.new
+    base = med(full[base_name])
+    reps = len(full[base_name])
+    lines = [title, "",
+             f"Medians of {reps} after 1 warm-up; EOS off, so every variant makes {new} tokens "
+             f"({', '.join(f'{k}: {n}' for k, n in table['n_tokens'].items() if n != new) or 'checked'}). "
+             f"Time to first token = the call with 1 new token. {desc}", "",
+             f"| variant | tokens/s | range | time to first token | vs {base_name} (speed) | same ids as specc fp32 |",
+             "|---|---|---|---|---|---|"]
+    for k, ts in full.items():
+        tps = new / med(ts)
+        same = "-" if k not in table["same"] else ("yes" if table["same"][k] else "no")
+        ttft = f"{_ms(med(first[k]))} ms" if k in first else "-"
+        lines.append(f"| {k} | {tps:.1f} | {new / max(ts):.1f}-{new / min(ts):.1f} | {ttft} | "
+                     f"{base / med(ts):.2f}x | {same} |")
+    lines += ["", "(\"same ids\": specc's rows against specc's fp32 loop on the same seeded weights, HF's fp16 "
+              "against HF fp32; random weights give near-tied logits, so fp16 may pick other tokens than fp32 "
+              "without being wrong.)", ""]
+    return lines
+
+
 def report(args, facts: dict, probe: dict, bw: float, flops: dict, bert_r: dict | None, gpt_r: dict | None,
-           ort_r: dict, trt_rows: dict, failures: list, sizes: Sizes, notes: list[str]) -> str:
+           llama_r: dict | None, o: Ort, opt: dict | None, trt_rows: dict, failures: list, sizes: Sizes,
+           notes: list[str]) -> str:
     v = facts["versions"]
     lines = [
         "# GPU benchmarks",
@@ -677,25 +942,11 @@ def report(args, facts: dict, probe: dict, bw: float, flops: dict, bert_r: dict 
     if gpt_r:
         lines += [f"## {sizes.gpt_spec} (decoder)", ""]
     if gpt_r and "full" in gpt_r:
-        full, first, new = gpt_r["full"], gpt_r["first"], sizes.new
-        base = med(full["HF generate fp32"])
-        reps = len(next(iter(full.values())))
-        lines += [f"### Greedy generation, batch 1, prompt {sizes.prompt} + {new} new tokens", "",
-                  f"Medians of {reps} after 1 warm-up; EOS off, so every variant makes {new} tokens "
-                  f"({', '.join(f'{k}: {n}' for k, n in gpt_r['n_tokens'].items() if n != new) or 'checked'}). "
-                  "Time to first token = the call with 1 new token. HF: `GPT2LMHeadModel.generate` "
-                  "(do_sample False, its own cache). specc: `specc.to_torch` in the cached greedy loop of "
-                  "benchmarks/gpu.py (`specc_greedy`: present.* fed back as past_key_values.*, which the "
-                  "module concatenates; argmax on the device, no host sync per token).", "",
-                  "| variant | tokens/s | range | time to first token | vs HF generate fp32 (speed) | "
-                  "same ids as fp32 |", "|---|---|---|---|---|---|"]
-        for k, ts in full.items():
-            tps = new / med(ts)
-            same = "-" if k not in gpt_r["same"] else ("yes" if gpt_r["same"][k] else "no")
-            lines.append(f"| {k} | {tps:.1f} | {new / max(ts):.1f}-{new / min(ts):.1f} | {_ms(med(first[k]))} ms | "
-                         f"{base / med(ts):.2f}x | {same} |")
-        lines += ["", "(\"same ids\": random weights give near-tied logits, so fp16 may pick other tokens than fp32 "
-                  "without being wrong.)", ""]
+        lines += generation_lines(
+            f"### Greedy generation, batch 1, prompt {sizes.prompt} + {sizes.new} new tokens", gpt_r, sizes,
+            "HF generate fp32", "HF: `GPT2LMHeadModel.generate` (do_sample False, its own cache). specc: `specc.to_torch` "
+            "in the cached greedy loop of benchmarks/gpu.py (`specc_greedy`: present.* fed back as past_key_values.*, "
+            "which the module concatenates; argmax on the device, no host sync per token). " + ORT_GENERATION)
     if gpt_r and "step" in gpt_r:
         step = gpt_r["step"]
         reps = len(step["HF eager fp32"])
@@ -713,27 +964,45 @@ def report(args, facts: dict, probe: dict, bw: float, flops: dict, bert_r: dict 
             c = f"{gpt_r['compile_s'][k]:.1f} s" if gpt_r["compile_s"].get(k) else "-"
             lines.append(_row(k, ts, base, [diff, c]))
         lines.append("")
-    lines += ["## onnxruntime on CUDA, TensorRT", ""]
-    if ort_r.get("version"):
-        lines += [f"onnxruntime {ort_r['version']} ({', '.join(ort_r['dists']) or '?'}; get_device() = {ort_r['device']}); "
-                  f"available providers: {', '.join(ort_r['available'])}.", ""]
-    rows = {}
-    for source in (ort_r.get("rows", {}), trt_rows):
-        for batch, r in source.items():
-            rows.setdefault(batch, {}).update(r)
-    if rows:
-        base_times = {b: med(t["times"][HF_FP32]) for b, t in bert_r["tables"].items()} if bert_r else {}
-        lines += [f"specc's built {sizes.bert_spec} graph, sequence {sizes.seq}, inputs and outputs on the device "
-                  "(IO binding), ratios against HF eager fp32 of the bert table above.", "",
-                  "| batch | variant | median | range | vs HF eager fp32 |", "|---|---|---|---|---|"]
-        for batch, r in rows.items():
-            for k, ts in r.items():
-                lines.append(f"| {batch} " + _row(k, ts, base_times.get(batch), []))
-        for precision, (secs, cached) in ort_r.get("build_s", {}).items():
-            lines.append(f"\nspecc build {precision}: {secs:.0f} s{' (cache hit)' if cached else ''}.")
+    if llama_r:
+        lines += [f"## {sizes.llama_spec} (decoder, fp16)", ""]
+        lines += generation_lines(
+            f"### Greedy generation, batch 1, prompt {sizes.prompt} + {sizes.new} new tokens", llama_r, sizes,
+            "HF generate fp16", "HF: `LlamaForCausalLM.generate` in fp16 (the spec's shapes as a LlamaConfig, sdpa "
+            "attention, its own cache). specc greedy loop fp16: `specc.to_torch` in `specc_greedy`. " + ORT_GENERATION)
+    lines += ["## onnxruntime on CUDA: specc's builds, verified there", ""]
+    if o.facts.get("version"):
+        lines += [f"onnxruntime {o.facts['version']} ({', '.join(o.facts['dists']) or '?'}; get_device() = "
+                  f"{o.facts['device']}); available providers: {', '.join(o.facts['available'])}.", ""]
+    if o.build_rows:
+        lines += ["Each build verified by onnxruntime on the provider named (`specc.build(..., verify_provider=...)`, "
+                  "`specc build --verify-provider cuda`): every verification case against the fp32 torch module, "
+                  "within the tolerance shown (docs/build.md); these graphs are the `specc ORT` rows of the tables above.",
+                  "", "| build | precision | verified on | cases | max abs diff | tolerance (atol, rtol) | build time |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in o.build_rows:
+            tol = row["tolerance"] or {}
+            lines.append(f"| {row['spec']} | {row['precision']} | {row['provider']} | {row['cases']} | "
+                         f"{row['max_abs_diff']:.3g} | {tol.get('atol', '-')}, {tol.get('rtol', '-')} | "
+                         f"{row['seconds']:.0f} s{' (cache hit)' if row['cached'] else ''} |")
         lines.append("")
     else:
-        lines += ["Nothing ran here: see below.", ""]
+        lines += ["No build ran on a GPU provider here: see below.", ""]
+    if opt:
+        lines += [f"{opt['name']}: Optimum's exporter (" + ", ".join(f"{k} {v}" for k, v in opt["versions"].items())
+                  + ") from the HF models of the tables (random weights, seed 0), its ORTModel classes with "
+                  "use_io_binding=True; timed in a process of its own after the tables' other rows, with the same "
+                  "repeats (benchmarks/gpu_optimum.py). Export: "
+                  + ", ".join(f"{k} {v:.0f} s" for k, v in opt["export_s"].items()) + ".", ""]
+    if trt_rows:
+        base_times = {b: med(t["times"][HF_FP32]) for b, t in bert_r["tables"].items()} if bert_r else {}
+        lines += ["## TensorRT", "", f"`specc build {sizes.bert_spec} --target tensorrt`, sequence {sizes.seq}, "
+                  "ratios against HF eager fp32 of the bert table above.", "",
+                  "| batch | variant | median | range | vs HF eager fp32 |", "|---|---|---|---|---|"]
+        for batch, r in trt_rows.items():
+            for k, ts in r.items():
+                lines.append(f"| {batch} " + _row(k, ts, base_times.get(batch), []))
+        lines.append("")
     lines += ["## Could not run, and why", ""]
     if not failures and not notes:
         lines.append("Everything ran.")
@@ -775,8 +1044,11 @@ def main(argv: list[str] | None = None) -> int:
     # debug: run the logic on the CPU with the tiny specs; never writes docs/benchmarks_gpu.md by default
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--test-provider", action="append", default=[], help=argparse.SUPPRESS)
-    ap.add_argument("--only", default="bert,gpt2,ort", help=argparse.SUPPRESS)
+    ap.add_argument("--optimum-path", default=None, help="a folder holding optimum, optimum-onnx and the transformers "
+                    "they take (below 4.58), for Optimum's rows (benchmarks/gpu_optimum.py runs with it on its path)")
+    ap.add_argument("--only", default="ort,bert,gpt2,llama,optimum,tensorrt",
+                    help="parts to run, comma-separated (default: all): ort (specc's builds verified on the GPU), "
+                    "bert, gpt2, llama, optimum, tensorrt")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"benchmarks/gpu.py: no CUDA GPU here (torch {torch.__version__}, built with CUDA "
@@ -810,8 +1082,8 @@ def main(argv: list[str] | None = None) -> int:
         flops["gpt_params"] = inspect_spec(specc.resolve(specc.load_spec(sizes.gpt_spec)))["parameters"]
 
     compile_limit = args.compile_limit
-    bert_r = gpt_r = None
-    ort_r, trt_rows = {}, {}
+    bert_r = gpt_r = llama_r = opt = None
+    trt_rows: dict = {}
 
     def attempt(what: str, fn, default):
         try:
@@ -823,17 +1095,25 @@ def main(argv: list[str] | None = None) -> int:
             _free(args.device)
             return default
 
+    # specc's builds first: each is verified on the GPU, and the tables below run its graphs
+    o = (attempt("onnxruntime", lambda: onnxruntime_setup(sizes, runner, clock, failures, args.device != "cuda"), Ort())
+         if "ort" in only else Ort())
     if "bert" in only:
-        bert_r = attempt(sizes.bert_spec, lambda: bert(sizes, runner, clock, args.repeats, compile_limit, failures), None)
+        bert_r = attempt(sizes.bert_spec, lambda: bert(sizes, runner, clock, args.repeats, compile_limit, failures, o),
+                         None)
         _free(args.device)
     if "gpt2" in only:
         gpt_r = attempt(sizes.gpt_spec, lambda: gpt2(sizes, runner, clock, args.repeats, args.gen_repeats,
-                                                      compile_limit, failures), None)
-    if "ort" in only:
-        ort_r = attempt("onnxruntime", lambda: onnxruntime_gpu(sizes, runner, clock, args.repeats, failures,
-                                                               args.test_provider), {})
+                                                      compile_limit, failures, o), None)
+    if "llama" in only:
+        llama_r = attempt(sizes.llama_spec, lambda: llama(sizes, runner, clock, args.gen_repeats, failures, o), None)
+        _free(args.device)
+    if "optimum" in only:
+        opt = attempt("Optimum", lambda: optimum(sizes, clock, args, failures), None)
+        merge_optimum(opt, bert_r, gpt_r)
+    if "tensorrt" in only:
         trt_rows = attempt("TensorRT", lambda: tensorrt_engine(sizes, runner, clock, args.repeats, failures), {})
-    text = report(args, facts, probe, bw, flops, bert_r, gpt_r, ort_r, trt_rows, failures, sizes, args.note)
+    text = report(args, facts, probe, bw, flops, bert_r, gpt_r, llama_r, o, opt, trt_rows, failures, sizes, args.note)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

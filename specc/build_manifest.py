@@ -89,11 +89,13 @@ def tokenizer_files(r: ResolvedSpec) -> list[Path]:
 
 
 def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights: Path | None, seed: int,
-           passes: list[str], tokenizer: list[Path] = (), keep_weights: bool = False) -> Inputs:
+           passes: list[str], tokenizer: list[Path] = (), keep_weights: bool = False,
+           verify_provider: str = "cpu") -> Inputs:
     """The build's inputs: `weights` a safetensors file or a sharded one's index (hashed, and each
     shard), else the seeded initialisation; `tokenizer` the files copied beside the graphs (hashed,
     under options.tokenizer, only where there are any); keep_weights: whether DIR keeps
-    model.safetensors."""
+    model.safetensors; verify_provider: where the graphs are verified (recorded where not cpu, so
+    a CPU build's key is what it was)."""
     source: dict[str, Any] = {"source": "seed", "seed": seed}
     if weights is not None:
         source = {"source": "file", "file": weights.name, "sha256": file_sha256(weights)}
@@ -107,6 +109,8 @@ def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights:
                "keep_weights": keep_weights}
     if PRECISIONS[precision].quantized:
         options["quantization"] = quantization(precision)
+    if verify_provider != "cpu":
+        options["verify_provider"] = verify_provider
     if tokenizer:
         options["tokenizer"] = dict(zip((p.name for p in tokenizer), sha256s(list(tokenizer))))
     vers = versions()

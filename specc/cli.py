@@ -17,7 +17,7 @@ import click
 from specc import __version__
 from specc.errors import Issue, SpeccError, SpecError
 from specc.interrupts import Terminated, terminate_as_interrupt
-from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, TARGETS
+from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, TARGETS, VERIFY_PROVIDERS
 
 
 # what torch's generator and numpy's seed sequence both take
@@ -312,12 +312,14 @@ class _StageDisplay:
               help="Hold one layer at a time (a model larger than memory; see docs/build.md); default: streamed when the whole model does not fit.")
 @click.option("--keep-weights", is_flag=True,
               help="Also write DIR/model.safetensors, the fp32 weights in specc's names (the graphs hold the weights either way).")
+@click.option("--verify-provider", type=click.Choice(list(VERIFY_PROVIDERS)), default="cpu", show_default=True,
+              help="Where onnxruntime runs the graphs it verifies: cpu, or cuda (its CUDA execution provider; needs onnxruntime-gpu and a GPU).")
 @click.option("--force", is_flag=True, help="Rebuild even when DIR is up to date.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary; errors only.")
 @click.option("--json", "as_json", is_flag=True, help="The manifest's facts as one JSON document on stdout.")
 def build(spec: str, out_dir: str, target: str, precision: str | None, weights: str | None, seed: int,
-          opset: int | None, max_memory: int | None, stream: bool | None, keep_weights: bool, force: bool,
-          quiet: bool, as_json: bool) -> None:
+          opset: int | None, max_memory: int | None, stream: bool | None, keep_weights: bool, verify_provider: str,
+          force: bool, quiet: bool, as_json: bool) -> None:
     """Build SPEC into DIR: export to ONNX, verify against PyTorch, write DIR/manifest.json.
 
     A verification failure exits 1 and leaves DIR as it was."""
@@ -330,7 +332,8 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     try:
         result = run_build(spec, out_dir, target=target, precision=precision, weights=weights, seed=seed,
                            force=force, opset=DEFAULT_OPSET if opset is None else opset, max_memory=max_memory,
-                           stream=stream, keep_weights=keep_weights, progress=display)
+                           stream=stream, keep_weights=keep_weights, verify_provider=verify_provider,
+                           progress=display)
     finally:
         display.close()
     if as_json:
@@ -446,7 +449,7 @@ def export_weights_cmd(spec: str, out_file: str, seed: int) -> None:
 @click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
-@click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider (repeat; default: the best available).")
+@click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider: cuda, tensorrt (trt), cpu, or onnxruntime's full name; repeat, in order (default: the best available; a GPU one that cannot run here falls back to CPU with a notice).")
 @click.option("--verbose", is_flag=True, help="Triton's own log on the terminal (verbose), instead of in a file.")
 @click.option("--max-sequences", type=click.IntRange(min=1), default=None,
               help="Decoders: sequences decoded together (default: serving.generation.max_sequences, else serving.batch.max).")
@@ -539,7 +542,7 @@ def _text_tokenizer(session, path: str | None, texts: tuple[str, ...]):
 @click.option("--input", "input_file", type=click.Path(dir_okay=False), default=None, help="A JSON list of lists of ids, a JSON object of named inputs, or an NPZ.")
 @click.option("--text", "texts", multiple=True, help="Text, encoded with the build's tokenizer (or --tokenizer's), its padding and attention mask; repeat for a batch.")
 @click.option("--tokenizer", type=click.Path(), default=None, help="A tokenizer.json (Hugging Face tokenizers), or a folder holding one; default: the build's.")
-@click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order (default: the best available).")
+@click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider: cuda, tensorrt (trt), cpu, or onnxruntime's full name; repeat, in order (default: the best available; a GPU one that cannot run here falls back to CPU with a notice).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None, help="Write every output to FILE.npz.")
 @click.option("--no-hash-check", is_flag=True, help="Open the graphs without checking them against the manifest's sha256 (faster for a large build known to be intact).")
 @click.option("--json", "as_json", is_flag=True, help='{"outputs": {name: nested lists}} on stdout.')
@@ -605,7 +608,7 @@ def _softmax(x):
 @click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True, help="Beam search with this many beams.")
 @click.option("--length-penalty", type=float, default=0.6, show_default=True, callback=_finite, help="Beam search: alpha of ((5 + len) / 6) ** alpha (Wu et al. 2016).")
 @click.option("--eos-id", type=click.IntRange(-(2**63), 2**63 - 1), default=None, help="Stop a row at this token (default: the spec's tokens.eos).")
-@click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider(s), in order.")
+@click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider: cuda, tensorrt (trt), cpu, or onnxruntime's full name; repeat, in order (default: the best available; a GPU one that cannot run here falls back to CPU with a notice).")
 @click.option("--no-hash-check", is_flag=True, help="Open the graphs without checking them against the manifest's sha256 (faster for a large build known to be intact).")
 @click.option("--json", "as_json", is_flag=True, help='{"ids": [[...]], "new_ids": [[...]]} on stdout.')
 def generate(build_dir, ids, input_file, texts, chat, tokenizer, max_new_tokens, greedy, temperature, top_k, top_p,

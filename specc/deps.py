@@ -48,6 +48,6 @@ def require_tensorrt(purpose: str = "this command"):
     except ImportError:
         raise RuntimeMissingError(
             f"{purpose} needs TensorRT, which is not installed. It needs an NVIDIA GPU and comes from "
-            "NVIDIA's package index: pip install 'specc[gpu]' on a CUDA machine (see docs)"
+            "NVIDIA's package index: pip install 'specc[gpu,tensorrt]' on a CUDA machine (see docs/serving.md)"
         ) from None
     return tensorrt

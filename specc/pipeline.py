@@ -44,13 +44,14 @@ from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
 from specc.malloc import trim
 from specc.memory import STREAMED_LONGEST, check_disk, check_memory, streamed_fits, verified_length, verifies_whole
+from specc.runtime.graph import provider_entries, unusable_provider
 from specc.runtime.session import session_options
 from specc.spec.costs import parameter_shapes
 from specc.spec.load import load_spec
 from specc.spec.manifest import WEIGHTS_FILE
 from specc.spec.resolve import ResolvedSpec, resolve
 from specc.spec.schema import ModelSpec
-from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS, TARGETS
+from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS, TARGETS, VERIFY_PROVIDERS
 
 STAGES = ("load", "resolve", "build module", "export", "optimize", "save", "verify", "write")
 
@@ -126,7 +127,7 @@ class _Clock:
 def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: str | None = None,
           weights: str | os.PathLike | None = None, seed: int = 0, force: bool = False,
           opset: int = DEFAULT_OPSET, max_memory: int | None = None, stream: bool | None = None,
-          keep_weights: bool = False, progress: Progress | None = None) -> BuildResult:
+          keep_weights: bool = False, verify_provider: str = "cpu", progress: Progress | None = None) -> BuildResult:
     """Build, verify and write a spec's artifacts to `out_dir` (see `specc build --help`).
 
     spec: a path, a catalog name, a ModelSpec or a ResolvedSpec. precision: the spec's
@@ -135,9 +136,11 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
     has available). stream: build streamed (one layer of the deep stacks in memory at a time,
     specc/memory.py and docs/build.md), or not; by default streamed where the whole model does not
     fit and the streamed build does. keep_weights: also write model.safetensors, the fp32 weights the
-    build used in specc's names (the graphs hold the weights either way; docs/build.md). progress:
-    called as progress(stage, "start" | "done", facts)."""
-    _check_options(target, opset)
+    build used in specc's names (the graphs hold the weights either way; docs/build.md).
+    verify_provider: where onnxruntime runs the graphs it verifies, "cpu" or "cuda" (its CUDA
+    execution provider, which must be usable here; docs/build.md). progress: called as
+    progress(stage, "start" | "done", facts)."""
+    _check_options(target, opset, verify_provider)
     clock = _Clock(progress)
     with clock.stage("load"):
         spec = _load(spec)
@@ -150,7 +153,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
     engines = _builds_engines(target, precision)
     made = build_manifest.inputs(r, target=target, precision=precision, opset=opset, weights=weights_file,
                                  seed=seed, passes=_ort_passes(engines) if TARGETS[target].ort_passes else [],
-                                 tokenizer=tokenizer, keep_weights=keep_weights)
+                                 tokenizer=tokenizer, keep_weights=keep_weights, verify_provider=verify_provider)
     out = Path(out_dir)
     hit = None if force else build_manifest.cached(out, made.cache_key)
     if hit is not None:
@@ -187,7 +190,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             layer_outputs: dict = {}
             files = _save(clock, r, exported, precision, n_params, opset, stage.tmp, layer_outputs)
             refs, report = _verify(clock, r, references, built, files, precision, seed, longest, layer_outputs,
-                                   weights_file, segmented)
+                                   weights_file, segmented, verify_provider)
         del model, built
         with clock.stage("write"):
             engine_report, plans = build_engines(r, refs, files, stage.tmp, precision, seed) if engines else (None, {})
@@ -215,11 +218,18 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
 # --- options -----------------------------------------------------------------------------------
 
 
-def _check_options(target: str, opset: int) -> None:
+def _check_options(target: str, opset: int, verify_provider: str = "cpu") -> None:
     """What can be refused before any work: an unknown target or opset, a target whose engines
-    need TensorRT where it is missing."""
+    need TensorRT where it is missing, verification on a provider that is not usable here."""
     if target not in TARGETS:
         raise BuildError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    if verify_provider not in VERIFY_PROVIDERS:
+        raise BuildError(f"unknown verify provider {verify_provider!r}; choose one of {', '.join(VERIFY_PROVIDERS)}")
+    if verify_provider != "cpu":
+        provider = VERIFY_PROVIDERS[verify_provider]
+        why = unusable_provider(require_onnxruntime("verifying a build"), provider)
+        if why:
+            raise BuildError(f"--verify-provider {verify_provider}: {why}")
     if TARGETS[target].engines == "always":  # without TensorRT there is nothing to build
         require_tensorrt(f"specc build --target {target}")
     if opset not in SUPPORTED_OPSETS:
@@ -466,7 +476,7 @@ def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, precision: str, op
 
 def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Module, files: dict[str, list[Path]],
             precision: str, seed: int, longest: int | None, layer_outputs: dict, weights_file: Path | None,
-            segmented: bool = False):
+            segmented: bool = False, provider: str = "cpu"):
     """The torch outputs (waited for where the reference run was forked), the module released,
     then each written graph run by onnxruntime and compared (`segmented`: a layer at a time,
     specc/export/segments.py). Returns (the torch outputs, the report). A streamed build that
@@ -483,16 +493,17 @@ def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Mo
         trim()  # the module's freed memory back to the system before onnxruntime loads its own copy
         dequantized = _reference_weights(precision, weights_file) is not None
         if segmented:
-            report = _verify_segments(clock, r, refs, files, layer_outputs, precision, seed, longest, dequantized)
+            report = _verify_segments(clock, r, refs, files, layer_outputs, precision, seed, longest, dequantized,
+                                      provider)
             facts["max_abs_diff"] = report.max_abs
             return refs, report
-        sessions = {name: _session(paths[0], name) for name, paths in files.items()}
+        sessions = {name: _session(paths[0], name, provider) for name, paths in files.items()}
         try:
             report = verify(r, refs, sessions, "onnx", precision, seed=seed, longest=longest,  # the ONNX graph, by onnxruntime
-                            dequantized=dequantized)
+                            dequantized=dequantized, provider=provider)
         except VerificationError as failed:
             del sessions
-            where = _first_wrong_layer(r, built, files, layer_outputs, precision, seed, longest, weights_file)
+            where = _first_wrong_layer(r, built, files, layer_outputs, precision, seed, longest, weights_file, provider)
             if where is None:
                 raise
             raise VerificationError(f"{failed}; the first layer off: {where}") from None
@@ -502,7 +513,7 @@ def _verify(clock: _Clock, r: ResolvedSpec, references: ReferenceJob, built: _Mo
 
 
 def _verify_segments(clock: _Clock, r: ResolvedSpec, refs: dict, files: dict[str, list[Path]], layer_outputs: dict,
-                     precision: str, seed: int, longest: int | None, dequantized: bool):
+                     precision: str, seed: int, longest: int | None, dequantized: bool, provider: str = "cpu"):
     """segments.verify_segments on a streamed build's single graph, with progress per segment."""
     names = layer_outputs.get("model") or {}
     if set(files) != {"model"} or not names:
@@ -513,12 +524,13 @@ def _verify_segments(clock: _Clock, r: ResolvedSpec, refs: dict, files: dict[str
     def on_segment(name: str, index: int, of: int) -> None:
         clock.step(what=f"segment {index + 1} of {of} ({name})")
 
-    return verify_segments(r, refs, files["model"][0], layers, lambda path: _session(path, "model"),
-                           new_report(r, "onnx", precision, dequantized), seed, longest, on_segment)
+    return verify_segments(r, refs, files["model"][0], layers, lambda path: _session(path, "model", provider),
+                           new_report(r, "onnx", precision, dequantized, provider), seed, longest, on_segment)
 
 
 def _first_wrong_layer(r: ResolvedSpec, built: _Module, files: dict[str, list[Path]], layer_outputs: dict,
-                      precision: str, seed: int, longest: int | None, weights_file: Path | None) -> str | None:
+                      precision: str, seed: int, longest: int | None, weights_file: Path | None,
+                      provider: str = "cpu") -> str | None:
     """diagnose.first_wrong_layer for a streamed build's single graph; None for any other build."""
     names = layer_outputs.get("model")
     if built.remake is None or not names or set(files) != {"model"}:
@@ -528,7 +540,7 @@ def _first_wrong_layer(r: ResolvedSpec, built: _Module, files: dict[str, list[Pa
     if prepare is not None:
         prepare(reference)
     try:
-        return first_wrong_layer(r, files["model"][0], names, reference, lambda path: _session(path, "model"),
+        return first_wrong_layer(r, files["model"][0], names, reference, lambda path: _session(path, "model", provider),
                                  precision, seed, longest)
     finally:
         _release(reference)
@@ -585,9 +597,10 @@ def _for_precision(model, precision: str):
 VERIFY_DISABLED_OPTIMIZERS = ["ConstantFolding"]
 
 
-def _session(path: Path, graph: str):
-    """The onnxruntime session a build verifies `graph` with: CPU, every graph optimization but
-    constant folding, no weight prepacking."""
+def _session(path: Path, graph: str, provider: str = "cpu"):
+    """The onnxruntime session a build verifies `graph` with: on `provider` (cpu, or cuda with the
+    options specc runs it with, specc/runtime/graph.py), every graph optimization but constant
+    folding, no weight prepacking."""
     ort = require_onnxruntime("verifying a build")
     opts = session_options(ort)
     # Neither of these changes what the graph computes (beyond float rounding), only where its
@@ -597,10 +610,14 @@ def _session(path: Path, graph: str):
     # a graph gives the same outputs with them and without.
     opts.add_session_config_entry("session.disable_prepacking", "1")
     try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"],
-                                    disabled_optimizers=VERIFY_DISABLED_OPTIMIZERS)
+        session = ort.InferenceSession(str(path), opts, providers=provider_entries([VERIFY_PROVIDERS[provider]]),
+                                       disabled_optimizers=VERIFY_DISABLED_OPTIMIZERS)
     except Exception as exc:  # onnxruntime raises its own exception types
         raise BuildError(f"onnxruntime cannot load the exported {graph} graph: {str(exc).strip().splitlines()[0]}") from None
+    if session.get_providers()[0] != VERIFY_PROVIDERS[provider]:  # onnxruntime fell back without a word
+        raise BuildError(f"onnxruntime ran the {graph} graph on {session.get_providers()[0]}, not the "
+                         f"{VERIFY_PROVIDERS[provider]} --verify-provider {provider} asked for")
+    return session
 
 
 @contextlib.contextmanager

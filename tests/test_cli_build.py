@@ -188,6 +188,38 @@ def test_missing_weights_file(tmp_path):
     assert not out.exists()
 
 
+def test_verifying_on_a_gpu_that_is_not_here_is_refused_before_work(tmp_path):
+    """--verify-provider cuda where onnxruntime cannot create its CUDA provider (the CPU wheel, or
+    onnxruntime-gpu without a GPU): exit 1 naming the option and why, nothing written."""
+    import onnxruntime as ort
+
+    from specc.runtime.graph import unusable_provider
+
+    why = unusable_provider(ort, "cuda")
+    if why is None:
+        pytest.skip("onnxruntime's CUDA provider is usable here (tests/runtime/test_cuda.py covers it)")
+    out = tmp_path / "out"
+    result = run("build", SPEC, "-o", str(out), "--verify-provider", "cuda")
+    assert result.exit_code == 1
+    assert f"specc: error: --verify-provider cuda: {why}" in result.stderr
+    assert not out.exists()
+
+
+def test_verify_provider_is_recorded_and_cuda_is_another_build(first):
+    """The manifest says where the graphs were verified; a CUDA verification has its own cache key
+    (a CPU build's key is what it was before the option existed)."""
+    from specc import build_manifest
+
+    _, out = first
+    assert json.loads((out / MANIFEST).read_text())["verification"]["provider"] == "cpu"
+    r = resolve(load_spec(SPEC))
+    args = dict(target="onnx", precision="fp32", opset=18, weights=None, seed=0, passes=[])
+    plain = build_manifest.inputs(r, **args)
+    assert build_manifest.inputs(r, **args, verify_provider="cpu").cache_key == plain.cache_key
+    assert "verify_provider" not in plain.options
+    assert build_manifest.inputs(r, **args, verify_provider="cuda").cache_key != plain.cache_key
+
+
 def test_max_memory_too_small(tmp_path):
     need = estimate_memory(resolve(load_spec(SPEC)))["bytes"]
     out = tmp_path / "out"

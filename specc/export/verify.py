@@ -45,16 +45,19 @@ from specc.spec.io import (
 )
 from specc.spec.resolve import GraphSig, ResolvedSpec
 from specc.spec.targets import DEQUANTIZED_BAR, PRECISIONS, QUALITY_BARS, QualityBar
-from specc.spec.targets import TOLERANCES  # (target, precision) -> (atol, rtol), from the targets table
+# (target, precision) -> (atol, rtol), from the targets table: on onnxruntime's CPU and CUDA providers
+from specc.spec.targets import CUDA_TOLERANCES, TOLERANCES
 
 SCORE_KINDS = ("lm", "mlm", "classifier", "token_classifier")  # outputs whose rows are logits over classes
 
 
-def tolerance(target: str, precision: str) -> tuple[float, float]:
+def tolerance(target: str, precision: str, provider: str = "cpu") -> tuple[float, float]:
+    """(atol, rtol) of `target`'s graphs at `precision`, verified on `provider` ("cpu" or "cuda")."""
     try:
-        return TOLERANCES[(target, precision)]
+        return (CUDA_TOLERANCES if provider == "cuda" else TOLERANCES)[(target, precision)]
     except KeyError:
-        raise VerificationError(f"no verification tolerance for target {target!r} at precision {precision!r}") from None
+        on = " on CUDA" if provider == "cuda" else ""
+        raise VerificationError(f"no verification tolerance for target {target!r} at precision {precision!r}{on}") from None
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ class Report:
     bar: QualityBar | None = None  # an integer precision's, instead of atol and rtol
     dequantized: bool = False  # the reference computed with the graph's dequantized weights
     segments: list[dict] = field(default_factory=list)  # a streamed build's, by segment and case (segments.py)
+    provider: str = "cpu"  # onnxruntime's execution provider that ran the graphs: cpu or cuda
 
     @property
     def max_abs(self) -> float:
@@ -131,7 +135,7 @@ class Report:
         judged = ({"quality_bar": vars(self.bar), "compared_with": "dequantized" if self.dequantized else "fp32"}
                   if self.bar is not None
                   else {"tolerance": {"atol": self.atol, "rtol": self.rtol}})
-        return {"target": self.target, "precision": self.precision, **judged,
+        return {"target": self.target, "precision": self.precision, "provider": self.provider, **judged,
                 "passed": True, "max_abs_diff": self.max_abs, "cases": self.cases,
                 **({"segments": self.segments} if self.segments else {})}
 
@@ -143,15 +147,16 @@ class Report:
         return _compare_quality(name, scores, got, want, self.bar, where)
 
 
-def new_report(r: ResolvedSpec, target: str, precision: str, dequantized: bool = False) -> Report:
-    """The empty report a build's outputs are judged into: the tolerance of (target, precision),
-    or an integer precision's quality bar (QUALITY_BARS against fp32, DEQUANTIZED_BAR against the
+def new_report(r: ResolvedSpec, target: str, precision: str, dequantized: bool = False,
+               provider: str = "cpu") -> Report:
+    """The empty report a build's outputs are judged into: the tolerance of (target, precision) on
+    `provider` (cpu or cuda), or an integer precision's quality bar (QUALITY_BARS against fp32, DEQUANTIZED_BAR against the
     graph's own dequantized weights)."""
     # the onnx target's graphs are what integer builds verify (a TensorRT engine is never integer)
     integer = target == "onnx" and precision in PRECISIONS and PRECISIONS[precision].quantized
     bar = (DEQUANTIZED_BAR if dequantized else QUALITY_BARS.get(precision)) if integer else None
-    atol, rtol = tolerance(target, precision) if bar is None else (0.0, 0.0)
-    return Report(target, precision, atol, rtol, bar=bar, dequantized=dequantized and bar is not None)
+    atol, rtol = tolerance(target, precision, provider) if bar is None else (0.0, 0.0)
+    return Report(target, precision, atol, rtol, bar=bar, dequantized=dequantized and bar is not None, provider=provider)
 
 
 def scored(r: ResolvedSpec) -> set[str]:
@@ -458,13 +463,13 @@ def _spill(out: dict, key: tuple[str, str], spill: Path) -> None:
 
 
 def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", precision: str = "fp32",
-           seed: int = 0, longest: int | None = None, dequantized: bool = False) -> Report:
+           seed: int = 0, longest: int | None = None, dequantized: bool = False, provider: str = "cpu") -> Report:
     """Run every case through `sessions` (graph name -> onnxruntime.InferenceSession or anything
-    with the same run()) and compare with `reference`: the fp32 SpeccModel in eval mode, or its
-    reference_outputs() taken before."""
+    with the same run(), on `provider`: cpu or cuda) and compare with `reference`: the fp32
+    SpeccModel in eval mode, or its reference_outputs() taken before."""
     refs = reference if isinstance(reference, dict) else reference_outputs(r, reference, seed, longest=longest)
     # `dequantized`: the reference computed with the graph's own integer weights (seeded builds)
-    report = new_report(r, target, precision, dequantized)
+    report = new_report(r, target, precision, dequantized, provider)
     scores = scored(r)
     steps = _steps(r, seed, longest)
     # outputs are kept only for the cases a later case continues from (a long case's logits are large)
@@ -488,4 +493,4 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
     return report
 
 
-__all__ = ["QUALITY_BARS", "SCORE_KINDS", "TOLERANCES", "Case", "Report", "Spilled", "cases", "reference_outputs", "tolerance", "verify"]
+__all__ = ["CUDA_TOLERANCES", "QUALITY_BARS", "SCORE_KINDS", "TOLERANCES", "Case", "Report", "Spilled", "cases", "reference_outputs", "tolerance", "verify"]

@@ -4,6 +4,7 @@ Session needs.
 
     s = Session("build/tiny-gpt2")
     s.provider                       # the execution provider that really runs the graphs
+    Session("build/tiny-gpt2", provider="cuda")  # CUDA where it works here, else CPU (one notice)
     s.run(input_ids=[[1, 2, 3]])     # {"logits": array, "present.0.key": array, ...}
     s.generate([1, 2, 3], max_new_tokens=8).ids
     s.run(**s.encode(["some text"]))  # with the tokenizer the build carries (s.tokenizer)
@@ -24,7 +25,7 @@ from specc.fileio import sha256s
 from specc.runtime.cache import empty_cache, past_length
 from specc.runtime.errors import RunError
 from specc.runtime.generate import Generated, generate
-from specc.runtime.graph import Graph, choose_providers, session_options
+from specc.runtime.graph import Graph, choose_providers, session_options, usable_providers
 from specc.runtime.inputs import DECODER_INPUT_IDS, Limits, check_feeds
 from specc.runtime.text import Tokenizer
 from specc.spec import manifest as spec_manifest
@@ -93,7 +94,13 @@ def check_files(build_dir: Path, manifest: dict, files: list[str]) -> None:
 
 class Session:
     """A built model, ready to run. providers: onnxruntime execution providers to use, in order
-    (default: TensorRT, CUDA, CPU, those available). threads: intra-op threads (default: onnxruntime's).
+    (default: TensorRT, CUDA, CPU, those available); provider: one of them, instead. Each is a
+    short name ("cuda", "tensorrt" or "trt", "cpu"; any case) or onnxruntime's full name
+    ("CUDAExecutionProvider"); one that is not available is a RunError naming those that are.
+    A GPU provider that is available but cannot be created here (onnxruntime-gpu without a GPU or
+    its CUDA libraries) is dropped for the next one, CPU at the latest, with one line on stderr
+    the first time in a process (specc/runtime/graph.py's usable_providers); the attributes
+    `provider` and `providers` read back what really runs. threads: intra-op threads (default: onnxruntime's).
 
     manifest: the parsed manifest.json; info: its typed view (BuildInfo); spec: the recorded spec;
     limits: what the build takes as input (vocabularies, serving.batch.max and .length.max, learned
@@ -101,8 +108,14 @@ class Session:
     the manifest before they are loaded (check_graph_files); False skips it, for speed on a
     build that is known to be intact."""
 
-    def __init__(self, build_dir: str | Path, providers: Sequence[str] | None = None, *, threads: int | None = None,
-                 check_hashes: bool = True):
+    def __init__(self, build_dir: str | Path, providers: Sequence[str] | None = None, *, provider: str | None = None,
+                 threads: int | None = None, check_hashes: bool = True):
+        if provider is not None and providers is not None:
+            raise TypeError("Session takes provider= (one) or providers= (a list, in order), not both")
+        if isinstance(providers, str):
+            providers = [providers]  # a single name, not its letters
+        if provider is not None:
+            providers = [provider]
         ort = require_onnxruntime("running a build")
         self.dir = Path(build_dir)
         self.manifest, self.info = open_build(self.dir)
@@ -112,7 +125,7 @@ class Session:
         self.architecture = self.info.architecture
         self.limits = Limits.of(self.info)  # what the build takes (specc/runtime/inputs.py)
         options = session_options(ort, threads)
-        asked = choose_providers(ort.get_available_providers(), providers)
+        asked = usable_providers(ort, choose_providers(ort.get_available_providers(), providers))
         self.graphs = {name: Graph(ort, self.dir / g.file, g, asked, options) for name, g in self.info.graphs.items()}
         first = next(iter(self.graphs.values()))
         self.provider = first.provider  # what really runs (onnxruntime falls back silently)

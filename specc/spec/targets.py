@@ -59,6 +59,9 @@ class Target:
     # target's graphs (run by onnxruntime; every target's graphs are verified as these), the
     # tensorrt target's engines. A difference passes when max|out - torch| <= atol + rtol * max|torch|.
     tolerances: dict[str, tuple[float, float]]
+    # the same on onnxruntime's CUDA execution provider (`specc build --verify-provider cuda`), where
+    # the target's graphs can be verified there; TF32 is off, so fp32 is computed in fp32
+    cuda_tolerances: dict[str, tuple[float, float]]
     ort_passes: bool  # specc's onnxruntime graph passes run on its graphs (never on graphs made into engines)
     engines: Literal["never", "always", "where possible"]  # TensorRT engines; possible: tensorrt and a CUDA GPU
     write: Literal["files", "triton"]  # files: the graphs (and engines) in DIR; triton: a Triton model repository
@@ -71,12 +74,13 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("onnx", _ONNX_PRECISIONS,
            # the integer precisions are judged by QUALITY_BARS instead
            tolerances={"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2), "bf16": (1e-1, 5e-2)},
+           cuda_tolerances={"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2)},
            ort_passes=True, engines="never", write="files"),
     Target("tensorrt", ("fp32", "fp16"),
-           tolerances={"fp32": (5e-4, 5e-4), "fp16": (2e-2, 2e-2), "bf16": (1e-1, 5e-2)},
+           tolerances={"fp32": (5e-4, 5e-4), "fp16": (2e-2, 2e-2), "bf16": (1e-1, 5e-2)}, cuda_tolerances={},
            ort_passes=False, engines="always", write="files"),
     # a repository of the onnx target's graphs (verified as those), with engines where possible
-    Target("triton", _ONNX_PRECISIONS, tolerances={}, ort_passes=True, engines="where possible", write="triton"),
+    Target("triton", _ONNX_PRECISIONS, tolerances={}, cuda_tolerances={}, ort_passes=True, engines="where possible", write="triton"),
 )}
 
 
@@ -113,6 +117,11 @@ DEQUANTIZED_BAR = QualityBar(cosine_mean=0.999, cosine_min=0.99, kl_mean=0.005)
 BUILT_PRECISIONS: dict[str, tuple[str, ...]] = {name: t.precisions for name, t in TARGETS.items()}
 TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     (name, precision): tol for name, t in TARGETS.items() for precision, tol in t.tolerances.items()}
+# (target, precision) -> (atol, rtol) on onnxruntime's CUDA execution provider
+CUDA_TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
+    (name, precision): tol for name, t in TARGETS.items() for precision, tol in t.cuda_tolerances.items()}
+# where a build's graphs are verified: onnxruntime's execution provider, by its short name
+VERIFY_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
-__all__ = ["BUILT_PRECISIONS", "DEFAULT_OPSET", "DEQUANTIZED_BAR", "PRECISIONS", "QUALITY_BARS", "SUPPORTED_OPSETS", "TARGETS",
-           "TOLERANCES", "Precision", "PrecisionName", "QualityBar", "Target"]
+__all__ = ["BUILT_PRECISIONS", "CUDA_TOLERANCES", "DEFAULT_OPSET", "DEQUANTIZED_BAR", "PRECISIONS", "QUALITY_BARS", "SUPPORTED_OPSETS", "TARGETS",
+           "TOLERANCES", "VERIFY_PROVIDERS", "Precision", "PrecisionName", "QualityBar", "Target"]

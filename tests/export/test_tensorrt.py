@@ -165,7 +165,7 @@ def test_build_without_tensorrt_fails_up_front(tmp_path):
     t0 = time.perf_counter()
     result = CliRunner().invoke(main, ["build", "tiny-gpt2", "--target", "tensorrt", "-o", str(out)])
     assert result.exit_code == 1
-    assert "TensorRT" in result.output and "pip install 'specc[gpu]'" in result.output
+    assert "TensorRT" in result.output and "pip install 'specc[gpu,tensorrt]'" in result.output
     assert "Traceback" not in result.output and "export" not in result.output  # before any export work
     assert time.perf_counter() - t0 < 5
     assert not out.exists()

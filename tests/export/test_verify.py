@@ -16,7 +16,7 @@ import specc.pipeline
 from specc.errors import VerificationError
 from specc.export import verify as verify_mod
 from specc.spec.targets import DEQUANTIZED_BAR
-from specc.export.verify import QUALITY_BARS, TOLERANCES, _compare, cases, tolerance, verify
+from specc.export.verify import CUDA_TOLERANCES, QUALITY_BARS, TOLERANCES, _compare, cases, new_report, tolerance, verify
 from specc.pipeline import build
 from specc.spec import resolve
 from specc.spec.load import load_spec
@@ -58,6 +58,19 @@ def test_tolerance_table_is_keyed_by_target_and_precision():
     assert all(DEQUANTIZED_BAR.cosine_mean >= bar.cosine_mean and DEQUANTIZED_BAR.cosine_min >= bar.cosine_min
                for bar in QUALITY_BARS.values())
     assert all(a >= b for a, b in zip(TOLERANCES[("onnx", "fp16")], TOLERANCES[("onnx", "fp32")]))
+
+
+def test_cuda_rows_cover_the_onnx_float_precisions():
+    """`--verify-provider cuda` verifies the onnx target's float graphs (the integer ones by their
+    bars): each has a CUDA row, no looser than fp16's; the provider is named when one is missing."""
+    for precision in BUILT_PRECISIONS["onnx"]:
+        if not PRECISIONS[precision].quantized:
+            assert tolerance("onnx", precision, "cuda") == CUDA_TOLERANCES[("onnx", precision)]
+    assert all(0 < t <= f for t, f in zip(CUDA_TOLERANCES[("onnx", "fp32")], CUDA_TOLERANCES[("onnx", "fp16")]))
+    with pytest.raises(VerificationError, match="on CUDA"):
+        tolerance("tensorrt", "fp32", "cuda")
+    report = new_report(resolve(load_spec("tiny-gpt2")), "onnx", "fp16", provider="cuda")
+    assert (report.atol, report.rtol) == CUDA_TOLERANCES[("onnx", "fp16")] and report.to_dict()["provider"] == "cuda"
 
 
 @pytest.mark.parametrize("target,precision", [("tensorrt", "int8"), ("onnx", "int2"), ("triton", "fp32"), ("nope", "fp16")])
@@ -417,8 +430,8 @@ def test_verify_rejects_an_unknown_tolerance_key(built):
 def _perturbing_session(monkeypatch, delta: float):
     real = specc.pipeline._session
 
-    def session(path, graph):
-        return Perturbed(real(path, graph), "logits", 1, lambda a: a + np.asarray(delta, a.dtype))
+    def session(path, graph, provider="cpu"):
+        return Perturbed(real(path, graph, provider), "logits", 1, lambda a: a + np.asarray(delta, a.dtype))
 
     monkeypatch.setattr(specc.pipeline, "_session", session)
 
