@@ -27,10 +27,10 @@ def _run(model: ir.Model, feed: dict) -> list[np.ndarray]:
     return sess.run(None, feed)
 
 
-def _exported(spec: str) -> tuple[ir.Model, dict]:
+def _exported(spec: str, dtype: torch.dtype = torch.float32) -> tuple[ir.Model, dict]:
     r = resolve(load_spec(spec))
     sig = r.graphs[0]
-    program = onnx_export.export_graph(to_torch(r, seed=0).eval(), sig, onnx_export.example_inputs(r, sig))
+    program = onnx_export.export_graph(to_torch(r, seed=0).eval().to(dtype), sig, onnx_export.example_inputs(r, sig))
     program.optimize()
     rng = np.random.default_rng(0)
     feed = {"input_ids": rng.integers(0, r.vocab.size, size=(2, 9)), "attention_mask": np.ones((2, 9), np.int64),
@@ -123,11 +123,12 @@ def test_onnxruntime_passes_never_reach_tensorrt():
 
 
 def _attention_graph(*, heads=4, d=8, dv=8, t=5, s=5, scale_op="Div", mask=True, bias=True, bias_read_elsewhere=False,
-                     causal=False, dtype=TensorProto.FLOAT) -> onnx.ModelProto:
+                     causal=False, dtype=TensorProto.FLOAT, softmax_fp32=False) -> onnx.ModelProto:
     """Multi-head attention as the exporter writes it (tests/export/test_passes.py's reading of a
     specc encoder layer): q3/k3/v3 [B,N,H*D] (+ bias) -> Reshape -> Transpose -> MatMul ->
     (Div|Mul|none) -> (Where over keep [B,S] unsqueezed to [B,1,1,S] | causal [T,S]) -> Softmax ->
-    MatMul -> Transpose -> Reshape [B,T,H*Dv]."""
+    MatMul -> Transpose -> Reshape [B,T,H*Dv]. softmax_fp32: the Softmax between a Cast to fp32 and
+    one back (an fp16 graph, as specc's modules write it)."""
     B = "batch"
     nodes, inits, outputs = [], [], []
     inputs = [helper.make_tensor_value_info("xq", dtype, [B, t, heads * d]),
@@ -171,8 +172,13 @@ def _attention_graph(*, heads=4, d=8, dv=8, t=5, s=5, scale_op="Div", mask=True,
             cond = "allowed"
         nodes.append(helper.make_node("Where", [cond, scores, "fill"], ["masked"]))
         scores = "masked"
-    nodes += [helper.make_node("Softmax", [scores], ["probs"], axis=-1),
-              helper.make_node("MatMul", ["probs", "vh"], ["o4"]),
+    if softmax_fp32:
+        nodes += [helper.make_node("Cast", [scores], ["scores32"], to=TensorProto.FLOAT),
+                  helper.make_node("Softmax", ["scores32"], ["probs32"], axis=-1),
+                  helper.make_node("Cast", ["probs32"], ["probs"], to=dtype)]
+    else:
+        nodes.append(helper.make_node("Softmax", [scores], ["probs"], axis=-1))
+    nodes += [helper.make_node("MatMul", ["probs", "vh"], ["o4"]),
               helper.make_node("Transpose", ["o4"], ["o"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["o", "shape_o"], ["out"])]
     outputs.insert(0, helper.make_tensor_value_info("out", dtype, [B, t, heads * dv]))
@@ -256,13 +262,58 @@ def test_fuse_attention_keeps_a_bias_that_is_read_elsewhere():
         np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["causal", "fp16"])
+@pytest.mark.parametrize("softmax_fp32", [True, False])
+def test_fuse_attention_takes_fp16(softmax_fp32):
+    """An fp16 graph, its softmax in fp32 between two Casts (as an fp16 build writes it) or in
+    fp16: one fp16 MultiHeadAttention, within fp16's rounding of torch's fp32 attention."""
+    proto = _attention_graph(dtype=TensorProto.FLOAT16, softmax_fp32=softmax_fp32)
+    model = ir.from_proto(proto)
+    feed = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in _attention_feed().items()}
+    before = _run(model, feed)[0]
+    assert passes.apply(model, ["fuse_attention"]) == {"fuse_attention": 1}
+    ops = _ops(model)
+    assert ops.count("MultiHeadAttention") == 1 and not {"Softmax", "Cast", "Where", "MatMul"} & (set(ops) - {"Cast"})
+    assert ops.count("Cast") == 2  # the mask to bool and to int32: the softmax's two are gone
+    (fused,) = [n for n in model.graph if n.op_type == "MultiHeadAttention"]
+    assert fused.inputs[3].dtype == ir.DataType.FLOAT16  # the folded bias in the graph's dtype
+    after = _run(model, feed)[0]
+    assert after.dtype == np.float16
+    want = _torch_attention(proto, {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feed.items()},
+                            heads=4, scale=1 / math.sqrt(8))
+    np.testing.assert_allclose(after.astype(np.float32), want, atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(after.astype(np.float32), before.astype(np.float32), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("case", ["causal", "fp16-causal", "half-cast"])
 def test_fuse_attention_leaves_what_the_kernel_cannot_take(case):
-    proto = _attention_graph(causal=True) if case == "causal" else _attention_graph(dtype=TensorProto.FLOAT16)
+    """A causal mask (fp32 or fp16); a softmax whose Cast does not go back to the graph's dtype."""
+    if case == "half-cast":
+        proto = _attention_graph(dtype=TensorProto.FLOAT16, softmax_fp32=True)
+        (back,) = [n for n in proto.graph.node if n.output == ["probs"]]
+        back.attribute[0].i = TensorProto.DOUBLE
+    else:
+        proto = _attention_graph(causal=True, dtype=TensorProto.FLOAT16 if case == "fp16-causal" else TensorProto.FLOAT,
+                                 softmax_fp32=case == "fp16-causal")
     model = ir.from_proto(proto)
     ops = _ops(model)
     assert passes.apply(model, ["fuse_attention"]) == {"fuse_attention": 0}
     assert _ops(model) == ops
+
+
+def test_both_passes_on_an_exported_fp16_encoder():
+    """tiny-bert exported in fp16 (norms and softmax in fp32 between Casts): every layer's GELU and
+    attention fused (some twenty nodes fewer a layer), the fp16 outputs kept within fp16's rounding."""
+    model, feed = _exported("tiny-bert", torch.float16)
+    before = _run(model, feed)
+    nodes = len(list(model.graph))
+    layers = len(resolve(load_spec("tiny-bert")).encoder.layers)
+    assert passes.apply(model) == {"fuse_gelu": layers, "fuse_attention": layers}
+    ops = _ops(model)
+    assert "Softmax" not in ops and "Erf" not in ops and ops.count("MultiHeadAttention") == layers
+    assert len(ops) <= nodes - 20 * layers
+    for a, b in zip(before, _run(model, feed)):
+        assert b.dtype == a.dtype
+        np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), atol=1e-2, rtol=1e-2)
 
 
 def test_fuse_attention_on_exported_graphs():

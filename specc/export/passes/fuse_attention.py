@@ -3,11 +3,12 @@ com.microsoft `MultiHeadAttention`:
 
     q3, k3, v3 [B,T|S,H*D] --Reshape [B,*,H,D]--> Transpose: q (0,2,1,3), k (0,2,3,1), v (0,2,1,3)
     scores = MatMul(q, k^T), then Div(c) or Mul(c) or neither, then Where(keep, scores, fill) with
-             keep [B,S] unsqueezed to [B,1,1,S] or no mask, then Softmax(-1)
+             keep [B,S] unsqueezed to [B,1,1,S] or no mask, then Softmax(-1) (in an fp16 graph
+             as specc's modules write it: Cast to fp32, Softmax, Cast back)
     out = MatMul(probs, v) --Transpose (0,2,1,3)--> Reshape [B,T,H*Dv]
 
 becomes `MultiHeadAttention(q3, k3, v3, bias?, key_padding_mask?)` with num_heads H, the score
-scale, and mask_filter_value = fill. onnxruntime's CPU kernel adds the mask to the scaled scores
+scale, and mask_filter_value = fill (fp32's minimum for fp16's: _filter_value). onnxruntime's CPU kernel adds the mask to the scaled scores
 (0 where a key is kept, `fill` where not) before the softmax. specc's modules mask with the
 dtype's minimum, so a masked score rounds to that minimum as the Where gives it, and a row with
 nothing to attend to averages the values in both. The [B,H,T,S] scores never leave the kernel:
@@ -18,8 +19,8 @@ three biases become the node's `bias` input, added inside the kernel as it lays 
 
 Left written out: a causal or pattern mask ([B,1,T,S], not a key-padding mask), relative
 positions or ALiBi added to the scores, cached keys (a decoder's Concat with the past), and
-anything not fp32 (onnxruntime's CPU kernel is fp32 only). onnxruntime-only: the tensorrt target
-does not run it.
+anything but fp32 and fp16 (what onnxruntime's CPU and CUDA kernels take; its kernels compute the
+softmax in fp32, as the Casts did). onnxruntime-only: the tensorrt target does not run it.
 """
 from __future__ import annotations
 
@@ -77,11 +78,20 @@ def _match(softmax: ir.Node) -> dict | None:
     """The parts of the fused node for one Softmax, or None where the pattern does not hold."""
     if softmax.attributes.get_int("axis", -1) not in (-1, 3):
         return None
-    pv = sole_reader(softmax.outputs[0])
-    if pv is None or pv.op_type != "MatMul" or pv.domain != "" or pv.inputs[0] is not softmax.outputs[0]:
+    probs, x, reader, pattern = softmax.outputs[0], softmax.inputs[0], softmax, [softmax]
+    to32, back = producer(x, "Cast"), sole_reader(probs)
+    if to32 is not None and back is not None and back.op_type == "Cast" and back.domain == "":
+        # an fp16 graph's softmax in fp32: Cast(fp16 -> fp32), Softmax, Cast(fp32 -> fp16)
+        if (to32.attributes.get_int("to") != ir.DataType.FLOAT or to32.inputs[0] is None
+                or back.attributes.get_int("to") != to32.inputs[0].dtype or sole_reader(x) is not softmax):
+            return None
+        probs, x, reader = back.outputs[0], to32.inputs[0], to32
+        pattern += [back, to32]
+    pv = sole_reader(probs)
+    if pv is None or pv.op_type != "MatMul" or pv.domain != "" or pv.inputs[0] is not probs:
         return None
-    pattern = [softmax, pv]
-    x, reader, keep, fill = softmax.inputs[0], softmax, None, None
+    pattern.append(pv)
+    keep, fill = None, None
     where = producer(x, "Where")
     if where is not None:
         keep, fill = _key_mask(where.inputs[0]), scalar(where.inputs[2])
@@ -117,7 +127,8 @@ def _match(softmax: ir.Node) -> dict | None:
     merged = _dims(merge.outputs[0])
     if merged is None or len(merged) != 3 or merged[2] != v[1] * v[2]:
         return None
-    if any(t[0].dtype != ir.DataType.FLOAT for t in (q, k, v)):  # the CPU kernel is fp32 only
+    dtypes = {t[0].dtype for t in (q, k, v)}
+    if len(dtypes) != 1 or dtypes.pop() not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):  # what the kernels take
         return None
     return {"q": q, "k": k, "v": v, "scale": scale, "keep": keep, "fill": fill,
             "pattern": pattern + [back, merge] + q[3] + k[3] + v[3], "out": merge.outputs[0]}
@@ -135,6 +146,16 @@ def _bias(x3: ir.Value, reshape: ir.Node) -> tuple[ir.Value, ir.Value] | None:
                 and list(b.const_value.shape) == _dims(x3)[2:] and _dims(other) == _dims(x3)):
             return other, b
     return None
+
+
+def _filter_value(fill: float, dtype: ir.DataType) -> float:
+    """The score a masked key gets inside the kernel: the Where's fill, except that fp16's minimum
+    becomes fp32's. The kernels add it in fp32, where fp16's minimum does not swamp the scores: a
+    row with nothing to attend to would take a softmax over its masked scores, where the written-out
+    graph (and torch) average its values."""
+    if dtype == ir.DataType.FLOAT16 and fill <= float(np.finfo(np.float16).min):
+        return float(np.finfo(np.float32).min)
+    return float(fill)
 
 
 def _int32_mask(graph: ir.Graph, keep: ir.Value, made: dict[int, ir.Value]) -> ir.Value:
@@ -166,16 +187,16 @@ def run(graph: ir.Graph) -> int:
         biased = [_bias(x3, rs) for x3, rs in ((q3, q_rs), (k3, k_rs), (v3, v_rs))]
         if len({id(q3), id(k3), id(v3)}) == 3 and all(biased):
             name = f"{out.name}.qkv_bias"
-            bias = np.concatenate([b.const_value.numpy().astype(np.float32) for _, b in biased])
+            bias = np.concatenate([b.const_value.numpy() for _, b in biased]).astype(q3.dtype.numpy())
             value = ir.Value(name=name, const_value=ir.tensor(bias, name=name), shape=ir.Shape(bias.shape),
-                             type=ir.TensorType(ir.DataType.FLOAT))
+                             type=ir.TensorType(q3.dtype))
             graph.register_initializer(value)
             inputs = [x for x, _ in biased] + [value]
             pattern += [x3.producer() for x3 in (q3, k3, v3)]
         attributes = {"num_heads": heads, "scale": float(m["scale"])}
         if m["keep"] is not None:
             inputs.append(_int32_mask(graph, m["keep"], masks))
-            attributes["mask_filter_value"] = float(m["fill"])
+            attributes["mask_filter_value"] = _filter_value(m["fill"], q3.dtype)
         while inputs[-1] is None:
             inputs.pop()
         fused = ir.node("MultiHeadAttention", inputs, attributes, domain=DOMAIN, name=f"{out.name}/MultiHeadAttention")
