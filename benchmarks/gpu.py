@@ -649,7 +649,7 @@ def onnxruntime_setup(sizes: Sizes, runner: Runner, clock: Clock, failures: list
         return o
     for spec, precision in sizes.ort_builds:
         label = f"specc build {spec} --precision {precision} --verify-provider {o.provider}"
-        if clock.left() < 240:
+        if clock.left() < 150:
             failures.append((label, "skipped: too little of the run's time budget left"))
             continue
         out_dir = WORK / f"{spec}-{precision}-{o.provider}"
@@ -774,6 +774,7 @@ def merge_optimum(opt: dict | None, bert_r: dict | None, gpt_r: dict | None) -> 
         if bert_r and int(batch) in bert_r["tables"]:
             bert_r["tables"][int(batch)]["times"][name] = ts
     if gpt_r and "full" in gpt_r and "gpt2" in opt:
+        name = opt["gpt2"].get("name", name)
         gpt_r["full"][name], gpt_r["first"][name] = opt["gpt2"]["full"], opt["gpt2"]["first"]
         gpt_r["n_tokens"][name] = opt["gpt2"]["n_tokens"]
 

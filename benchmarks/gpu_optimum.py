@@ -25,15 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import Runner, Sizes, first_line, log  # noqa: E402  (this suite's sizes and timing)
 
 
-def export(model, task: str, out: Path, device: str) -> float:
-    """model saved, then exported by Optimum (fp16 on a GPU); the export's seconds."""
+def export(model, task: str, out: Path, device: str, dtype: str) -> float:
+    """model saved, then exported by Optimum in `dtype` (fp16 needs a GPU); the export's seconds."""
     from optimum.exporters.onnx import main_export
 
     src = out.with_name(out.name + "-hf")
     model.save_pretrained(src)
     t0 = time.perf_counter()
-    main_export(str(src), output=str(out), task=task, device=device, dtype="fp16" if device == "cuda" else "fp32",
-                do_validation=False)
+    main_export(str(src), output=str(out), task=task, device=device, dtype=dtype, do_validation=False)
     return time.perf_counter() - t0
 
 
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.manual_seed(0)
             out = Path(tmp) / "bert"
             result["export_s"]["bert"] = export(T.BertModel(sizes.bert_config()).eval(), "feature-extraction", out,
-                                                args.device)
+                                                args.device, precision)
             model = ortm.ORTModelForFeatureExtraction.from_pretrained(out, provider=provider, use_io_binding=True)
             result["bert"] = {}
             for batch in sizes.batches:
@@ -77,12 +76,25 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             result["failures"].append(["Optimum bert", first_line(exc)])
             log(f"optimum bert: {first_line(exc)}")
+        # GPT-2: fp16 where Optimum's fp16 export loads, else its fp32 export (named so in the row)
+        for gpt_precision in dict.fromkeys((precision, "fp32")):
+            try:
+                torch.manual_seed(0)
+                out = Path(tmp) / f"gpt2-{gpt_precision}"
+                result["export_s"][f"gpt2 {gpt_precision}"] = export(T.GPT2LMHeadModel(sizes.gpt2_config()).eval(),
+                                                                     "text-generation-with-past", out, args.device,
+                                                                     gpt_precision)
+                model = ortm.ORTModelForCausalLM.from_pretrained(out, provider=provider, use_io_binding=True,
+                                                                 use_cache=True)
+                break
+            except Exception as exc:
+                result["failures"].append([f"Optimum's {gpt_precision} export of gpt2", first_line(exc)])
+                log(f"optimum gpt2 {gpt_precision}: {first_line(exc)}")
+                model = None
         try:
-            torch.manual_seed(0)
-            out = Path(tmp) / "gpt2"
-            result["export_s"]["gpt2"] = export(T.GPT2LMHeadModel(sizes.gpt2_config()).eval(),
-                                                "text-generation-with-past", out, args.device)
-            model = ortm.ORTModelForCausalLM.from_pretrained(out, provider=provider, use_io_binding=True, use_cache=True)
+            if model is None:
+                raise RuntimeError("no export of gpt2 loaded")
+            gpt_name = name.replace(precision, gpt_precision)
             prompt = torch.from_numpy(np.random.default_rng(0).integers(sizes.vocab_lo, sizes.vocab_hi,
                                                                         (1, sizes.prompt))).to(args.device)
 
@@ -91,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
                                      min_new_tokens=n, do_sample=False, num_beams=1, pad_token_id=0, eos_token_id=None)
                 return out[:, prompt.shape[1]:]
 
-            full = runner.interleaved({name: lambda: gen(sizes.new)}, args.gen_repeats, warmup=1)
-            first = runner.interleaved({name: lambda: gen(1)}, args.gen_repeats, warmup=1)
-            result["gpt2"] = {"full": full[name], "first": first[name], "n_tokens": int(gen(sizes.new).shape[1])}
+            full = runner.interleaved({gpt_name: lambda: gen(sizes.new)}, args.gen_repeats, warmup=1)
+            first = runner.interleaved({gpt_name: lambda: gen(1)}, args.gen_repeats, warmup=1)
+            result["gpt2"] = {"name": gpt_name, "full": full[gpt_name], "first": first[gpt_name],
+                              "n_tokens": int(gen(sizes.new).shape[1])}
         except Exception as exc:
             result["failures"].append(["Optimum gpt2", first_line(exc)])
             log(f"optimum gpt2: {first_line(exc)}")
