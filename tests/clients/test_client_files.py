@@ -36,7 +36,7 @@ CLIENTS_PYTHON = Path(os.environ.get("SPECC_CLIENTS_VENV", ROOT / ".venv-clients
 
 # catalog specs a Hugging Face family computes, and the model type that says so
 DESCRIBED = {"tiny-gpt2": "gpt2", "gpt2-small": "gpt2", "tiny-llama": "llama", "llama-2-7b": "llama",
-             "llama-3-8b": "llama", "mistral-7b": "mistral", "qwen3-0.6b": "qwen3", "gpt-j-6b": "gptj",
+             "llama-3-8b": "llama", "llama-3.1-8b": "llama", "mistral-7b": "mistral", "qwen3-0.6b": "qwen3", "gpt-j-6b": "gptj",
              "tiny-bert": "bert", "bert-base": "bert"}
 
 

@@ -25,18 +25,38 @@ VARIANTS = {"alibi": "position: {kind: alibi}", "relative": "position: {kind: re
             "bigbird": "decoder: {attention: {pattern: {kind: bigbird, block: 4, window: 1, global: 1, random: 1}}}"}
 
 
+# decoders other Hugging Face families compute (the build writes their config.json): rope scaling
+# (Llama 3.1's), Gemma (scaled embedding, 1 + weight norms, tanh GeGLU), GPT-NeoX (a quarter of
+# each head rotated, YaRN, attention and MLP side by side)
+FAMILIES = {
+    "llama3-rope": "extends: tiny-llama\nposition: {kind: rotary, max_length: 128, scaling: {kind: llama3, factor: 8.0, "
+                   "low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_length: 32}}",
+    "gemma": "extends: tiny-llama\nvocab: {size: 1000, tie_output: false, scale: sqrt_d_model}\n"
+             "norm: {kind: rmsnorm, unit_offset: true}\ndecoder: {ffn: {activation: geglu_tanh}}",
+    "neox-yarn": "extends: tiny-gpt2\nvocab: {tie_output: false}\nposition: {kind: rotary, max_length: 128, fraction: 0.25, "
+                 "scaling: {kind: yarn, factor: 4.0, original_max_length: 32}}\nnorm: {kind: layernorm, eps: 1.0e-5}\n"
+                 "decoder: {parallel: two_norms, ffn: {activation: gelu}}",
+}
+
+
+# the builds whose seeded weights already give varied tokens (x8 makes this one repeat two tokens)
+UNSCALED = {"neox-yarn": 1}
+
+
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """Builds whose seeded weights are scaled up (matrices x8), so that greedy decoding picks
-    varied tokens and a wrong cache or position shows in them."""
+    """Builds whose seeded weights are scaled up (matrices x8, but UNSCALED), so that greedy
+    decoding picks varied tokens and a wrong cache or position shows in them."""
     specs = {name: name for name in ("tiny-gpt2", "tiny-llama", "tiny-bert")}
     specs.update({k: loads_spec(f"specc: 1\nname: {k}\nextends: tiny-gpt2\n{text}\n") for k, text in VARIANTS.items()})
+    specs.update({k: loads_spec(f"specc: 1\nname: {k}\n{text}\n") for k, text in FAMILIES.items()})
     made = {}
     for name, spec in specs.items():
         root = tmp_path_factory.mktemp(name)
         specc.save_weights(specc.to_torch(spec, seed=0), root / "w.safetensors")
         weights = load_file(str(root / "w.safetensors"))
-        save_file({k: v * 8 if v.ndim == 2 else v for k, v in weights.items()}, str(root / "x.safetensors"))
+        scale = UNSCALED.get(name, 8)
+        save_file({k: v * scale if v.ndim == 2 else v for k, v in weights.items()}, str(root / "x.safetensors"))
         made[name] = specc.build(spec, root / "build", weights=root / "x.safetensors").out_dir
     return made
 
@@ -52,7 +72,7 @@ def left_padded(prompts, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", *FAMILIES])
 def test_optimum_causal_lm_generates_specc_tokens(builds, name):
     build = builds[name]
     want = specc_tokens(build)
@@ -84,7 +104,7 @@ def test_optimum_feature_extraction_gives_specc_hidden_states(builds):
     np.testing.assert_allclose(got[real], ref["last_hidden_state"][real], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", *VARIANTS])
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", *VARIANTS, *FAMILIES])
 def test_onnxruntime_genai_generates_specc_tokens(builds, name):
     build = builds[name]
     assert (build / "genai_config.json").is_file()

@@ -83,7 +83,7 @@ def _gpt2(spec: dict, config: dict) -> None:
 
 def _rotary(spec: dict, config: dict) -> None:
     """LLaMA and the families that read its rules: head_dim, rope_theta, partial_rotary_factor
-    (where not 1)."""
+    (where not 1), rope_scaling (where the spec scales its frequencies)."""
     attention = spec["decoder"]["attention"]
     config["head_dim"] = attention["d_k"]
     position = spec["position"]
@@ -91,6 +91,20 @@ def _rotary(spec: dict, config: dict) -> None:
         config["rope_theta"] = position["base"]
         if position["fraction"] != 1.0:
             config["partial_rotary_factor"] = position["fraction"]
+        scaling = position.get("scaling") or {}
+        if scaling.get("kind", "none") != "none":
+            config["rope_scaling"] = _rope_scaling(scaling)
+
+
+# position.scaling's keys by the name transformers gives them in rope_scaling
+_ROPE_KEYS = {"original_max_length": "original_max_position_embeddings"}
+
+
+def _rope_scaling(scaling: dict) -> dict:
+    """transformers' rope_scaling for a spec's position.scaling (what the importer's _scaling reads):
+    rope_type = the kind, each parameter under its transformers name."""
+    return {"rope_type": scaling["kind"],
+            **{_ROPE_KEYS.get(k, k): v for k, v in scaling.items() if k != "kind" and v is not None}}
 
 
 def _mistral(spec: dict, config: dict) -> None:
@@ -108,8 +122,23 @@ def _llama(spec: dict, config: dict) -> None:
     _rotary(spec, config)
 
 
+def _neox(spec: dict, config: dict) -> None:
+    """GPT-NeoX: rotary_emb_base, rotary_pct, rope_scaling and use_parallel_residual (its two
+    norms side by side), what _neox_extra reads."""
+    position = spec["position"]
+    if position.get("kind") != "rotary":
+        raise ValueError("GPT-NeoX rotates its queries and keys")
+    config["rotary_emb_base"] = position["base"]
+    config["rotary_pct"] = position["fraction"]
+    scaling = position.get("scaling") or {}
+    if scaling.get("kind", "none") != "none":
+        config["rope_scaling"] = _rope_scaling(scaling)
+    config["use_parallel_residual"] = spec["decoder"].get("parallel") == "two_norms"
+
+
 INVERSE: dict[str, Callable[[dict, dict], None]] = {
-    "gpt2": _gpt2, "llama": _llama, "mistral": _mistral, "qwen2": _llama, "qwen3": _llama,
+    "gpt2": _gpt2, "llama": _llama, "mistral": _mistral, "qwen2": _llama, "qwen3": _llama, "gemma": _llama,
+    "gpt_neox": _neox,
 }
 
 
