@@ -222,8 +222,8 @@ def _edit(value, change):
 def test_a_planted_defect_in_the_last_layer_fails_the_build(tmp_path, monkeypatch, precision, defect):
     real = q._rewrite
 
-    def planted(graph, scheme):
-        counts = real(graph, scheme)
+    def planted(graph, scheme, level):
+        counts = real(graph, scheme, level)
         last = [n for n in graph if n.op_type == "MatMulNBits"][-1]  # the last layer's FFN output projection
         defect(last)
         return counts
@@ -232,3 +232,21 @@ def test_a_planted_defect_in_the_last_layer_fails_the_build(tmp_path, monkeypatc
     with pytest.raises(VerificationError, match="too far from torch for quantization noise"):
         specc.build("tiny-llama", tmp_path / "out", precision=precision, progress=None)
     assert not (tmp_path / "out").exists()
+
+
+def test_graphs_without_a_cache_compute_in_fp32_and_decoders_in_int8(tmp_path):
+    """MatMulNBits' accuracy level by graph: 4 (int8 compute, the decode speed) where the graph
+    takes a KV cache, 1 (fp32 compute, faster and closer on whole sequences) where it takes none:
+    an encoder, an encoder-decoder's encoder; the manifest's facts and options say so."""
+    import onnx
+
+    want = {("tiny-bert", "model"): 1, ("tiny-gpt2", "model"): 4, ("tiny-transformer", "encoder"): 1,
+            ("tiny-transformer", "decoder"): 4}
+    for spec in ("tiny-bert", "tiny-gpt2", "tiny-transformer"):
+        result = specc.build(spec, tmp_path / spec, precision="int8", progress=None)
+        facts = {o["graph"]: o["accuracy_level"] for o in result.manifest["optimizations"] if "precision" in o}
+        for graph, info in result.manifest["graphs"].items():
+            levels = {a.i for n in onnx.load(str(tmp_path / spec / info["file"]), load_external_data=False).graph.node
+                      if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
+            assert levels == {want[(spec, graph)]} and facts[graph] == want[(spec, graph)], (spec, graph)
+        assert result.manifest["options"]["quantization"]["accuracy_level_without_cache"] == q.WHOLE_SEQUENCE_ACCURACY_LEVEL
