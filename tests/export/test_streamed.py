@@ -37,10 +37,11 @@ def _hashes(out) -> dict[str, str]:
             if p.is_file() and p.name != "manifest.json"}
 
 
-SLOW = pytest.mark.slow  # make test keeps fp32 and int4 (the two writers' extremes); make test-slow adds the rest
+SLOW = pytest.mark.slow  # make test keeps one of fp32 and int4 per test (the two writers' extremes); make test-slow adds the rest
 
 
-@pytest.mark.parametrize("precision", ["fp32", pytest.param("fp16", marks=SLOW), pytest.param("int8", marks=SLOW), "int4"])
+@pytest.mark.parametrize("precision", [pytest.param("fp32", marks=SLOW), pytest.param("fp16", marks=SLOW),
+                                       pytest.param("int8", marks=SLOW), "int4"])
 def test_streamed_and_in_memory_builds_write_the_same_bytes(tmp_path, precision):
     spec = _deep()
     # model.safetensors kept: its streamed writer (a tensor at a time) is compared too
@@ -263,7 +264,7 @@ def by_segments(monkeypatch):
     monkeypatch.setattr(pipeline, "verifies_whole", lambda r: False)
 
 
-@pytest.mark.parametrize("precision", ["fp32", pytest.param("fp16", marks=SLOW), "int4"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("fp16", marks=SLOW), pytest.param("int4", marks=SLOW)])
 def test_a_build_verified_by_segments_checks_every_layer_on_every_case(tmp_path, by_segments, precision):
     """Each layer's segment, the first (with the embeddings) and the last (the head) run on every
     case; the graph is the one a whole build writes."""
