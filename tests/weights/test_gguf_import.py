@@ -89,9 +89,8 @@ SEEDS = {"gemma3": 1, "stablelm-parallel": 1, "falcon-7b-form": 2, "bloom": 4}
 # label, file type: fp32 for every case, Q8_0 blocks for some
 # Q8_0 blocks are read alike for every architecture: make test keeps llama's, make test-slow the rest
 SLOW_Q8 = pytest.mark.slow
-# make test reads each architecture once: a second form of one (Gemma 2's soft caps, Gemma 1 beside
-# Gemma 2 and 3) runs in make test-slow
-SLOW_F32 = ("gemma2-caps", "gemma")
+# a second form of one architecture (Gemma 2 with its soft caps) runs in make test-slow
+SLOW_F32 = ("gemma2-caps",)
 RUNS = [(label, "F32") if label not in SLOW_F32 else pytest.param(label, "F32", marks=pytest.mark.slow) for label in CASES] + [
     ("llama", "Q8_0")] + [
     pytest.param(label, "Q8_0", marks=SLOW_Q8) for label in ("gemma2", "falcon-7b-form", "gpt2")]
