@@ -56,7 +56,7 @@ import specc
 from specc.deps import installed_runtimes
 from specc.spec.costs import inspect_spec
 from specc.runtime.cache import empty_cache
-from specc.runtime.graph import unusable_provider
+from specc.runtime.graph import GPU_PROVIDERS, unusable_provider
 from specc.spec.io import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, TOKEN_TYPE_IDS, is_present, present_to_past
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -293,7 +293,7 @@ class Sizes:
         import transformers as T
 
         r = specc.resolve(specc.load_spec(self.llama_spec))
-        spec = specc.load_spec(self.llama_spec)
+        spec = r.spec
         att = spec.decoder.attention
         return T.LlamaConfig(vocab_size=spec.vocab.size, hidden_size=spec.d_model, num_hidden_layers=spec.decoder.layers,
                              num_attention_heads=att.heads, num_key_value_heads=att.kv_heads or att.heads,
@@ -591,9 +591,6 @@ def llama(sizes: Sizes, runner: Runner, clock: Clock, gen_repeats: int, failures
 
 
 # --- onnxruntime and TensorRT ---------------------------------------------------------------------
-
-
-GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
 
 class Ort:
