@@ -13,9 +13,11 @@ Contracts:
   (specc.importers.hf.as_config: the importer's family table read backwards and imported again),
   and for a decoder only where Optimum's empty cache for a prompt has the graph's shape (Optimum
   derives it from config.json by rules of its own, OPTIMUM_* below, read in optimum-onnx 0.1.0's
-  optimum/onnxruntime/modeling_decoder.py). An encoder-decoder gets none: Optimum's
-  ORTModelForSeq2SeqLM runs a decoder that takes `encoder_hidden_states` and makes the
-  cross-attention cache itself, where specc's encoder graph makes it.
+  optimum/onnxruntime/modeling_decoder.py and modeling_seq2seq.py). An encoder-decoder also gets
+  OPTIMUM_DECODER: Optimum's ORTModelForSeq2SeqLM runs a decoder that takes
+  `encoder_hidden_states` and makes the cross-attention cache itself, where specc's encoder graph
+  makes it; the build composes that graph from its own two (specc/export/optimum_seq2seq.py,
+  written and checked by the pipeline, not by `write` here).
 - generation_config.json goes with config.json: the spec's `tokens:` as transformers names them.
 - genai_config.json is written for a decoder whose graph onnxruntime-genai can feed: input_ids,
   attention_mask, position_ids where the graph takes it, and one cache shape for every layer,
@@ -38,7 +40,8 @@ from specc.spec.resolve import ResolvedSpec
 CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 GENAI_CONFIG = "genai_config.json"
-FILES = (CONFIG, GENERATION_CONFIG, GENAI_CONFIG)  # every name a build may write for a client
+OPTIMUM_DECODER = "decoder_model_merged.onnx"  # an encoder-decoder's decoder as Optimum runs it (the name it looks for)
+FILES = (CONFIG, GENERATION_CONFIG, GENAI_CONFIG)  # every JSON file a build may write for a client
 
 OPTIMUM, GENAI = "optimum", "onnxruntime-genai"
 
@@ -78,6 +81,8 @@ def client_files(r: ResolvedSpec, graph_files: dict[str, str]) -> ClientFiles:
         out.files[CONFIG] = config
         out.files[GENERATION_CONFIG] = _generation_config(r)
         out.clients[OPTIMUM] = {"files": [CONFIG, GENERATION_CONFIG]}
+        if r.architecture == "encoder-decoder":
+            out.clients[OPTIMUM]["files"].append(OPTIMUM_DECODER)
     genai, why = _genai_config(r, graph_files)
     if genai is None:
         out.clients[GENAI] = {"why": why}
@@ -102,25 +107,31 @@ def write(root: Path, made: ClientFiles) -> list[Path]:
 
 
 def _hf_files(r: ResolvedSpec) -> tuple[dict | None, str]:
-    if r.architecture == "encoder-decoder":
-        return None, ("Optimum's ORTModelForSeq2SeqLM runs a decoder that takes encoder_hidden_states and makes "
-                      "the cross-attention cache itself; specc's encoder graph makes it (present.N.encoder.*)")
     described = hf_config(r)
     if described.config is None:
         return None, described.why
-    config = {**described.config, "use_cache": r.architecture == "decoder"}
-    if r.architecture == "decoder":
-        want = _cache_shape(r)
+    config = {**described.config, "use_cache": r.architecture != "encoder"}
+    if r.architecture == "encoder-decoder":  # the token specc's generate starts from (transformers wants one)
+        config["decoder_start_token_id"] = _decoder_start(r)
+    if r.architecture != "encoder":
+        # one empty cache shape for every past input (an encoder-decoder's cross K/V too)
+        graph = "model" if r.architecture == "decoder" else "decoder"
+        want = _cache_shapes(r, graph)
         got = _optimum_cache(config, r)
-        if want != got:
+        if want != {got}:
+            shapes = ", ".join(f"[batch, {h}, 0, {d}]" for h, d in sorted(want))
             return None, (f"Optimum feeds a prompt an empty cache of [batch, {got[0]}, 0, {got[1]}] for model_type "
-                          f"{config['model_type']!r}; the graph's is [batch, {want[0]}, 0, {want[1]}]")
+                          f"{config['model_type']!r}; the graph's is {shapes}")
     return config, ""
 
 
 def _optimum_cache(config: dict, r: ResolvedSpec) -> tuple[int, int]:
     """(kv heads, head size) of the empty cache Optimum makes from CONFIG (its rules, above)."""
     mt = config["model_type"]
+    if r.architecture == "encoder-decoder":
+        # num_attention_heads: the encoder's (BART's and Marian's attribute map; T5 has one count)
+        heads = r.spec.encoder.attention.heads
+        return heads, r.spec.d_model // heads
     attention = r.spec.decoder.attention
     heads = attention.heads
     if mt in OPTIMUM_KV_HEADS:
@@ -138,24 +149,24 @@ def _generation_config(r: ResolvedSpec) -> dict:
     tokens = _tokens(r)
     ids = {"bos_token_id": tokens.bos, "eos_token_id": tokens.eos, "pad_token_id": tokens.pad}
     if r.architecture == "encoder-decoder":
-        ids["decoder_start_token_id"] = tokens.decoder_start
+        ids["decoder_start_token_id"] = _decoder_start(r)
     return {k: v for k, v in ids.items() if v is not None}
 
 
 # --- onnxruntime-genai ------------------------------------------------------------------------
 
 
+def _cache_shapes(r: ResolvedSpec, graph: str = "model") -> set[tuple[int, int]]:
+    """(heads, head size) of each past input of GRAPH, [batch, heads, length, head size]."""
+    sig = r.graph(graph)
+    return {(t.dims[1], t.dims[3]) for t in sig.inputs if io.is_past(t.name)}
+
+
 def _cache_shape(r: ResolvedSpec) -> tuple[int, int] | None:
     """(heads, head size) of every layer's key and value in the main graph, where they are one
     shape [batch, heads, past_sequence, head size]; None where they are not."""
-    sig = next(g for g in r.graphs if g.name == "model")
-    shapes = {tuple(t.dims) for t in sig.inputs if io.is_past(t.name)}
-    if len(shapes) != 1:
-        return None
-    dims = shapes.pop()
-    if len(dims) != 4 or not all(isinstance(d, int) for d in dims[1::2]):
-        return None
-    return dims[1], dims[3]
+    shapes = _cache_shapes(r)
+    return shapes.pop() if len(shapes) == 1 else None
 
 
 def _genai_config(r: ResolvedSpec, graph_files: dict[str, str]) -> tuple[dict | None, str]:
@@ -194,6 +205,11 @@ def _genai_config(r: ResolvedSpec, graph_files: dict[str, str]) -> tuple[dict | 
               "temperature": 1.0, "top_k": 50, "top_p": 1.0}
     return {"model": model, "search": search}, ""
 
+
+
+def _decoder_start(r: ResolvedSpec) -> int:
+    tokens = _tokens(r)
+    return tokens.start_for(tokens.pad_for(tokens.eos))
 
 
 def _tokens(r: ResolvedSpec) -> Tokens:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specc import build_manifest
-from specc.clients import client_files
+from specc.clients import OPTIMUM, OPTIMUM_DECODER, client_files
 from specc.clients import write as write_client_files
 from specc.deps import require_onnxruntime, require_tensorrt
 from specc.errors import BuildError, VerificationError
@@ -39,7 +39,7 @@ from specc.export.reference import ReferenceJob
 from specc.export.segments import verify_segments
 from specc.export.stitch import KEEP, LAYER_OUTPUTS, streamable
 from specc.export.tensorrt import build_engines, engines_possible
-from specc.export.verify import new_report, verify
+from specc.export.verify import new_report, tolerance, verify
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
 from specc.malloc import trim
@@ -201,6 +201,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             clients = client_files(r, graph_files) if TARGETS[target].write == "files" else None
             if clients is not None:
                 written += write_client_files(stage.tmp, clients)
+                written += _optimum_decoder(r, clients, graph_files, stage.tmp, precision)
             if keep_weights:
                 written.append(stage.tmp / WEIGHTS_FILE)
             listed = build_manifest.artifacts(written, stage.tmp)
@@ -213,6 +214,23 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             check_interrupt()  # the last moment a Ctrl-C still leaves DIR as it was
             stage.commit()
     return BuildResult(out.absolute(), manifest)
+
+
+def _optimum_decoder(r: ResolvedSpec, clients, graph_files: dict[str, str], tmp: Path, precision: str) -> list[Path]:
+    """An encoder-decoder's decoder as Optimum runs it, where Optimum gets files: composed from the
+    verified graphs and checked against them (specc/export/optimum_seq2seq.py); the check's figure
+    goes to the manifest's clients entry."""
+    from specc.export import optimum_seq2seq
+
+    entry = clients.clients[OPTIMUM]
+    if OPTIMUM_DECODER not in entry.get("files", ()):
+        return []
+    path = optimum_seq2seq.write(tmp, r, graph_files)
+    # the same nodes on the same inputs: an integer graph is held to fp32's tolerance, not to the
+    # metrics that judge its quantization
+    atol, rtol = tolerance("onnx", "fp32" if PRECISIONS[precision].quantized else precision)
+    entry["max_abs_diff"] = optimum_seq2seq.check(tmp, r, graph_files, _session, atol, rtol)
+    return [path]
 
 
 # --- options -----------------------------------------------------------------------------------

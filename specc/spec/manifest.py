@@ -128,6 +128,10 @@ class Tokens:
         """The padding id when `eos` ends a row: pad, else `eos`, else 0."""
         return next(t for t in (self.pad, eos, 0) if t is not None)
 
+    def start_for(self, pad: int) -> int:
+        """An encoder-decoder's first decoder token: decoder_start, else bos, else `pad`."""
+        return next(t for t in (self.decoder_start, self.bos, pad) if t is not None)
+
 
 @dataclass(frozen=True)
 class Output:
@@ -177,7 +181,7 @@ class BuildInfo:
 
     def start_for(self, pad: int) -> int:
         """An encoder-decoder's first decoder token: tokens.decoder_start, else tokens.bos, else `pad`."""
-        return next(t for t in (self.tokens.decoder_start, self.tokens.bos, pad) if t is not None)
+        return self.tokens.start_for(pad)
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> BuildInfo:

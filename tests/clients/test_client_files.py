@@ -20,7 +20,10 @@ from safetensors.torch import load_file
 
 import specc
 from specc.cli import main
-from specc.clients import CONFIG, GENAI, GENAI_CONFIG, GENERATION_CONFIG, OPTIMUM, client_files
+from specc.clients import CONFIG, GENAI, GENAI_CONFIG, GENERATION_CONFIG, OPTIMUM, OPTIMUM_DECODER, client_files
+from specc.errors import BuildError
+from specc.export import optimum_seq2seq
+from specc.export.verify import tolerance
 from specc.importers.hf import config_to_spec
 from specc.importers.hf.as_config import hf_config
 from specc.spec.costs import parameter_shapes
@@ -81,7 +84,7 @@ def test_a_config_is_kept_only_where_importing_it_gives_the_spec_back():
 
 
 @pytest.mark.parametrize("name, client, why", [
-    ("tiny-transformer", OPTIMUM, "encoder_hidden_states"),
+    ("tiny-transformer", OPTIMUM, "tried: bart/mbart/marian/pegasus, t5"),  # Vaswani's interleaved sinusoids
     ("tiny-transformer", GENAI, "decoder-only"),
     ("tiny-bert", GENAI, "decoder-only"),
     ("gemma-3-1b", OPTIMUM, "no Hugging Face family"),
@@ -182,3 +185,59 @@ def test_window_caches_get_no_client_files_and_say_why():
     assert made.files == {}
     for client in (OPTIMUM, GENAI):
         assert "keep only their window" in made.clients[client]["why"]
+
+
+# tiny-transformer with Marian's sinusoids (every sine before the cosines) and LayerNorm eps: what
+# Hugging Face's MarianMTModel computes
+TINY_MARIAN = ("specc: 1\nname: tiny-marian\nextends: tiny-transformer\n"
+               "position: {kind: sinusoidal, layout: halves, max_length: 128}\nnorm: {eps: 1.0e-5}\n")
+T5_LIKE = ("specc: 1\nname: tiny-t5\nextends: tiny-transformer\nposition: {kind: bucketed, buckets: 8, max_distance: 16, "
+           "max_length: 128}\nnorm: {kind: rmsnorm, placement: pre, final: true, eps: 1.0e-6}\n"
+           "vocab: {scale: none}\nencoder: {attention: {score: dot, bias: false}, ffn: {bias: false}}\n"
+           "decoder: {attention: {score: dot, bias: false}, ffn: {bias: false}}\n"
+           "outputs: [{kind: lm, name: logits, scale: 0.125}]\n")
+
+
+@pytest.mark.parametrize("text, model_type", [(TINY_MARIAN, "marian"), (T5_LIKE, "t5")])
+def test_an_encoder_decoder_config_json_is_read_by_transformers_as_the_spec(text, model_type):
+    """transformers' own config class, made from the config.json an encoder-decoder gets and
+    written out again, imports as the spec's computation."""
+    r = resolve(loads_spec(text))
+    config = client_files(r, {g.name: f"{g.name}.onnx" for g in r.graphs}).files.get(CONFIG)
+    assert config is not None and config["model_type"] == model_type, hf_config(r).why
+    again = transformers.AutoConfig.for_model(**config).to_dict()
+    spec = resolve(loads_spec(json.dumps(config_to_spec(again, {str(i): i for i in range(99)}, r.name))))
+    assert spec.spec.model_dump(exclude={"name", "description", "weights", "serving", "dropout", "tokens"}) == \
+        r.spec.model_dump(exclude={"name", "description", "weights", "serving", "dropout", "tokens"})
+
+
+def test_an_encoder_decoder_build_writes_optimums_decoder_with_the_weights_once(tmp_path):
+    """decoder_model_merged.onnx: listed, hashed and checked in the manifest, its weights read
+    from the build's own graph files (the file holds none of them), and the check fails a
+    composition that runs the wrong branch."""
+    result = specc.build(loads_spec(TINY_MARIAN), tmp_path / "b")
+    out = result.out_dir
+    entry = result.manifest["clients"][OPTIMUM]
+    assert entry["files"] == [CONFIG, GENERATION_CONFIG, OPTIMUM_DECODER] and entry["max_abs_diff"] <= 1e-5
+    assert OPTIMUM_DECODER in [a["path"] for a in result.artifacts]
+    merged = out / OPTIMUM_DECODER
+    assert merged.stat().st_size < (out / "decoder.onnx").stat().st_size / 4
+    import onnx
+
+    model = onnx.load(str(merged), load_external_data=False)
+    places = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    assert places == {"decoder.onnx", "encoder.onnx"}
+    # the branches swapped: the first step would read the (empty) cross cache it is given
+    branch = model.graph.node[0]
+    then, other = (next(a for a in branch.attribute if a.name == n) for n in ("then_branch", "else_branch"))
+    then.g.name, other.g.name = other.g.name, then.g.name
+    swapped = onnx.GraphProto()
+    swapped.CopyFrom(then.g)
+    then.g.CopyFrom(other.g)
+    other.g.CopyFrom(swapped)
+    merged.write_bytes(model.SerializeToString())
+    r = resolve(loads_spec(TINY_MARIAN))
+    with pytest.raises(BuildError, match="differs from the build's decoder graph"):
+        optimum_seq2seq.check(out, r, {"encoder": "encoder.onnx", "decoder": "decoder.onnx"},
+                              lambda path, name: __import__("onnxruntime").InferenceSession(str(path)),
+                              *tolerance("onnx", "fp32"))

@@ -1,6 +1,6 @@
 """A specc build folder opened by the clients people use, in their own environment (.venv-clients,
 `make install-clients`: optimum-onnx, which pins transformers below 4.58, and onnxruntime-genai):
-Optimum's ORTModelForCausalLM and ORTModelForFeatureExtraction load the folder as it is, and
+Optimum's ORTModelForCausalLM, ORTModelForFeatureExtraction and ORTModelForSeq2SeqLM load the folder as it is, and
 onnxruntime-genai runs it through the genai_config.json the build writes; each gives the outputs
 and greedy tokens specc.runtime.Session gives (what `specc run` / `specc generate` print).
 tests/clients/test_client_files.py runs this file in that environment."""
@@ -120,3 +120,105 @@ def test_onnxruntime_genai_generates_specc_tokens(builds, name):
             generator.generate_next_token()
             got.append(int(generator.get_next_tokens()[0]))
         assert got == specc_tokens(build, [prompt])[0]
+
+
+# encoder-decoders of three Hugging Face families, made here at random (the seed and weight scale
+# chosen so that greedy decoding varies), imported with `specc import hf` and built:
+# family -> (class, config class, config, seed)
+SEQ2SEQ = {
+    "marian": ("MarianMTModel", "MarianConfig",
+               dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                    encoder_ffn_dim=37, decoder_ffn_dim=48, init_std=0.5, vocab_size=99, max_position_embeddings=64,
+                    decoder_vocab_size=99, pad_token_id=98, decoder_start_token_id=98, eos_token_id=0,
+                    scale_embedding=True, activation_function="swish"), 2),
+    "bart": ("BartForConditionalGeneration", "BartConfig",
+             dict(d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
+                  encoder_ffn_dim=37, decoder_ffn_dim=48, init_std=0.5, vocab_size=99, max_position_embeddings=64,
+                  activation_function="gelu"), 2),
+    "t5": ("T5ForConditionalGeneration", "T5Config",
+           dict(vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+                relative_attention_num_buckets=8, relative_attention_max_distance=8, initializer_factor=2.0,
+                decoder_start_token_id=0, eos_token_id=1, pad_token_id=0), 1),
+}
+SOURCES = [[5, 7, 9, 11, 3], [4, 8, 15, 16, 23, 42, 17]]
+
+# decoders of the families whose config.json is written from their own rules (BLOOM, Falcon's two
+# forms, StableLM with its layers side by side), made at random here: family -> (class, config class, config)
+IMPORTED = {
+    "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=32, n_layer=2, n_head=8, initializer_range=0.5,
+                                                       vocab_size=99, bos_token_id=1, eos_token_id=2, pad_token_id=3)),
+    "falcon-new": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                              num_kv_heads=2, new_decoder_architecture=True,
+                                                              initializer_range=0.5, vocab_size=99, bos_token_id=1,
+                                                              eos_token_id=2, max_position_embeddings=64)),
+    "falcon-7b-form": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                                  initializer_range=0.5, vocab_size=99, bos_token_id=1,
+                                                                  eos_token_id=2, max_position_embeddings=64)),
+    "stablelm-parallel": ("StableLmForCausalLM", "StableLmConfig", dict(hidden_size=32, num_hidden_layers=2,
+                                                                         num_attention_heads=4, num_key_value_heads=4,
+                                                                         intermediate_size=48, use_parallel_residual=True,
+                                                                         initializer_range=0.5, bos_token_id=1, eos_token_id=2,
+                                                                         vocab_size=99, max_position_embeddings=64)),
+}
+
+
+def _imported(tmp_path, arch: str, config_class: str, kwargs: dict, seed: int = 0, draw: bool = False):
+    """A transformers model made at random (DRAW: norms about a gain of 1 and small biases, as
+    trained checkpoints have them, where transformers starts them at 1 and 0 and the model then
+    repeats one token), its checkpoint imported with `specc import hf` and built."""
+    import transformers
+
+    from specc.importers.hf import import_hf
+
+    torch.manual_seed(seed)
+    hf = getattr(transformers, arch)(getattr(transformers, config_class)(**kwargs)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters() if draw else ():
+            if "norm" in name and name.endswith(".weight"):
+                p.normal_(1.0, 0.3)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+    hf.generation_config.forced_eos_token_id = None  # BART's and Marian's default; specc's generate forces nothing
+    hf.save_pretrained(tmp_path / "ckpt")
+    spec, _ = import_hf(tmp_path / "ckpt", tmp_path / "imported.yaml")
+    return hf, specc.build(spec, tmp_path / "build").out_dir
+
+
+@pytest.mark.parametrize("family", sorted(IMPORTED))
+def test_optimum_causal_lm_generates_the_tokens_of_specc_and_transformers(tmp_path, family):
+    """The config.json these families get (their own fields, written from the spec) opens the
+    build in ORTModelForCausalLM, whose greedy tokens are specc's and transformers' own."""
+    hf, build = _imported(tmp_path, *IMPORTED[family], draw=True)
+    assert (build / "config.json").is_file()
+    model = optimum_ort.ORTModelForCausalLM.from_pretrained(build)
+    ours = Session(build).generate(SOURCES, max_new_tokens=NEW, eos_id=-1).new_ids
+    assert ours[0] != ours[1], ours
+    for prompt, want in zip(SOURCES, ours):
+        ids = torch.tensor([prompt])
+        options = dict(attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                       num_beams=1)
+        got = model.generate(ids, **options)[0, len(prompt):].tolist()
+        with torch.no_grad():
+            theirs = hf.generate(ids, **options)[0, len(prompt):].tolist()
+        assert got == want == theirs
+
+
+@pytest.mark.parametrize("family", sorted(SEQ2SEQ))
+def test_optimum_seq2seq_lm_generates_the_tokens_of_specc_and_transformers(tmp_path, family):
+    """ORTModelForSeq2SeqLM opens the build (its encoder graph, and decoder_model_merged.onnx
+    composed from the build's graphs) and greedy decoding gives specc's tokens, and the tokens
+    transformers' own model gives on the checkpoint the build was imported from."""
+    hf, build = _imported(tmp_path, *SEQ2SEQ[family])
+    assert (build / "decoder_model_merged.onnx").is_file()
+    model = optimum_ort.ORTModelForSeq2SeqLM.from_pretrained(build)
+    assert model.decoder.is_merged
+    ours = Session(build).generate(SOURCES, max_new_tokens=NEW, eos_id=-1).new_ids
+    assert ours[0] != ours[1] and any(len(set(row)) >= 2 for row in ours), ours  # varied: a wrong cache would show
+    for source, want in zip(SOURCES, ours):
+        ids = torch.tensor([source])
+        mask = torch.ones_like(ids)
+        options = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, num_beams=1)
+        got = model.generate(ids, **options)[0, 1:].tolist()
+        with torch.no_grad():
+            theirs = hf.generate(ids, **options)[0, 1:].tolist()
+        assert got == want == theirs

@@ -136,9 +136,87 @@ def _neox(spec: dict, config: dict) -> None:
     config["use_parallel_residual"] = spec["decoder"].get("parallel") == "two_norms"
 
 
+def _stablelm(spec: dict, config: dict) -> None:
+    """StableLM: LLaMA's rules, its rotated fraction always written (absent, StableLM reads 0.25),
+    and use_parallel_residual (one norm feeding attention and feed-forward side by side)."""
+    _llama(spec, config)
+    config["partial_rotary_factor"] = spec["position"]["fraction"]
+    config["use_parallel_residual"] = spec["decoder"].get("parallel") == "one_norm"
+
+
+def _bloom(spec: dict, config: dict) -> None:
+    """BLOOM: hidden_size and seq_length, the longest input (what _bloom_extra reads)."""
+    config["hidden_size"] = spec["d_model"]
+    config["seq_length"] = spec["position"]["max_length"]
+
+
+def _falcon(spec: dict, config: dict) -> None:
+    """Falcon: hidden_size, ffn_hidden_size, bias, its rotary base and scaling, and the layer form
+    (what _falcon_extra reads): two norms side by side, or grouped key-value heads, are the new
+    architecture's; one shared key-value head (multi_query) or one per head, the older layers',
+    side by side from one norm (parallel_attn) or one after the other."""
+    decoder = spec["decoder"]
+    attention = decoder["attention"]
+    config["hidden_size"] = spec["d_model"]
+    config["ffn_hidden_size"] = decoder["ffn"]["d_ff"]
+    if attention["bias"] != decoder["ffn"]["bias"]:
+        raise ValueError("Falcon's bias is one flag for every projection")
+    config["bias"] = attention["bias"]
+    position = spec["position"]
+    if position.get("kind") != "rotary":
+        raise ValueError("Falcon rotates its queries and keys")
+    config["rope_theta"] = position["base"]
+    scaling = position.get("scaling") or {}
+    if scaling.get("kind", "none") != "none":
+        config["rope_scaling"] = _rope_scaling(scaling)
+    parallel, heads, kv = decoder.get("parallel", "none"), attention["heads"], attention["kv_heads"]
+    if parallel == "two_norms" or (parallel == "one_norm" and kv not in (1, heads)):
+        config.update(new_decoder_architecture=True, num_kv_heads=kv, parallel_attn=True,
+                      num_ln_in_parallel_attn=2 if parallel == "two_norms" else 1)
+    elif kv in (1, heads):
+        config.update(new_decoder_architecture=False, multi_query=kv == 1, parallel_attn=parallel == "one_norm")
+    else:
+        raise ValueError("Falcon's older layers have one key-value head or one per head")
+
+
+def _seq2seq(model_type: str) -> Callable[[dict, dict], None]:
+    """BART / mBART (learned positions) and Marian / Pegasus (fixed sinusoids in the halves
+    layout): max_position_embeddings, and a target vocabulary of its own (what _seq2seq_extra
+    reads); the round trip checks the norms each model type fixes."""
+    learned = model_type in ("bart", "mbart")
+
+    def inverse(spec: dict, config: dict) -> None:
+        position = spec["position"]
+        if position.get("kind") != ("learned" if learned else "sinusoidal") or (
+                not learned and position.get("layout") != "halves"):
+            raise ValueError(f"{model_type}'s positions are not the spec's")
+        config["max_position_embeddings"] = position["max_length"]
+        vocab = spec["vocab"]
+        if not vocab.get("share", True):
+            config["share_encoder_decoder_embeddings"] = False
+            config["decoder_vocab_size"] = vocab.get("target_size") or vocab["size"]
+
+    return inverse
+
+
+def _t5(spec: dict, config: dict) -> None:
+    """T5: both stacks' sizes and activation, the longest input and the decoder's start (what
+    _t5_extra reads); one head count and head size for both stacks, as T5's config has."""
+    enc, dec = spec["encoder"], spec["decoder"]
+    config["num_layers"] = enc["layers"]
+    config["num_decoder_layers"] = dec["layers"]
+    config["num_heads"] = enc["attention"]["heads"]
+    config["d_kv"] = enc["attention"]["d_k"]
+    config["d_ff"] = enc["ffn"]["d_ff"]
+    config["feed_forward_proj"] = next(k for k, v in T5_FFN.items() if v == enc["ffn"]["activation"])
+    config["n_positions"] = spec["position"]["max_length"]
+    if spec["tokens"].get("decoder_start") is not None:  # else T5's own: the pad token
+        config["decoder_start_token_id"] = spec["tokens"]["decoder_start"]
+
+
 INVERSE: dict[str, Callable[[dict, dict], None]] = {
     "gpt2": _gpt2, "llama": _llama, "mistral": _mistral, "qwen2": _llama, "qwen3": _llama, "gemma": _llama,
-    "gpt_neox": _neox,
+    "gpt_neox": _neox, "stablelm": _stablelm, "bloom": _bloom, "falcon": _falcon, **{mt: _seq2seq(mt) for mt in ("bart", "mbart", "marian", "pegasus")}, "t5": _t5,
 }
 
 
