@@ -39,6 +39,7 @@ from specc.export.reference import ReferenceJob
 from specc.export.segments import verify_segments
 from specc.export.stitch import KEEP, LAYER_OUTPUTS, streamable
 from specc.export.tensorrt import build_engines, engines_possible
+from specc.export import optimum_seq2seq
 from specc.export.verify import new_report, tolerance, verify
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
@@ -220,8 +221,6 @@ def _optimum_decoder(r: ResolvedSpec, clients, graph_files: dict[str, str], tmp:
     """An encoder-decoder's decoder as Optimum runs it, where Optimum gets files: composed from the
     verified graphs and checked against them (specc/export/optimum_seq2seq.py); the check's figure
     goes to the manifest's clients entry."""
-    from specc.export import optimum_seq2seq
-
     entry = clients.clients[OPTIMUM]
     if OPTIMUM_DECODER not in entry.get("files", ()):
         return []
