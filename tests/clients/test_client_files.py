@@ -165,12 +165,14 @@ def test_a_triton_repository_gets_no_client_files(tmp_path):
 
 @pytest.mark.skipif(not CLIENTS_PYTHON.exists(),
                     reason="the clients environment is missing: run `make install-clients` (.venv-clients)")
-def test_clients_run_the_builds_in_their_environment():
+@pytest.mark.parametrize("marks", ["not slow", pytest.param("slow", marks=pytest.mark.slow)])
+def test_clients_run_the_builds_in_their_environment(marks):
     """Optimum and onnxruntime-genai, in their own environment, on specc builds
-    (tests/clients/test_in_clients_env.py): every test there runs and passes, none skipped."""
+    (tests/clients/test_in_clients_env.py): every test there runs and passes, none skipped (its
+    slow ones with make test-slow)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.run([str(CLIENTS_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging",
-                           str(ROOT / "tests" / "clients" / "test_in_clients_env.py")],
+                           "-m", marks, str(ROOT / "tests" / "clients" / "test_in_clients_env.py")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail

@@ -184,6 +184,7 @@ def _imported(tmp_path, arch: str, config_class: str, kwargs: dict, seed: int = 
     return hf, specc.build(spec, tmp_path / "build").out_dir
 
 
+@pytest.mark.slow  # beside the decoders above, which make test runs (make test-slow runs these too)
 @pytest.mark.parametrize("family", sorted(IMPORTED))
 def test_optimum_causal_lm_generates_the_tokens_of_specc_and_transformers(tmp_path, family):
     """The config.json these families get (their own fields, written from the spec) opens the
@@ -218,7 +219,12 @@ def test_optimum_seq2seq_lm_generates_the_tokens_of_specc_and_transformers(tmp_p
         ids = torch.tensor([source])
         mask = torch.ones_like(ids)
         options = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, num_beams=1)
-        got = model.generate(ids, **options)[0, 1:].tolist()
+        out = model.generate(ids, **options)
         with torch.no_grad():
             theirs = hf.generate(ids, **options)[0, 1:].tolist()
-        assert got == want == theirs
+        assert out[0, 1:].tolist() == want == theirs
+        # one forward on the whole target: the logits specc run computes
+        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=out[:, :-1]).logits.detach().numpy()
+        ref = Session(build).run(input_ids=ids.numpy(), attention_mask=mask.numpy(),
+                                 decoder_input_ids=out[:, :-1].numpy())["logits"]
+        np.testing.assert_allclose(logits, ref, atol=1e-4, rtol=1e-4)
