@@ -18,6 +18,10 @@ optimum_ort = pytest.importorskip("optimum.onnxruntime", reason="the clients env
 og = pytest.importorskip("onnxruntime_genai", reason="the clients environment is missing: make install-clients")
 torch = pytest.importorskip("torch")
 
+from hfmodels import hf_model  # noqa: E402
+
+from specc.importers.hf import import_hf  # noqa: E402
+
 PROMPTS = [[5, 17, 400, 23, 9], [88, 3]]  # two lengths: the second row is left-padded
 NEW = 12
 # decoders no Hugging Face family computes (no config.json): onnxruntime-genai runs them all the same
@@ -122,62 +126,20 @@ def test_onnxruntime_genai_generates_specc_tokens(builds, name):
         assert got == specc_tokens(build, [prompt])[0]
 
 
-# encoder-decoders of three Hugging Face families, made here at random (the seed and weight scale
+# encoder-decoders of three Hugging Face families (tests/hfmodels.py), made at random (the seed
 # chosen so that greedy decoding varies), imported with `specc import hf` and built:
-# family -> (class, config class, config, seed)
-SEQ2SEQ = {
-    "marian": ("MarianMTModel", "MarianConfig",
-               dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                    encoder_ffn_dim=37, decoder_ffn_dim=48, init_std=0.5, vocab_size=99, max_position_embeddings=64,
-                    decoder_vocab_size=99, pad_token_id=98, decoder_start_token_id=98, eos_token_id=0,
-                    scale_embedding=True, activation_function="swish"), 2),
-    "bart": ("BartForConditionalGeneration", "BartConfig",
-             dict(d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
-                  encoder_ffn_dim=37, decoder_ffn_dim=48, init_std=0.5, vocab_size=99, max_position_embeddings=64,
-                  activation_function="gelu"), 2),
-    "t5": ("T5ForConditionalGeneration", "T5Config",
-           dict(vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
-                relative_attention_num_buckets=8, relative_attention_max_distance=8, initializer_factor=2.0,
-                decoder_start_token_id=0, eos_token_id=1, pad_token_id=0), 1),
-}
+# family -> (seed, config changes)
+SEQ2SEQ = {"marian": (2, {}), "bart": (2, {"decoder_layers": 3}), "t5": (1, {})}
 SOURCES = [[5, 7, 9, 11, 3], [4, 8, 15, 16, 23, 42, 17]]
 
 # decoders of the families whose config.json is written from their own rules (BLOOM, Falcon's two
-# forms, StableLM with its layers side by side), made at random here: family -> (class, config class, config)
-IMPORTED = {
-    "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=32, n_layer=2, n_head=8, initializer_range=0.5,
-                                                       vocab_size=99, bos_token_id=1, eos_token_id=2, pad_token_id=3)),
-    "falcon-new": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                              num_kv_heads=2, new_decoder_architecture=True,
-                                                              initializer_range=0.5, vocab_size=99, bos_token_id=1,
-                                                              eos_token_id=2, max_position_embeddings=64)),
-    "falcon-7b-form": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                                  initializer_range=0.5, vocab_size=99, bos_token_id=1,
-                                                                  eos_token_id=2, max_position_embeddings=64)),
-    "stablelm-parallel": ("StableLmForCausalLM", "StableLmConfig", dict(hidden_size=32, num_hidden_layers=2,
-                                                                         num_attention_heads=4, num_key_value_heads=4,
-                                                                         intermediate_size=48, use_parallel_residual=True,
-                                                                         initializer_range=0.5, bos_token_id=1, eos_token_id=2,
-                                                                         vocab_size=99, max_position_embeddings=64)),
-}
+# forms, StableLM with its layers side by side), made at random (tests/hfmodels.py)
+IMPORTED = ("bloom", "falcon-new", "falcon-7b-form", "stablelm-parallel")
 
 
-def _imported(tmp_path, arch: str, config_class: str, kwargs: dict, seed: int = 0, draw: bool = False):
-    """A transformers model made at random (DRAW: norms about a gain of 1 and small biases, as
-    trained checkpoints have them, where transformers starts them at 1 and 0 and the model then
-    repeats one token), its checkpoint imported with `specc import hf` and built."""
-    import transformers
-
-    from specc.importers.hf import import_hf
-
-    torch.manual_seed(seed)
-    hf = getattr(transformers, arch)(getattr(transformers, config_class)(**kwargs)).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters() if draw else ():
-            if "norm" in name and name.endswith(".weight"):
-                p.normal_(1.0, 0.3)
-            elif name.endswith(".bias"):
-                p.normal_(0.0, 0.1)
+def _imported(tmp_path, label: str, seed: int = 0, **changes):
+    """tests/hfmodels.py's model LABEL, its checkpoint imported with `specc import hf` and built."""
+    hf = hf_model(label, seed, **changes)
     hf.generation_config.forced_eos_token_id = None  # BART's and Marian's default; specc's generate forces nothing
     hf.save_pretrained(tmp_path / "ckpt")
     spec, _ = import_hf(tmp_path / "ckpt", tmp_path / "imported.yaml")
@@ -185,11 +147,11 @@ def _imported(tmp_path, arch: str, config_class: str, kwargs: dict, seed: int = 
 
 
 @pytest.mark.slow  # beside the decoders above, which make test runs (make test-slow runs these too)
-@pytest.mark.parametrize("family", sorted(IMPORTED))
+@pytest.mark.parametrize("family", IMPORTED)
 def test_optimum_causal_lm_generates_the_tokens_of_specc_and_transformers(tmp_path, family):
     """The config.json these families get (their own fields, written from the spec) opens the
     build in ORTModelForCausalLM, whose greedy tokens are specc's and transformers' own."""
-    hf, build = _imported(tmp_path, *IMPORTED[family], draw=True)
+    hf, build = _imported(tmp_path, family)
     assert (build / "config.json").is_file()
     model = optimum_ort.ORTModelForCausalLM.from_pretrained(build)
     ours = Session(build).generate(SOURCES, max_new_tokens=NEW, eos_id=-1).new_ids
@@ -209,7 +171,8 @@ def test_optimum_seq2seq_lm_generates_the_tokens_of_specc_and_transformers(tmp_p
     """ORTModelForSeq2SeqLM opens the build (its encoder graph, and decoder_model_merged.onnx
     composed from the build's graphs) and greedy decoding gives specc's tokens, and the tokens
     transformers' own model gives on the checkpoint the build was imported from."""
-    hf, build = _imported(tmp_path, *SEQ2SEQ[family])
+    seed, changes = SEQ2SEQ[family]
+    hf, build = _imported(tmp_path, family, seed, **changes)
     assert (build / "decoder_model_merged.onnx").is_file()
     model = optimum_ort.ORTModelForSeq2SeqLM.from_pretrained(build)
     assert model.decoder.is_merged
