@@ -31,7 +31,7 @@ from specc.spec.load import load_spec, loads_spec
 from specc.spec.manifest import MANIFEST, WEIGHTS_FILE
 from specc.spec.resolve import resolve
 
-pytest.importorskip("onnxruntime")
+ort = pytest.importorskip("onnxruntime")
 transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,6 +189,10 @@ def test_window_caches_get_no_client_files_and_say_why():
         assert "keep only their window" in made.clients[client]["why"]
 
 
+def _plain_session(path, graph: str):
+    return ort.InferenceSession(str(path))
+
+
 # tiny-transformer with Marian's sinusoids (every sine before the cosines) and LayerNorm eps: what
 # Hugging Face's MarianMTModel computes
 TINY_MARIAN = ("specc: 1\nname: tiny-marian\nextends: tiny-transformer\n"
@@ -241,5 +245,27 @@ def test_an_encoder_decoder_build_writes_optimums_decoder_with_the_weights_once(
     r = resolve(loads_spec(TINY_MARIAN))
     with pytest.raises(BuildError, match="differs from the build's decoder graph"):
         optimum_seq2seq.check(out, r, {"encoder": "encoder.onnx", "decoder": "decoder.onnx"},
-                              lambda path, name: __import__("onnxruntime").InferenceSession(str(path)),
+                              _plain_session,
                               *tolerance("onnx", "fp32"))
+
+
+def test_optimums_decoder_reads_weights_kept_as_external_data(tmp_path, monkeypatch):
+    """Where the graphs keep their weights in .onnx.data files (past the protobuf limit), the merged
+    decoder reads them there, and the build's check runs it (the folder moved first: the
+    references are relative)."""
+    import onnx
+
+    import specc.export.onnx as onnx_export
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 1)
+    result = specc.build(loads_spec(TINY_MARIAN), tmp_path / "b")
+    assert result.manifest["clients"][OPTIMUM]["max_abs_diff"] <= 1e-5
+    moved = tmp_path / "moved"
+    result.out_dir.rename(moved)
+    model = onnx.load(str(moved / OPTIMUM_DECODER), load_external_data=False)
+    places = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    assert places == {"decoder.onnx.data", "encoder.onnx.data"}
+    r = resolve(loads_spec(TINY_MARIAN))
+    assert optimum_seq2seq.check(moved, r, {"encoder": "encoder.onnx", "decoder": "decoder.onnx"},
+                                 _plain_session,
+                                 *tolerance("onnx", "fp32")) <= 1e-5
