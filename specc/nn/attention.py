@@ -91,9 +91,10 @@ class Attention(nn.Module):
         return x.view(b, t, n, d).transpose(1, 2)  # [B, n, T, d]
 
     def _repeat(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, Hkv, S, d] -> [B, H, S, d]: each kv head serves H/Hkv consecutive query heads."""
+        """[B, Hkv, S, d] -> [B, H, S, d]: each kv head serves H/Hkv consecutive query heads (a
+        tensor of H heads already, as linformer's projected keys, is returned as it is)."""
         g = self.spec.heads // self.spec.kv_heads
-        if g == 1:
+        if g == 1 or x.shape[1] == self.spec.heads:
             return x
         b, hkv, s, d = x.shape
         return x[:, :, None].expand(b, hkv, g, s, d).reshape(b, hkv * g, s, d)
@@ -117,7 +118,9 @@ class Attention(nn.Module):
         pat = self.pattern_mask(q_idx, k_idx)
         return allowed if pat is None else allowed & pat
 
-    def _scores(self, q: torch.Tensor, k: torch.Tensor, rel_k: torch.Tensor | None) -> torch.Tensor:
+    def _scores(self, q: torch.Tensor, k: torch.Tensor, rel_k: torch.Tensor | None,
+                bilinear_done: bool = False) -> torch.Tensor:
+        """q·k-based scores (`bilinear_done`: q has been multiplied by W already)."""
         s = self.spec
         if s.score == "additive":
             # w^T tanh(q_i + k_j (+ a^K_ij)): [B,H,T,S,Dk] summed against w [H,Dk]
@@ -125,7 +128,7 @@ class Attention(nn.Module):
             if rel_k is not None:
                 summed = summed + rel_k
             return torch.einsum("bhtsd,hd->bhts", torch.tanh(summed), self.score_w)
-        if s.score == "bilinear":
+        if s.score == "bilinear" and not bilinear_done:
             q = torch.einsum("bhtd,hde->bhte", q, self.score_w)  # q^T W
         scores = q @ k.transpose(-1, -2)
         if rel_k is not None:
@@ -200,12 +203,12 @@ class Attention(nn.Module):
             if position_bias is not None:
                 position_bias = position_bias[..., first_key:]
             present = (k[:, :, -s.cache_window:], v[:, :, -s.cache_window:])
-        k, v = self._repeat(k), self._repeat(v)
         # key positions, only where something reads them (else a dead op in every traced layer)
         k_idx = (torch.arange(n_keys, device=x.device) + first_key
                  if self.rel_k is not None or self.alibi or s.pattern.kind in ("local", "bigbird") else None)
 
         if s.pattern.kind == "linformer":
+            k, v = self._repeat(k), self._repeat(v)
             # project the key axis: K' = E[:, :S] K (padding keys zeroed first)
             if key_keep is not None:
                 keep = key_keep[:, None, :, None].to(k.dtype)
@@ -222,7 +225,7 @@ class Attention(nn.Module):
             rel_v = self.rel_v(idx) if self.rel_v is not None else None
 
         if self._fused(q, rel_k) and bias is None:
-            out = self._fused_attention(q, k, v, allowed, q_idx, k_idx)
+            out = self._fused_attention(q, self._repeat(k), self._repeat(v), allowed, q_idx, k_idx)
         else:
             out = self._attention(q, k, v, allowed, q_idx, k_idx, rel_k, rel_v, bias)
         b, _, t, _ = out.shape
@@ -260,9 +263,27 @@ class Attention(nn.Module):
         return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
     def _attention(self, q, k, v, allowed, q_idx, k_idx, rel_k, rel_v, bias=None) -> torch.Tensor:
-        """The attention written out op by op: the form torch.export records. bias [1,H,T,S]:
-        added to the scores (bucketed positions)."""
-        scores = self._scores(q, k, rel_k)
+        """The attention written out op by op: the form torch.export records. k, v: [B,Hkv,S,d]
+        (or already H heads); bias [1,H,T,S]: added to the scores (bucketed positions).
+
+        With grouped key-value heads (GQA) and a score that is a product of q and k, the H/Hkv
+        query heads of one kv head are stacked along the query axis ([B,Hkv,g*T,d]) and multiply
+        that head's keys and values as they are: the cached K and V are read once, never copied
+        out H/Hkv times as a repeat would (what a decode step saves: docs/benchmarks.md). Scores,
+        masks and softmax see the usual [B,H,T,S] (a view)."""
+        b, h, t, _ = q.shape
+        g = h // k.shape[1]
+        grouped = g > 1 and self.spec.score != "additive" and rel_k is None and rel_v is None
+        if g > 1 and not grouped:
+            k, v = self._repeat(k), self._repeat(v)
+        elif self.spec.score == "bilinear":
+            q = torch.einsum("bhtd,hde->bhte", q, self.score_w)  # q^T W, per query head
+        if grouped:
+            hkv = k.shape[1]
+            scores = self._scores(q.reshape(b, hkv, g * t, q.shape[-1]), k, None, bilinear_done=True)
+            scores = scores.view(b, h, t, scores.shape[-1])
+        else:
+            scores = self._scores(q, k, rel_k)
         if bias is not None:
             scores = scores + bias.to(scores.dtype)
         if self.alibi:
@@ -272,7 +293,10 @@ class Attention(nn.Module):
             allowed = self._with_pattern(allowed, q_idx, k_idx)
             scores = torch.where(allowed, scores, torch.finfo(scores.dtype).min)
         probs = self.drop(cast(torch.softmax(cast(scores, torch.float32), dim=-1), q.dtype))
-        out = probs @ v
+        if grouped:
+            out = (probs.reshape(b, k.shape[1], g * t, probs.shape[-1]) @ v).view(b, h, t, v.shape[-1])
+        else:
+            out = probs @ v
         if rel_v is not None:
             out = out + torch.einsum("bhts,tsd->bhtd", probs, rel_v)
         return out
