@@ -1,6 +1,6 @@
 """Decode steps of a decoder with grouped key-value heads (GQA) at a short and a long context: the
-graph specc writes (each kv head's keys and values multiplied by its query heads stacked, the
-cache read once) against the same model written as specc wrote it before 2026-11-26 (the kv
+graph specc writes (each kv head's keys and values broadcast over its query heads, the cache
+read once) against the same model written as specc wrote it before 2026-11-26 (the kv
 heads repeated H/Hkv times before the product: a copy of the whole cache every step). Both built
 in this run, the baseline by patching the attention module in this process only.
 
@@ -85,8 +85,8 @@ def main() -> None:
     lines = ["", "## Grouped key-value heads: a decode step at a long context (benchmarks/gqa_decode.py)", "",
              f"{command}, {now}, {platform.machine()}, {THREADS} threads, {args.rounds} rounds of {args.new} "
              "tokens after each prompt. gqa-bench (d_model 1024, 8 layers, 16 query heads over 2 kv heads, "
-             "fp32): the graph specc writes (each kv head's keys and values read once, its 8 query heads "
-             "stacked) against the same model with the kv heads repeated before the products (specc's "
+             "fp32): the graph specc writes (each kv head's keys and values read once, broadcast over its 8 "
+             "query heads) against the same model with the kv heads repeated before the products (specc's "
              "graph before 2026-11-26: the cache copied 8 times over every step), both built in this run.",
              "", "| prompt | grouped: decode step (median) | repeated | repeated / grouped |", "|---|---|---|---|"]
     for n in args.prompts:

@@ -266,23 +266,22 @@ class Attention(nn.Module):
         """The attention written out op by op: the form torch.export records. k, v: [B,Hkv,S,d]
         (or already H heads); bias [1,H,T,S]: added to the scores (bucketed positions).
 
-        With grouped key-value heads (GQA) and a score that is a product of q and k, the H/Hkv
-        query heads of one kv head are stacked along the query axis ([B,Hkv,g*T,d]) and multiply
-        that head's keys and values as they are: the cached K and V are read once, never copied
-        out H/Hkv times as a repeat would (what a decode step saves: docs/benchmarks.md). Scores,
-        masks and softmax see the usual [B,H,T,S] (a view)."""
-        b, h, t, _ = q.shape
-        g = h // k.shape[1]
+        With grouped key-value heads (GQA) and a score that is a product of q and k, the g = H/Hkv
+        query heads of one kv head multiply that head's keys and values as they are, broadcast
+        ([B,Hkv,g,T,d] x [B,Hkv,1,d,S]): the cached K and V are read once, never copied out g
+        times as a repeat would (what a decode step saves: docs/benchmarks.md). Scores, masks and
+        softmax see the usual [B,H,T,S] (a view). Every size is given (b, t, s from the tensors,
+        the rest from the spec), never inferred (-1) or multiplied: the exporter would compute
+        such a size once, in the first layer, and a stitched export needs every layer alike."""
+        g = q.shape[1] // k.shape[1]
         grouped = g > 1 and self.spec.score != "additive" and rel_k is None and rel_v is None
-        if g > 1 and not grouped:
-            k, v = self._repeat(k), self._repeat(v)
-        elif self.spec.score == "bilinear":
-            q = torch.einsum("bhtd,hde->bhte", q, self.score_w)  # q^T W, per query head
         if grouped:
-            hkv = k.shape[1]
-            scores = self._scores(q.reshape(b, hkv, g * t, q.shape[-1]), k, None, bilinear_done=True)
-            scores = scores.view(b, h, t, scores.shape[-1])
+            if self.spec.score == "bilinear":
+                q = torch.einsum("bhtd,hde->bhte", q, self.score_w)  # q^T W, per query head
+            scores = self._scores(q.unflatten(1, (k.shape[1], g)), k[:, :, None], None, bilinear_done=True)
+            scores = scores.flatten(1, 2)
         else:
+            k, v = self._repeat(k), self._repeat(v)
             scores = self._scores(q, k, rel_k)
         if bias is not None:
             scores = scores + bias.to(scores.dtype)
@@ -294,7 +293,7 @@ class Attention(nn.Module):
             scores = torch.where(allowed, scores, torch.finfo(scores.dtype).min)
         probs = self.drop(cast(torch.softmax(cast(scores, torch.float32), dim=-1), q.dtype))
         if grouped:
-            out = (probs.reshape(b, k.shape[1], g * t, probs.shape[-1]) @ v).view(b, h, t, v.shape[-1])
+            out = (probs.unflatten(1, (k.shape[1], g)) @ v[:, :, None]).flatten(1, 2)
         else:
             out = probs @ v
         if rel_v is not None:
