@@ -31,6 +31,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specc.export.optimum_seq2seq import MERGED as OPTIMUM_DECODER  # an encoder-decoder's decoder as Optimum runs it
 from specc.fileio import write_atomic
 from specc.importers.hf.as_config import hf_config
 from specc.spec import io
@@ -40,7 +41,6 @@ from specc.spec.resolve import ResolvedSpec
 CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 GENAI_CONFIG = "genai_config.json"
-OPTIMUM_DECODER = "decoder_model_merged.onnx"  # an encoder-decoder's decoder as Optimum runs it (the name it looks for)
 FILES = (CONFIG, GENERATION_CONFIG, GENAI_CONFIG)  # every JSON file a build may write for a client
 
 OPTIMUM, GENAI = "optimum", "onnxruntime-genai"

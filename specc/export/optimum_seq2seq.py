@@ -66,7 +66,7 @@ def write(root: Path, r: ResolvedSpec, graph_files: dict[str, str]) -> Path:
     dec_outputs = [v.name for v in dec.graph.output]
     heads = [n for n in dec_outputs if not io.is_present(n)]
     enc_name = {name: "encoder/" + name for name in lifted_inits}  # the lifted weights' names, apart from the decoder's
-    taken = {t.name for t in dec.graph.initializer} | set(dec_inputs) | {ENCODER_HIDDEN_STATES, USE_CACHE_BRANCH}
+    taken = dec_inits | set(dec_inputs) | {ENCODER_HIDDEN_STATES, USE_CACHE_BRANCH}
     if taken & set(enc_name.values()):
         raise BuildError(f"Optimum's merged decoder: the decoder graph already has a value named "
                          f"{sorted(taken & set(enc_name.values()))[0]!r}")
