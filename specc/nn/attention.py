@@ -270,9 +270,9 @@ class Attention(nn.Module):
         query heads of one kv head multiply that head's keys and values as they are, broadcast
         ([B,Hkv,g,T,d] x [B,Hkv,1,d,S]): the cached K and V are read once, never copied out g
         times as a repeat would (what a decode step saves: docs/benchmarks.md). Scores, masks and
-        softmax see the usual [B,H,T,S] (a view). Every size is given (b, t, s from the tensors,
-        the rest from the spec), never inferred (-1) or multiplied: the exporter would compute
-        such a size once, in the first layer, and a stitched export needs every layer alike."""
+        softmax see the usual [B,H,T,S] (a view). Only the head axis is split and joined
+        (unflatten, flatten): a size inferred (-1) or multiplied would be computed by the exporter
+        once, in the first layer, and a stitched export needs every layer alike."""
         g = q.shape[1] // k.shape[1]
         grouped = g > 1 and self.spec.score != "additive" and rel_k is None and rel_v is None
         if grouped:
