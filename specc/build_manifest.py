@@ -65,6 +65,11 @@ class Inputs:
     cache_key: str
 
 
+# the graphs a build composes from its verified ones beside the clients' files (specc/export/inplace.py):
+# part of the cache key, so that a build made before one was added is built again, not reused
+COMPOSED_GRAPHS = ("inplace",)
+
+
 def tokenizer_files(r: ResolvedSpec) -> list[Path]:
     """The files of the spec's `tokenizer:` folder a build copies into its root (TOKENIZER_FILES
     that are there; tokenizer.json required), each a regular file of at most MAX_TOKENIZER_BYTES;
@@ -115,7 +120,8 @@ def inputs(r: ResolvedSpec, *, target: str, precision: str, opset: int, weights:
         options["tokenizer"] = dict(zip((p.name for p in tokenizer), sha256s(list(tokenizer))))
     vers = versions()
     key = hashlib.sha256(canonical({"spec": spec, "options": options, "versions": vers,
-                                    "manifest": MANIFEST_VERSION, "passes": passes})).hexdigest()
+                                    "manifest": MANIFEST_VERSION, "passes": passes,
+                                    "composed": COMPOSED_GRAPHS})).hexdigest()
     return Inputs(spec, options, vers, passes, key)
 
 
@@ -136,6 +142,7 @@ def cached(out: Path, cache_key: str) -> dict | None:
         needed |= {WEIGHTS_FILE} if manifest["options"]["keep_weights"] else set()
         needed |= {f for c in manifest.get("clients", {}).values() for f in c.get("files", [])}
         needed |= set(manifest["options"].get("tokenizer", {}))
+        needed |= {manifest["inplace"]["file"]} if "file" in manifest.get("inplace", {}) else set()
     except (KeyError, TypeError, AttributeError):
         return None
     needed |= {f"{f}.data" for f in needed if (out / f"{f}.data").exists()}
@@ -160,7 +167,7 @@ def _sigs(sigs) -> list[dict]:
 
 def write(root: Path, r: ResolvedSpec, made: Inputs, *, graph_files: dict[str, str], artifacts: list[dict],
           parameters: int, optimizations: list[dict], verification: dict, verification_tensorrt: dict | None,
-          timings: dict[str, float], clients: dict[str, dict] | None = None) -> dict:
+          timings: dict[str, float], clients: dict[str, dict] | None = None, inplace: dict | None = None) -> dict:
     """Write root/manifest.json (docs/build.md lists its keys) and return it. `timings` is the
     only entry that differs between identical builds."""
     manifest = {
@@ -177,6 +184,8 @@ def write(root: Path, r: ResolvedSpec, made: Inputs, *, graph_files: dict[str, s
         "artifacts": artifacts,
         # per client (specc/clients.py): the files written for it, or why none are
         **({"clients": clients} if clients is not None else {}),
+        # a decoder's in-place cache graph (specc/export/inplace.py): its file and IO signature, or why none
+        **({"inplace": inplace} if inplace is not None else {}),
         "parameters": parameters,
         "optimizations": optimizations,
         "verification": verification,

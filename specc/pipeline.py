@@ -39,7 +39,7 @@ from specc.export.reference import ReferenceJob
 from specc.export.segments import verify_segments
 from specc.export.stitch import KEEP, LAYER_OUTPUTS, streamable
 from specc.export.tensorrt import build_engines, engines_possible
-from specc.export import optimum_seq2seq
+from specc.export import inplace, optimum_seq2seq
 from specc.export.verify import new_report, tolerance, verify
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
@@ -203,12 +203,15 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
             if clients is not None:
                 written += write_client_files(stage.tmp, clients)
                 written += _optimum_decoder(r, clients, graph_files, stage.tmp, precision)
+            inplace_entry = None
+            if target == "onnx":
+                inplace_entry = _inplace_graph(r, graph_files, stage.tmp, precision, written)
             if keep_weights:
                 written.append(stage.tmp / WEIGHTS_FILE)
             listed = build_manifest.artifacts(written, stage.tmp)
             manifest = build_manifest.write(
                 stage.tmp, r, made, graph_files=graph_files, artifacts=listed, parameters=n_params,
-                clients=None if clients is None else clients.clients,
+                clients=None if clients is None else clients.clients, inplace=inplace_entry,
                 optimizations=optimizations, verification={**report.to_dict(), **_protocol(streamed, segmented),
                                                           "length": {"verified": longest, "serving": r.serving.length.max}},
                 verification_tensorrt=engine_report, timings=clock.timings())
@@ -230,6 +233,28 @@ def _optimum_decoder(r: ResolvedSpec, clients, graph_files: dict[str, str], tmp:
     atol, rtol = tolerance("onnx", "fp32" if PRECISIONS[precision].quantized else precision)
     entry["max_abs_diff"] = optimum_seq2seq.check(tmp, r, graph_files, _session, atol, rtol)
     return [path]
+
+
+def _inplace_graph(r: ResolvedSpec, graph_files: dict[str, str], tmp: Path, precision: str,
+                   written: list[Path]) -> dict | None:
+    """A decoder's in-place cache graph (specc/export/inplace.py), made from the verified model
+    graph and run against it, where GroupQueryAttention computes the spec's attention: its
+    manifest entry (file, IO signature, the check's figures), or why there is none (None for
+    encoders and encoder-decoders). The same
+    weights on both sides: a quantized graph is judged by the bar of its kernels' arithmetic
+    (DEQUANTIZED_BAR), any other by its precision's tolerance."""
+    if r.architecture != "decoder":
+        return None
+    try:
+        path, signature = inplace.write(tmp, r, graph_files)
+    except inplace.Unfit as exc:
+        return {"reason": str(exc)}
+    report = new_report(r, "onnx", precision, dequantized=True)
+    figures = inplace.check(tmp, r, graph_files, _session,
+                            lambda name, got, want: report.compare(name, True, got, want, f"{inplace.FILE}, {name}"))
+    written.append(path)
+    return {"file": inplace.FILE, "graph": inplace.GRAPH, "op": f"{inplace.DOMAIN}.{inplace.OP}", **signature,
+            "check": {"against": inplace.GRAPH, **figures}}
 
 
 # --- options -----------------------------------------------------------------------------------

@@ -136,7 +136,7 @@ def test_json_prints_one_document(process_json):
     assert doc["cached"] is False
     assert doc["out_dir"] == str(out)
     assert [a["path"] for a in doc["artifacts"]] == ["model.onnx", "config.json", "generation_config.json",
-                                                     "genai_config.json"]
+                                                     "genai_config.json", "inplace.onnx"]
     assert doc["parameters"] == 139_264
     assert doc["verification"]["passed"] is True
     assert set(doc["graphs"]) == {"model"}

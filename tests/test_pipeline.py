@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 import specc
 from specc.clients import CONFIG, GENAI_CONFIG, GENERATION_CONFIG
 from specc.errors import BuildError, WeightsError
+from specc.export import inplace
 from specc.export.outdir import MANIFEST
 from specc.memory import estimate_memory
 from specc.spec.costs import inspect_spec
@@ -32,6 +33,7 @@ from specc.weights import save_module
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "tiny-gpt2"
 CLIENT_FILES = [CONFIG, GENERATION_CONFIG, GENAI_CONFIG]  # what a decoder's build writes for other clients
+COMPOSED = [inplace.FILE]  # and the graph composed from its own (specc/export/inplace.py)
 GIB = 1024**3
 
 
@@ -119,7 +121,7 @@ def test_python_api(built):
     assert isinstance(result, BuildResult)
     assert result.cached is False
     assert result.out_dir == out.absolute()
-    assert [a["path"] for a in result.artifacts] == ["model.onnx", *CLIENT_FILES, "model.safetensors"]
+    assert [a["path"] for a in result.artifacts] == ["model.onnx", *CLIENT_FILES, *COMPOSED, "model.safetensors"]
     for a in result.artifacts:
         f = out / a["path"]
         assert a["bytes"] == f.stat().st_size and a["sha256"] == sha(f)
@@ -139,7 +141,7 @@ def test_python_api(built):
     assert {"artifacts", "parameters", "verification", "versions", "graphs", "cache_key", "options"} <= d.keys()
     assert d["options"] == {"target": "onnx", "precision": "fp32", "opset": 18, "weights": {"source": "seed", "seed": 0},
                             "keep_weights": True}
-    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "model.onnx", *CLIENT_FILES, "model.safetensors"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "model.onnx", *CLIENT_FILES, *COMPOSED, "model.safetensors"])
     assert staging_leftovers(out.parent) == []
 
 
@@ -496,8 +498,8 @@ def test_external_data(built, tmp_path, monkeypatch):
     out = tmp_path / "ext"
     result = specc.build(SPEC, out)
     # without keep_weights: the graph and its data are the weights' one copy
-    assert [a["path"] for a in result.artifacts] == ["model.onnx", "model.onnx.data", *CLIENT_FILES]
-    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "model.onnx", "model.onnx.data", *CLIENT_FILES])
+    assert [a["path"] for a in result.artifacts] == ["model.onnx", "model.onnx.data", *CLIENT_FILES, *COMPOSED]
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "model.onnx", "model.onnx.data", *CLIENT_FILES, *COMPOSED])
     for a in result.artifacts:
         assert sha(out / a["path"]) == a["sha256"]
     assert result.verification["passed"] is True

@@ -25,6 +25,7 @@ from torch import nn
 
 from specc.errors import BuildError
 from specc.export import stitch as st
+from specc.export.external import INLINE_BYTES
 from specc.spec.io import BATCH, ENC_SEQ, INPUT_IDS, PAST, POSITION_IDS, SEQ, TOKEN_TYPE_IDS, TOTAL, concrete_dims
 from specc.spec.resolve import GraphSig
 from specc.spec.targets import DEFAULT_OPSET
@@ -288,7 +289,6 @@ def write_streaming(model, path: Path, prepare=None) -> None:
 
 
 DATA_ALIGN = 4096  # each weight's offset in NAME.onnx.data: a page, so onnxruntime can map it where it lies
-INLINE_BYTES = 1024  # smaller initializers stay in the model file (onnx's own threshold)
 
 
 def write_external(model, path: Path, prepare=None) -> list[Path]:

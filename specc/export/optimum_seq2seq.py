@@ -14,25 +14,24 @@ Optimum pairs the cache inputs with its cache by position: they are declared lay
 specc's encoder graph makes the cross K/V from last_hidden_state: the nodes between the two are
 lifted out of it into the first-step branch; the decoder graph's nodes go into both branches. No
 node is made anew and nothing is traced again. The weights are not written twice: every
-initializer of INLINE_BYTES or more is ONNX external data pointing at the bytes where the
+initializer of external.INLINE_BYTES or more is ONNX external data pointing at the bytes where the
 encoder's or the decoder's own file already holds it (an .onnx file's raw_data, or its
 .onnx.data). `check` runs the merged graph with onnxruntime against the two graphs, both branches.
 """
 from __future__ import annotations
 
-import mmap
 from pathlib import Path
 
 import numpy as np
 
 from specc.errors import BuildError
+from specc.export.external import referenced
 from specc.spec import io
 from specc.spec.resolve import ResolvedSpec
 
 MERGED = "decoder_model_merged.onnx"  # the name Optimum looks for first
 USE_CACHE_BRANCH = "use_cache_branch"
 ENCODER_HIDDEN_STATES = "encoder_hidden_states"
-INLINE_BYTES = 1024  # smaller initializers are copied into the merged file
 # the cross cache's length in the merged graph's inputs: Optimum's first step gives it 0 beside an
 # encoder_hidden_states of the source's length
 PAST_ENCODER_SEQUENCE = "past_encoder_sequence"
@@ -111,8 +110,8 @@ def write(root: Path, r: ResolvedSpec, graph_files: dict[str, str]) -> Path:
         inputs.append(value)
     inputs.append(helper.make_tensor_value_info(USE_CACHE_BRANCH, onnx.TensorProto.BOOL, [1]))
 
-    inits = [_referenced(t, root, dec_file, t.name) for t in dec.graph.initializer]
-    inits += [_referenced(t, root, enc_file, enc_name[t.name]) for t in enc.graph.initializer if t.name in lifted_inits]
+    inits = [referenced(t, root, dec_file, t.name) for t in dec.graph.initializer]
+    inits += [referenced(t, root, enc_file, enc_name[t.name]) for t in enc.graph.initializer if t.name in lifted_inits]
     graph = helper.make_graph([branch], f"{r.name}-optimum-decoder", inputs, outputs, inits)
     opsets = {o.domain: o.version for o in (*enc.opset_import, *dec.opset_import)}
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets.items())],
@@ -184,84 +183,6 @@ def _value(onnx, value, name: str):
     copy.CopyFrom(value)
     copy.name = name
     return copy
-
-
-def _referenced(tensor, root: Path, file: str, name: str):
-    """TENSOR as an initializer named NAME of the merged graph: external data where FILE (or its
-    own external data) already holds the bytes, a copy where it is small."""
-    import onnx
-
-    out = onnx.TensorProto()
-    out.CopyFrom(tensor)
-    out.name = name
-    if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) < INLINE_BYTES:
-        return out  # already a reference into a file of the same folder, or small
-    offset, length = _raw_offsets(root / file)[tensor.name]
-    out.ClearField("raw_data")
-    out.data_location = onnx.TensorProto.EXTERNAL
-    for key, val in (("location", file), ("offset", str(offset)), ("length", str(length))):
-        item = out.external_data.add()
-        item.key, item.value = key, val
-    return out
-
-
-_OFFSETS: dict[tuple[str, float], dict[str, tuple[int, int]]] = {}
-
-
-def _raw_offsets(path: Path) -> dict[str, tuple[int, int]]:
-    """initializer name -> (offset, length) of its raw_data in an .onnx file, read off the
-    protobuf wire format: ModelProto.graph (field 7) -> GraphProto.initializer (5) ->
-    TensorProto.name (8) and raw_data (9). Cached per file and modification time."""
-    key = (str(path), path.stat().st_mtime)
-    if key not in _OFFSETS:
-        out: dict[str, tuple[int, int]] = {}
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            for field, start, end in _fields(buf, 0, len(buf)):
-                if field != 7:
-                    continue
-                for field2, start2, end2 in _fields(buf, start, end):
-                    if field2 != 5:
-                        continue
-                    name = raw = None
-                    for field3, start3, end3 in _fields(buf, start2, end2):
-                        if field3 == 8:
-                            name = bytes(buf[start3:end3]).decode()
-                        elif field3 == 9:
-                            raw = (start3, end3 - start3)
-                    if name is not None and raw is not None:
-                        out[name] = raw
-        _OFFSETS[key] = out
-    return _OFFSETS[key]
-
-
-def _fields(buf, pos: int, end: int):
-    """(field number, start, end) of each length-delimited field between POS and END; others skipped."""
-    while pos < end:
-        key, pos = _varint(buf, pos)
-        wire = key & 7
-        if wire == 0:
-            _, pos = _varint(buf, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            n, pos = _varint(buf, pos)
-            yield key >> 3, pos, pos + n
-            pos += n
-        else:
-            raise BuildError(f"unreadable protobuf wire type {wire}")
-
-
-def _varint(buf, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
 
 
 # --- the check -----------------------------------------------------------------------------------

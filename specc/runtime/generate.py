@@ -29,6 +29,13 @@ from specc.runtime.graph import Graph
 from specc.runtime.inputs import Limits, check_generation
 from specc.spec.io import (
     ATTENTION_MASK,
+    BATCH,
+    MAX_SEQUENCE,
+    concrete_dims,
+    inplace_feeds,
+    is_past,
+    numpy_dtype,
+    parse_cache,
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
     POSITION_IDS,
@@ -46,6 +53,7 @@ class Model(Protocol):
     what it takes as input."""
 
     graphs: Mapping[str, Graph]
+    inplace: Graph | None  # a decoder's in-place cache graph, where generation runs it
     info: BuildInfo
     limits: Limits
 
@@ -96,6 +104,34 @@ class DecoderRunner:
     def reorder(self, rows: np.ndarray) -> None:
         self.mask, self.positions = self.mask[rows], self.positions[rows]
         self.cache = reorder_cache(self.graph, self.kv, self.cache, rows)
+
+
+class InplaceRunner:
+    """A decoder-only build's in-place cache graph (specc/export/inplace.py), on the CPU: rows of one
+    length (nothing is padded). Each layer's cache is one buffer [rows, kv_heads, prompt + new,
+    head_dim], allocated once; every call writes its new positions into it and copies nothing."""
+
+    def __init__(self, model: Model, rows: list[list[int]], new: int):
+        self.graph = model.inplace
+        self.logits_name = lm_output(model.info)
+        self.ids = np.asarray(rows, dtype=np.int64)
+        capacity = self.ids.shape[1] + new
+        self.caches = {name: np.zeros(concrete_dims(t.dims, {BATCH: len(rows), MAX_SEQUENCE: capacity}),
+                                      dtype=numpy_dtype(t.dtype))
+                       for name, t in self.graph.inputs.items() if is_past(name)}
+        self.into = {s.present: self.caches[s.past] for s in (parse_cache(n)[1] for n in self.caches)}
+        self.length = 0  # positions in the cache
+
+    def prefill(self) -> np.ndarray:
+        return self._run(self.ids)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        return self._run(tokens[:, None].astype(np.int64))
+
+    def _run(self, ids: np.ndarray) -> np.ndarray:
+        out = self.graph.run(inplace_feeds(self.graph.inputs, ids, self.length, self.caches), into=self.into)
+        self.length += ids.shape[1]
+        return last_logits(out, self.logits_name)
 
 
 class EncoderDecoderRunner:
@@ -204,6 +240,9 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
         start = info.start_for(pad)
         make = lambda rs: EncoderDecoderRunner(model, rs, pad, start, max_new_tokens)  # noqa: E731
         prefixes = [[start] for _ in rows]
+    elif model.inplace is not None and beams == 1 and len({len(r) for r in rows}) == 1:
+        make = lambda rs: InplaceRunner(model, rs, max_new_tokens)  # noqa: E731
+        prefixes = rows
     else:
         make = lambda rs: DecoderRunner(model, rs, pad, max_new_tokens)  # noqa: E731
         prefixes = rows

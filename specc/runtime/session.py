@@ -16,7 +16,7 @@ signatures, and the facts the resolver decided (token ids, learned-position limi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from specc.fileio import sha256s
 from specc.runtime.cache import empty_cache, past_length
 from specc.runtime.errors import RunError
 from specc.runtime.generate import Generated, generate
-from specc.runtime.graph import Graph, choose_providers, session_options, usable_providers
+from specc.runtime.graph import CPU, Graph, choose_providers, session_options, usable_providers
 from specc.runtime.inputs import DECODER_INPUT_IDS, Limits, check_feeds
 from specc.runtime.text import Tokenizer
 from specc.spec import manifest as spec_manifest
@@ -40,7 +40,7 @@ from specc.spec.io import (
     positions_from_mask,
     present_to_past,
 )
-from specc.spec.manifest import MANIFEST, TOKENIZER_FILES, TOKENIZER_JSON, BuildInfo
+from specc.spec.manifest import MANIFEST, TOKENIZER_FILES, TOKENIZER_JSON, BuildInfo, GraphInfo
 
 ENCODER_OUTPUT = "encoder_last_hidden_state"  # run()'s name for the encoder's last_hidden_state
 
@@ -66,7 +66,7 @@ def check_graph_files(build_dir: Path, manifest: dict, info: BuildInfo) -> None:
     """The graphs a session runs (and their external data) must be the files the build verified:
     each listed among the manifest's artifacts with the sha256 it has now. RunError otherwise,
     naming the file: a graph changed after its verification is refused, never run."""
-    files = [g.file for g in info.graphs.values()]
+    files = [g.file for g in info.graphs.values()] + ([info.inplace.file] if info.inplace else [])
     files += [f"{f}.data" for f in files if f"{f}.data" in manifest_paths(manifest) or (build_dir / f"{f}.data").exists()]
     check_files(build_dir, manifest, files)
 
@@ -92,6 +92,29 @@ def check_files(build_dir: Path, manifest: dict, files: list[str]) -> None:
                            "manifest's); rebuild it, or open it unchecked (--no-hash-check, check_hashes=False)")
 
 
+class Graphs(Mapping):
+    """A build's graphs by name (model | encoder | decoder), each a Graph opened with `open_graph`:
+    all at once (eager), or each the first time it is asked for."""
+
+    def __init__(self, infos: Mapping[str, GraphInfo], open_graph, eager: bool = True):
+        self._infos, self._open = infos, open_graph
+        self._opened: dict[str, Graph] = {}
+        if eager:
+            for name in infos:
+                self[name]
+
+    def __getitem__(self, name: str) -> Graph:
+        if name not in self._opened:
+            self._opened[name] = self._open(self._infos[name])
+        return self._opened[name]
+
+    def __iter__(self):
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+
 class Session:
     """A built model, ready to run. providers: onnxruntime execution providers to use, in order
     (default: TensorRT, CUDA, CPU, those available); provider: one of them, instead. Each is a
@@ -104,12 +127,14 @@ class Session:
 
     manifest: the parsed manifest.json; info: its typed view (BuildInfo); spec: the recorded spec;
     limits: what the build takes as input (vocabularies, serving.batch.max and .length.max, learned
-    positions); graphs: graph name -> Graph. check_hashes: the graphs are hashed and compared with
+    positions); graphs: graph name -> Graph; inplace: the in-place cache graph generation runs
+    on the CPU, where the build has one (each graph is then opened when first used; inplace=False:
+    generation runs the model graph, as on a GPU). check_hashes: the graphs are hashed and compared with
     the manifest before they are loaded (check_graph_files); False skips it, for speed on a
     build that is known to be intact."""
 
     def __init__(self, build_dir: str | Path, providers: Sequence[str] | None = None, *, provider: str | None = None,
-                 threads: int | None = None, check_hashes: bool = True):
+                 threads: int | None = None, check_hashes: bool = True, inplace: bool = True):
         if provider is not None and providers is not None:
             raise TypeError("Session takes provider= (one) or providers= (a list, in order), not both")
         if isinstance(providers, str):
@@ -126,14 +151,34 @@ class Session:
         self.limits = Limits.of(self.info)  # what the build takes (specc/runtime/inputs.py)
         options = session_options(ort, threads)
         asked = usable_providers(ort, choose_providers(ort.get_available_providers(), providers))
-        self.graphs = {name: Graph(ort, self.dir / g.file, g, asked, options) for name, g in self.info.graphs.items()}
-        first = next(iter(self.graphs.values()))
-        self.provider = first.provider  # what really runs (onnxruntime falls back silently)
-        self.providers = first.session.get_providers()
+        def open_graph(g):
+            return Graph(ort, self.dir / g.file, g, asked, options)
+
+        self._open_graph = open_graph
+        # a decoder's in-place cache graph runs generation on the CPU (specc/export/inplace.py); where
+        # a build has one, each graph is opened when first used, so that a large model's weights
+        # are held by the one session a command runs (generation: the in-place graph; run(): model)
+        self._inplace_info = self.info.inplace if inplace and asked[0] == CPU else None
+        self._inplace: Graph | None = None
+        self.graphs = Graphs(self.info.graphs, open_graph, eager=self._inplace_info is None)
+        if self._inplace_info is None:
+            first = next(iter(self.graphs.values()))
+            self.provider = first.provider  # what really runs (onnxruntime falls back silently)
+            self.providers = first.session.get_providers()
+        else:
+            self.provider, self.providers = CPU, [CPU]
         self._check_hashes = check_hashes
         self._tokenizer: Tokenizer | None = None
 
     # --- facts -----------------------------------------------------------------------------
+
+    @property
+    def inplace(self) -> Graph | None:
+        """The in-place cache graph generation runs (opened on first use), or None: the build has
+        none, the session runs on a GPU, or it was made with inplace=False."""
+        if self._inplace is None and self._inplace_info is not None:
+            self._inplace = self._open_graph(self._inplace_info)
+        return self._inplace
 
     @property
     def tokens(self) -> dict:

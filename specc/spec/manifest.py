@@ -160,6 +160,9 @@ class BuildInfo:
     batch: Range  # serving.batch
     length: Range  # serving.length
     generation: Generation = Generation()  # serving.generation
+    # a decoder's in-place cache graph (specc/export/inplace.py), which generation runs on CPU where
+    # it can; None where the build has none
+    inplace: GraphInfo | None = None
 
     @property
     def main_graph(self) -> GraphInfo:
@@ -215,7 +218,8 @@ class BuildInfo:
                        type_vocab_size=_int(vocab.get("type_size") or 0), outputs=outputs,
                        lm_output=lm, learned_positions=learned, tokens=tokens,
                        batch=_range(serving["batch"]), length=_range(serving["length"]),
-                       generation=_generation(serving.get("generation") or {}))
+                       generation=_generation(serving.get("generation") or {}),
+                       inplace=_inplace(manifest.get("inplace") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise NotAManifest(f"malformed '{field}' ({type(exc).__name__}: {exc})") from None
         return info
@@ -225,6 +229,13 @@ def _tensors(entries: Any) -> tuple[TensorInfo, ...]:
     return tuple(TensorInfo(name=_str(t["name"]), dtype=_str(t["dtype"]),
                             dims=tuple(d if isinstance(d, str) else _int(d) for d in t["dims"]))
                  for t in entries)
+
+
+def _inplace(entry: Any) -> GraphInfo | None:
+    if "file" not in entry:
+        return None
+    return GraphInfo(name="inplace", file=_str(entry["file"]), inputs=_tensors(entry["inputs"]),
+                     outputs=_tensors(entry["outputs"]))
 
 
 def _generation(entry: Any) -> Generation:

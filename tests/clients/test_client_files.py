@@ -22,7 +22,7 @@ import specc
 from specc.cli import main
 from specc.clients import CONFIG, GENAI, GENAI_CONFIG, GENERATION_CONFIG, OPTIMUM, OPTIMUM_DECODER, client_files
 from specc.errors import BuildError
-from specc.export import optimum_seq2seq
+from specc.export import inplace, optimum_seq2seq
 from specc.export.verify import tolerance
 from specc.importers.hf import config_to_spec
 from specc.importers.hf.as_config import hf_config
@@ -117,8 +117,8 @@ def test_a_build_writes_the_clients_files_hashed_and_no_second_copy_of_the_weigh
     result = specc.build("tiny-gpt2", tmp_path / "b")
     out = result.out_dir
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [MANIFEST, "model.onnx", CONFIG, GENERATION_CONFIG, GENAI_CONFIG])
-    assert [a["path"] for a in result.artifacts] == ["model.onnx", CONFIG, GENERATION_CONFIG, GENAI_CONFIG]
+        [MANIFEST, "model.onnx", CONFIG, GENERATION_CONFIG, GENAI_CONFIG, inplace.FILE])
+    assert [a["path"] for a in result.artifacts] == ["model.onnx", CONFIG, GENERATION_CONFIG, GENAI_CONFIG, inplace.FILE]
     assert result.manifest["clients"] == {OPTIMUM: {"files": [CONFIG, GENERATION_CONFIG]},
                                           GENAI: {"files": [GENAI_CONFIG]}}
     assert json.loads((out / GENERATION_CONFIG).read_text()) == {"bos_token_id": 999, "eos_token_id": 999}
@@ -126,6 +126,7 @@ def test_a_build_writes_the_clients_files_hashed_and_no_second_copy_of_the_weigh
     # the graph is the weights' one copy: every parameter's bytes are in model.onnx
     graph_bytes = (out / "model.onnx").stat().st_size
     assert graph_bytes >= 4 * result.parameters
+    assert (out / inplace.FILE).stat().st_size < graph_bytes / 20  # its weights are references into model.onnx
     # a client's file removed from the list and the folder is no cache hit
     manifest = json.loads((out / MANIFEST).read_text())
     manifest["artifacts"] = [a for a in manifest["artifacts"] if a["path"] != CONFIG]
@@ -154,7 +155,7 @@ def test_cli_keep_weights(tmp_path):
     result = CliRunner().invoke(main, ["build", "tiny-gpt2", "-o", str(out), "--keep-weights", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert [a["path"] for a in doc["artifacts"]] == ["model.onnx", CONFIG, GENERATION_CONFIG, GENAI_CONFIG, WEIGHTS_FILE]
+    assert [a["path"] for a in doc["artifacts"]] == ["model.onnx", CONFIG, GENERATION_CONFIG, GENAI_CONFIG, inplace.FILE, WEIGHTS_FILE]
 
 
 def test_a_triton_repository_gets_no_client_files(tmp_path):

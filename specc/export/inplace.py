@@ -1,0 +1,387 @@
+"""The in-place cache graph of a decoder build: inplace.onnx, the build's verified model.onnx with
+each layer's attention over its KV cache replaced by onnxruntime's GroupQueryAttention
+(com.microsoft), whose past and present are one buffer the runtime allocates once.
+
+model.onnx's decode step copies the whole cache every step (a Concat of past and new into the
+present) and reads it again in the attention. inplace.onnx takes each layer's cache as a buffer
+[batch, kv_heads, max_sequence, head_dim] and writes only the new positions into it:
+
+    inputs   input_ids, position_ids (where model.onnx takes them), past_key_values.N.key/value
+             (the buffers), seqlens_k int32 [batch] (positions in the cache after this call,
+             minus one), total_sequence_length int32 scalar (positions after this call)
+    outputs  model.onnx's, present.N.key/value bound by the runtime to the past's own buffers
+
+What it computes is model.onnx's on rows that are not padded: GroupQueryAttention masks the
+future, not padding, so it runs a batch whose rows all have the same length (a single prompt,
+or equal ones). The attention nodes are found from the cache's names and checked piece by piece
+(`rewrite`); what cannot be matched, and every spec whose attention GroupQueryAttention does not
+compute (windows, ALiBi, relative or bucketed positions, bilinear or additive scores, soft caps,
+heads of unequal key and value widths), gets no in-place graph and the reason in the manifest.
+`check` runs it against model.onnx on a prompt and a few decode steps (docs/build.md).
+
+Nothing is traced again and no weight is written twice (specc/export/external.py).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from specc.deps import require_onnxruntime
+from specc.errors import BuildError
+from specc.export.external import referenced
+from specc.spec import io
+from specc.spec.resolve import ResolvedSpec
+
+FILE = "inplace.onnx"
+GRAPH = "model"  # the graph it is made from
+OP = "GroupQueryAttention"
+DOMAIN = "com.microsoft"
+SEQLENS_K, TOTAL_SEQUENCE_LENGTH, MAX_SEQUENCE = io.SEQLENS_K, io.TOTAL_SEQUENCE_LENGTH, io.MAX_SEQUENCE
+# ops allowed between the scores' MatMul and the probabilities' MatMul (scale, mask, softmax, reshapes)
+_SCORE_OPS = {"Div", "Mul", "Reshape", "Where", "Add", "Softmax", "Cast"}
+
+
+class Unfit(Exception):
+    """This build gets no in-place graph; the message says why."""
+
+
+def unfit(r: ResolvedSpec) -> str | None:
+    """Why the spec's attention is not what GroupQueryAttention computes, or None where it is."""
+    if r.architecture != "decoder":
+        return "only decoder-only builds have one"
+    if r.position.kind not in ("rotary", "learned", "sinusoidal", "none"):
+        return f"{r.position.kind} positions add to the scores"
+    for layer in r.stack("decoder").layers:
+        a = layer.attention
+        why = (a.pattern.kind != "full" and f"a {a.pattern.kind} attention pattern"
+               or a.score not in ("scaled_dot", "dot") and f"{a.score} scores"
+               or a.softcap is not None and "a soft cap on the scores"
+               or a.d_k != a.d_v and "keys and values of different widths"
+               or a.merge != "project" and f"heads merged by {a.merge}")
+        if why:
+            return f"layer {layer.index} has {why}"
+    return None
+
+
+def write(root: Path, r: ResolvedSpec, graph_files: dict[str, str]) -> tuple[Path, dict]:
+    """ROOT/inplace.onnx from ROOT's model graph (the module's doc), and its IO signature as the
+    manifest writes a graph's ({"inputs": [...], "outputs": [...]}); Unfit where it cannot be made."""
+    import onnx
+
+    why = unfit(r)
+    if why:
+        raise Unfit(why)
+    source = graph_files[GRAPH]
+    model = onnx.load(str(root / source), load_external_data=False)
+    rewrite(model, r)
+    inits = [referenced(t, root, source, t.name) for t in model.graph.initializer]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(inits)
+    path = root / FILE
+    path.write_bytes(model.SerializeToString())
+    return path, {"inputs": _signature(model.graph.input), "outputs": _signature(model.graph.output)}
+
+
+_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64"}
+
+
+def _signature(values) -> list[dict]:
+    return [{"name": v.name, "dtype": _DTYPES[v.type.tensor_type.elem_type],
+             "dims": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]} for v in values]
+
+
+def rewrite(model, r: ResolvedSpec) -> None:
+    """MODEL (model.onnx's proto, edited in place) with every layer's cached attention one
+    GroupQueryAttention node; Unfit naming the layer where the nodes are not the expected ones."""
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    layers = r.stack("decoder").layers
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, list] = defaultdict(list)
+    for n in g.node:
+        for i in n.input:
+            consumers[i].append(n)
+    constants = _constants(g)
+    dropped, added, renamed = set(), [], {}
+    for layer in layers:
+        i, att = layer.index, layer.attention
+        key, value = (io.CacheSlot(i, io.SELF, w) for w in (io.KEY, io.VALUE))
+        k_cat, v_cat = producer.get(key.present), producer.get(value.present)
+        for cat, slot in ((k_cat, key), (v_cat, value)):
+            if cat is None or cat.op_type != "Concat" or cat.input[0] != slot.past or _attr(cat, "axis") not in (2, -2):
+                raise Unfit(f"layer {i}: {slot.present} is not a Concat of {slot.past} and the new positions")
+        scores = _chain_to(consumers, key.present, ("MatMul",), through=("Unsqueeze", "Transpose"), layer=i)
+        probs_v = _chain_to(consumers, value.present, ("MatMul",), through=("Unsqueeze",), layer=i)
+        query, factor = _query(producer, constants, scores.input[0])
+        scale = factor * _score_scale(producer, consumers, constants, scores, probs_v, i)
+        merged = _merged(consumers, probs_v, i)
+        q3, k3, v3, out = (f"inplace/{i}/{n}" for n in ("query", "key", "value", "output"))
+        for src, dst in ((query, q3), (k_cat.input[1], k3), (v_cat.input[1], v3)):
+            added += [helper.make_node("Transpose", [src], [dst + "/bshd"], perm=[0, 2, 1, 3], name=dst + "/transpose"),
+                      helper.make_node("Reshape", [dst + "/bshd", "inplace/flat"], [dst], name=dst + "/reshape")]
+        d = att.d_k
+        natural = 1.0 / np.sqrt(d)
+        gqa = helper.make_node(OP, [q3, k3, v3, key.past, value.past, SEQLENS_K, TOTAL_SEQUENCE_LENGTH],
+                               [out, key.present, value.present], domain=DOMAIN, name=f"inplace/{i}/attention",
+                               num_heads=att.heads, kv_num_heads=att.kv_heads,
+                               **({} if abs(scale - natural) <= 1e-6 * natural else {"scale": float(scale)}))
+        added.append(gqa)
+        dropped |= {id(k_cat), id(v_cat)}
+        renamed[merged] = out
+    for n in g.node:
+        for j, name in enumerate(n.input):
+            if name in renamed:
+                n.input[j] = renamed[name]
+    for o in g.output:
+        if o.name in renamed:
+            raise Unfit(f"the attention's output {o.name} is a graph output")
+    flat = helper.make_tensor("inplace/flat", TensorProto.INT64, [3], [0, 0, -1])
+    kept = [n for n in g.node if id(n) not in dropped] + added
+    g.initializer.append(flat)
+    _set_nodes(g, _live(_sorted(kept, g), g))
+    _set_inputs(g, r)
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+def _chain_to(consumers, start: str, ops: tuple, through: tuple, layer: int):
+    """The one node of `ops` that reads START through nodes of `through` (each read by one node),
+    START's graph-output use apart."""
+    name = start
+    for _ in range(8):
+        users = consumers.get(name, [])
+        if len(users) != 1:
+            break
+        node = users[0]
+        if node.op_type in ops:
+            return node
+        if node.op_type not in through:
+            break
+        name = node.output[0]
+    raise Unfit(f"layer {layer}: the attention that reads {start} is not a {'/'.join(ops)} after {'/'.join(through)}")
+
+
+def _query(producer, constants, name: str) -> tuple[str, float]:
+    """The queries the scores' MatMul reads, [batch, heads, sequence, head_dim], back through
+    reshapes and products with a constant scalar; and that constant (1.0 where there is none)."""
+    factor = 1.0
+    while name in producer:
+        node = producer[name]
+        c = _scalar(constants, node.input[1]) if node.op_type in ("Mul", "Div") and len(node.input) == 2 else None
+        if node.op_type not in ("Reshape", "Unsqueeze") and c is None:
+            break
+        if c is not None:
+            factor = factor * c if node.op_type == "Mul" else factor / c
+        name = node.input[0]
+    return name, factor
+
+
+def _scalar(constants, name: str) -> float | None:
+    c = constants.get(name)
+    return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
+
+
+def _score_scale(producer, consumers, constants, scores, probs_v, layer: int) -> float:
+    """The factor the nodes between the scores' MatMul and the probabilities' MatMul multiply the
+    scores by; Unfit where they do anything but scale, mask, reshape and one Softmax."""
+    scale, softmax = 1.0, 0
+    name = probs_v.input[0]
+    seen = 0
+    while name != scores.output[0]:
+        node = producer.get(name)
+        seen += 1
+        if node is None or node.op_type not in _SCORE_OPS or seen > 16:
+            raise Unfit(f"layer {layer}: the scores reach the softmax through {node.op_type if node else name!r}")
+        if node.op_type == "Softmax":
+            softmax += 1
+            name = node.input[0]
+        elif node.op_type in ("Div", "Mul"):
+            c = _scalar(constants, node.input[1])
+            if c is None:
+                raise Unfit(f"layer {layer}: the scores are scaled by a value that is not a constant")
+            scale = scale / c if node.op_type == "Div" else scale * c
+            name = node.input[0]
+        elif node.op_type == "Where":
+            name = node.input[1]  # Where(mask, scores, -inf): the mask is GroupQueryAttention's own
+        elif node.op_type == "Add":
+            raise Unfit(f"layer {layer}: something is added to the scores")
+        else:
+            name = node.input[0]
+    if softmax != 1:
+        raise Unfit(f"layer {layer}: {softmax} softmaxes between the scores and the values")
+    return scale
+
+
+def _merged(consumers, probs_v, layer: int) -> str:
+    """The attention's output as the output projection reads it, [batch, sequence, heads x
+    head_dim]: the probabilities' MatMul through reshapes and one Transpose (0, 2, 1, 3), ending
+    in a Reshape."""
+    name, transposed, last = probs_v.output[0], 0, probs_v
+    for _ in range(6):
+        users = consumers.get(name, [])
+        if len(users) != 1 or users[0].op_type not in ("Reshape", "Transpose"):
+            break
+        last = users[0]
+        if last.op_type == "Transpose":
+            if list(_attr(last, "perm") or []) != [0, 2, 1, 3]:
+                break
+            transposed += 1
+        name = last.output[0]
+    if transposed != 1 or last.op_type != "Reshape":
+        raise Unfit(f"layer {layer}: the heads are not merged by a Transpose (0, 2, 1, 3) and a Reshape")
+    return name
+
+
+def _attr(node, name: str):
+    from onnx import helper
+
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+
+
+def _constants(g) -> dict[str, np.ndarray]:
+    """Small initializers and Constant nodes' values by name."""
+    from onnx import numpy_helper
+
+    out = {t.name: numpy_helper.to_array(t) for t in g.initializer
+           if t.data_location != 1 and len(t.dims) <= 1 and int(np.prod(t.dims or [1])) <= 8}
+    for n in g.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return out
+
+
+def _sorted(nodes: list, g) -> list:
+    """NODES in an order where each reads only graph inputs, initializers or earlier outputs."""
+    ready = {i.name for i in g.input} | {t.name for t in g.initializer} | {"", SEQLENS_K, TOTAL_SEQUENCE_LENGTH}
+    waiting = list(nodes)
+    out = []
+    while waiting:
+        rest = []
+        for n in waiting:
+            if all(i in ready for i in n.input):
+                out.append(n)
+                ready.update(n.output)
+            else:
+                rest.append(n)
+        if len(rest) == len(waiting):
+            raise Unfit(f"the rewritten graph has a cycle or a missing value at {rest[0].name or rest[0].op_type}")
+        waiting = rest
+    return out
+
+
+def _live(nodes: list, g) -> list:
+    """NODES that the graph's outputs need."""
+    needed = {o.name for o in g.output}
+    keep = []
+    for n in reversed(nodes):
+        if any(o in needed for o in n.output):
+            keep.append(n)
+            needed.update(n.input)
+    return keep[::-1]
+
+
+def _set_nodes(g, nodes: list) -> None:
+    used = {i for n in nodes for i in n.input}
+    kept_inits = [t for t in g.initializer if t.name in used]
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.initializer[:]
+    g.initializer.extend(kept_inits)
+    del g.value_info[:]
+
+
+def _set_inputs(g, r: ResolvedSpec) -> None:
+    """The graph's inputs: model.onnx's that the nodes still read, the caches as buffers of
+    MAX_SEQUENCE positions, then seqlens_k and total_sequence_length; its present outputs alike."""
+    from onnx import TensorProto, helper
+
+    used = {i for n in g.node for i in n.input}
+    kept = [v for v in g.input if v.name in used]
+    for v in list(kept) + [o for o in g.output if io.is_present(o.name)]:
+        if io.parse_cache(v.name):
+            v.type.tensor_type.shape.dim[2].dim_param = MAX_SEQUENCE
+    del g.input[:]
+    g.input.extend(kept)
+    g.input.extend([helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, [io.BATCH]),
+                    helper.make_tensor_value_info(TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, [])])
+
+
+# --- the check -----------------------------------------------------------------------------------
+
+
+def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session, compare, prompt: int = 7,
+          steps: int = 3, seed: int = 0) -> dict:
+    """inplace.onnx against model.onnx on one prompt of PROMPT seeded tokens and STEPS greedy decode
+    steps from it, each graph opened in turn (never both at once: a 7B graph is held once).
+    COMPARE(name, got, want) -> its figures, raising BuildError where they differ past the build's
+    tolerance. OPEN_SESSION(path, graph name) makes a session. Returns the worst figures."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, r.input_vocab_size("decoder"), (1, prompt), dtype=np.int64)
+    lm = next(o.name for o in r.graph(GRAPH).outputs if not io.is_present(o.name))
+
+    session = open_session(root / graph_files[GRAPH], GRAPH)
+    names = {t.name: t for t in session.get_inputs()}
+    past = {n: np.zeros((1, t.shape[1], 0, t.shape[3]), dtype=_np_type(t.type)) for n, t in names.items() if io.is_past(n)}
+    want, tokens, chosen = [], ids, []
+    for step in range(steps + 1):
+        start = past[next(iter(past))].shape[2]
+        f = {io.INPUT_IDS: tokens, **past}
+        if io.ATTENTION_MASK in names:
+            f[io.ATTENTION_MASK] = np.ones((1, start + tokens.shape[1]), dtype=np.int64)
+        if io.POSITION_IDS in names:
+            f[io.POSITION_IDS] = np.arange(start, start + tokens.shape[1], dtype=np.int64)[None]
+        if io.TOKEN_TYPE_IDS in names:
+            f[io.TOKEN_TYPE_IDS] = np.zeros_like(tokens)
+        out = dict(zip([o.name for o in session.get_outputs()], session.run(None, f)))
+        want.append(out[lm])
+        past = io.present_to_past({k: v for k, v in out.items() if io.is_present(k)})
+        tokens = out[lm][:, -1:].argmax(-1).astype(np.int64)
+        chosen.append(tokens)
+    del session, past
+
+    session = open_session(root / FILE, FILE)
+    names = {t.name: t for t in session.get_inputs()}
+    capacity = prompt + steps
+    caches = {n: np.zeros((1, t.shape[1], capacity, t.shape[3]), dtype=_np_type(t.type)) for n, t in names.items() if io.is_past(n)}
+    binding_names = [o.name for o in session.get_outputs()]
+    worst: dict = {}
+    tokens, start = ids, 0
+    for step in range(steps + 1):
+        try:
+            got = _run_inplace(session, binding_names, io.inplace_feeds(names, tokens, start, caches))
+        except Exception as exc:  # onnxruntime's own exception types
+            raise BuildError(f"{FILE} (the in-place cache graph): onnxruntime cannot run it: "
+                             f"{str(exc).strip().splitlines()[0][:300]}") from None
+        figures = compare(f"{lm} ({'prompt' if step == 0 else f'decode step {step}'})", got[lm], want[step])
+        for k, v in figures.items():
+            if not isinstance(v, (int, float)):
+                continue
+            worst[k] = v if k not in worst else (max(worst[k], v) if k.startswith("max") else min(worst[k], v))
+        start += tokens.shape[1]
+        tokens = chosen[step]  # model.onnx's choice, so both graphs read the same tokens
+    return worst
+
+
+def _run_inplace(session, names: list[str], feeds: dict) -> dict[str, np.ndarray]:
+    """Run with the present.* bound to the past's own buffers (the arrays in FEEDS)."""
+    ort = require_onnxruntime("checking the in-place cache graph")
+    binding = session.io_binding()
+    wanted = {t.name for t in session.get_inputs()}
+    for k, v in feeds.items():
+        if k in wanted:
+            binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)))
+    buffer = {present: past for past, present in io.present_to_past({n: n for n in names if io.is_present(n)}).items()}
+    for n in names:  # in the outputs' order, which get_outputs() keeps
+        if n in buffer:
+            binding.bind_ortvalue_output(n, ort.OrtValue.ortvalue_from_numpy(feeds[buffer[n]]))
+        else:
+            binding.bind_output(n, "cpu")
+    session.run_with_iobinding(binding)
+    return {n: v.numpy() for n, v in zip(names, binding.get_outputs()) if not io.is_present(n)}
+
+
+def _np_type(ort_type: str):
+    return {"tensor(float16)": np.float16}.get(ort_type, np.float32)

@@ -1,0 +1,123 @@
+"""The in-place cache graph (specc/export/inplace.py): a decoder's model.onnx with each layer's
+attention over its cache one GroupQueryAttention node, whose past and present share one buffer.
+It is checked against the verified model.onnx by the build; here, against onnxruntime running
+model.onnx step by step and against Hugging Face's own modules through the build's verification,
+and a planted defect fails the build."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import specc
+from specc.errors import VerificationError
+from specc.export import inplace
+from specc.spec.load import loads_spec
+
+ort = pytest.importorskip("onnxruntime")
+from specc.runtime import RunError, Session  # noqa: E402  (needs onnxruntime)
+
+
+def _build(tmp_path, text: str, precision: str | None = None):
+    spec = loads_spec(f"specc: 1\nname: d\n{text}\n")
+    return specc.build(spec, tmp_path / "b", precision=precision)
+
+
+@pytest.mark.parametrize("text,precision", [
+    ("extends: tiny-llama", None),  # 4 query heads over 2 kv heads, rotary
+    ("extends: tiny-llama", "int4"),
+    ("extends: tiny-gpt2", None),  # learned positions, biases, one kv head per head
+    ("extends: tiny-gpt2", "fp16"),
+    ("extends: tiny-gpt2", "int8"),
+    ("extends: tiny-llama\ndecoder: {attention: {scale: 0.5}}", None),  # a scale of its own
+])
+def test_generation_through_the_inplace_graph_gives_the_model_graphs_tokens(tmp_path, text, precision):
+    result = _build(tmp_path, text, precision)
+    entry = result.manifest["inplace"]
+    assert entry["file"] == inplace.FILE and inplace.FILE in {a["path"] for a in result.manifest["artifacts"]}
+    graph = onnx.load(str(result.out_dir / inplace.FILE), load_external_data=False).graph
+    layers = sum(1 for o in graph.output if o.name.endswith(".value"))
+    assert sum(n.op_type == inplace.OP for n in graph.node) == layers == 2
+    # no cache is copied: nothing reads a past but its GroupQueryAttention
+    for i in graph.input:
+        if i.name.startswith("past_key_values."):
+            assert [n.op_type for n in graph.node if i.name in n.input] == [inplace.OP]
+    assert {i.name for i in graph.input} >= {inplace.SEQLENS_K, inplace.TOTAL_SEQUENCE_LENGTH}
+
+    fast, plain = Session(result.out_dir), Session(result.out_dir, inplace=False)  # plain: the model graph's loop
+    assert fast.inplace is not None
+    prompts = [[5, 9, 2, 7, 1, 3]]
+    a = fast.generate(prompts, max_new_tokens=10)
+    assert list(fast.graphs._opened) == []  # generation never opened the model graph
+    assert a.new_ids == plain.generate(prompts, max_new_tokens=10).new_ids
+    rows = [[5, 9, 2], [8, 8, 4]]  # rows of one length run in place too
+    assert fast.generate(rows, max_new_tokens=6).new_ids == plain.generate(rows, max_new_tokens=6).new_ids
+
+
+def test_the_inplace_runner_logits_match_the_model_graph_and_its_cache_is_written_in_place(tmp_path):
+    result = _build(tmp_path, "extends: tiny-llama")
+    s = Session(result.out_dir)
+    seen = []
+    from specc.runtime import generate as g
+
+    runner = g.InplaceRunner(s, [[3, 1, 4, 1, 5]], new=4)
+    buffers = {k: v for k, v in runner.caches.items()}
+    seen.append(runner.prefill())
+    for t in (9, 2, 6):
+        seen.append(runner.step(np.array([t])))
+    assert all(runner.caches[k] is v for k, v in buffers.items())  # never reallocated
+    assert np.abs(runner.caches["past_key_values.0.key"][:, :, :8]).sum() > 0
+    assert not runner.caches["past_key_values.0.key"][:, :, 8:].any()  # the free position untouched
+    full = s.run(input_ids=[[3, 1, 4, 1, 5, 9, 2, 6]])["logits"][0]
+    for step, logits in enumerate(seen):
+        np.testing.assert_allclose(logits[0], full[4 + step], atol=1e-5, rtol=1e-5)
+    assert list(s.graphs._opened) == ["model"]  # run() opened it when asked
+    assert Session(result.out_dir).graphs._opened == {}  # nothing is opened before it is used
+
+
+def test_a_padded_batch_and_beams_use_the_model_graph(tmp_path):
+    result = _build(tmp_path, "extends: tiny-llama")
+    fast, plain = Session(result.out_dir), Session(result.out_dir, inplace=False)
+    rows = [[5, 9, 2, 7], [3, 4]]
+    assert fast.generate(rows, max_new_tokens=5).new_ids == plain.generate(rows, max_new_tokens=5).new_ids
+    assert list(fast.graphs._opened) == ["model"]
+    assert fast.generate([[5, 9]], max_new_tokens=4, beams=2).new_ids == plain.generate([[5, 9]], max_new_tokens=4, beams=2).new_ids
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("extends: tiny-llama\ndecoder: {attention: {pattern: {kind: local, window: 8}}}", "local attention pattern"),
+    ("extends: tiny-llama\nposition: {kind: alibi}", "alibi positions"),
+    ("extends: tiny-llama\ndecoder: {attention: {softcap: 30.0}}", "soft cap"),
+    ("extends: tiny-llama\ndecoder: {attention: {score: bilinear}}", "bilinear scores"),
+])
+def test_attention_groupqueryattention_does_not_compute_gets_no_inplace_graph(tmp_path, text, reason):
+    result = _build(tmp_path, text)
+    assert reason in result.manifest["inplace"]["reason"]
+    assert not (result.out_dir / inplace.FILE).exists()
+    s = Session(result.out_dir)
+    assert s.inplace is None and s.generate([[1, 2, 3]], max_new_tokens=3).new_ids
+
+
+def test_encoders_and_encoder_decoders_have_none(tmp_path):
+    result = specc.build("tiny-bert", tmp_path / "b")
+    assert "inplace" not in result.manifest
+    assert json.loads((result.out_dir / "manifest.json").read_text()).get("inplace") is None
+
+
+def test_a_wrong_inplace_graph_fails_the_build_and_leaves_nothing(tmp_path, monkeypatch):
+    """A planted defect: the scores scaled twice over in the rewritten graph."""
+    real = inplace._score_scale
+    monkeypatch.setattr(inplace, "_score_scale", lambda *a: 2.0 * real(*a))
+    with pytest.raises(VerificationError, match="inplace.onnx"):
+        _build(tmp_path, "extends: tiny-llama")
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_changed_inplace_graph_is_refused(tmp_path):
+    result = _build(tmp_path, "extends: tiny-llama")
+    with open(result.out_dir / inplace.FILE, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(RunError, match="inplace.onnx: changed since"):
+        Session(result.out_dir)
