@@ -3,7 +3,12 @@ decode tokens/s, prompt tokens/s, time to first token and peak resident memory, 
 own process with the same threads, and each one's share of the memory-bandwidth floor (the
 weights read once per decode step at the machine's read bandwidth, suite.read_bandwidth).
 
-    .venv-bench/bin/python benchmarks/llama_cpp_peer.py [SPEC] [--prompt 128] [--new 64]
+    .venv-bench/bin/python benchmarks/llama_cpp_peer.py [SPEC] [--prompt 128] [--new 64] [--rounds 5]
+
+The sides run in turn, --rounds times (a shared machine's speed drifts between runs): each
+figure is the median over the rounds, and the ratios' range over rounds is given beside it. A
+third side, "specc, model graph", is the same build generating through model.onnx
+(Session(..., inplace=False)) instead of its in-place cache graph (docs/build.md).
 
 SPEC (default llama-2-7b) is built with `specc build --precision int4 --keep-weights` into
 build/bench (a cache hit after the first time; a 7B build streams, docs/build.md). Its own weights
@@ -162,11 +167,17 @@ def prompt_ids(vocab: int, n: int) -> list[int]:
     return np.random.default_rng(0).integers(3, vocab, size=n).tolist()
 
 
-def run_specc(build: Path, prompt: list[int], new: int) -> dict:
+SPECC, SPECC_MODEL = "specc", "specc, model graph"
+SIDES = (SPECC, SPECC_MODEL, "llama.cpp")
+
+
+def run_specc(build: Path, prompt: list[int], new: int, inplace: bool = True) -> dict:
     from specc.runtime import Session
 
     t0 = time.perf_counter()
-    s = Session(build, threads=THREADS, check_hashes=False)
+    s = Session(build, threads=THREADS, check_hashes=False, inplace=inplace)
+    if s.inplace is None:  # the graph generation runs, opened here (a Session opens it when first used)
+        s.graphs["model"]
     loaded = time.perf_counter()
     stamps: list[float] = []
     g = s.generate(prompt, max_new_tokens=new, eos_id=-1, on_token=lambda step, ids: stamps.append(time.perf_counter()))
@@ -196,7 +207,10 @@ def run_llama_cpp(gguf_path: Path, prompt: list[int], new: int) -> dict:
 def side(args) -> None:
     """The child: one side's run, its figures as JSON on stdout."""
     prompt = prompt_ids(args.vocab, args.prompt)
-    fig = (run_specc if args.side == "specc" else run_llama_cpp)(Path(args.path), prompt, args.new)
+    if args.side == "llama.cpp":
+        fig = run_llama_cpp(Path(args.path), prompt, args.new)
+    else:
+        fig = run_specc(Path(args.path), prompt, args.new, inplace=args.side == SPECC)
     fig["peak"] = peak_resident()
     print(json.dumps(fig))
 
@@ -231,7 +245,8 @@ def main() -> None:
     ap.add_argument("spec", nargs="?", default="llama-2-7b")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--side", choices=("specc", "llama.cpp"), help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -255,20 +270,28 @@ def main() -> None:
         f16.unlink()
         print(f"[peer] GGUF F16 written and quantized to Q4_0: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
-    sizes = {"specc": graph_bytes(build), "llama.cpp": q4.stat().st_size}
-    rows = {}
-    for which, path in (("specc", build), ("llama.cpp", q4)):
-        rows[which] = measure(which, path, spec["vocab"]["size"], args)
-        print(f"[peer] {which}: {rows[which]['decode_tok_s']:.2f} tok/s decode", file=sys.stderr)
+    sizes = {SPECC: graph_bytes(build), SPECC_MODEL: graph_bytes(build), "llama.cpp": q4.stat().st_size}
+    runs: dict[str, list[dict]] = {which: [] for which in SIDES}
+    for r in range(args.rounds):
+        for which in SIDES:
+            runs[which].append(measure(which, q4 if which == "llama.cpp" else build, spec["vocab"]["size"], args))
+            print(f"[peer] round {r + 1}, {which}: {runs[which][-1]['decode_tok_s']:.2f} tok/s decode", file=sys.stderr)
     bandwidth = read_bandwidth()
-    write(args, spec, rows, sizes, bandwidth)
+    write(args, spec, runs, sizes, bandwidth)
 
 
-def write(args, spec: dict, rows: dict, sizes: dict, bandwidth: float) -> None:
+def median_run(runs: list[dict]) -> dict:
+    """Each figure's median over the rounds (the ids of the first round)."""
+    return {k: (runs[0][k] if k == "ids" else float(np.median([r[k] for r in runs]))) for k in runs[0]}
+
+
+def write(args, spec: dict, runs: dict, sizes: dict, bandwidth: float) -> None:
     import llama_cpp
     import onnxruntime
 
-    same = sum(1 for _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(rows["specc"]["ids"], rows["llama.cpp"]["ids"])))
+    rows = {which: median_run(r) for which, r in runs.items()}
+    ratios = {which: [a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(r, runs["llama.cpp"])] for which, r in runs.items()}
+    same = sum(1 for _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(rows[SPECC]["ids"], rows["llama.cpp"]["ids"])))
     lines = [
         f"## {spec['name']}: specc int4 against llama.cpp Q4_0 (benchmarks/llama_cpp_peer.py)",
         "",
@@ -278,7 +301,11 @@ def write(args, spec: dict, rows: dict, sizes: dict, bandwidth: float) -> None:
         f"llama-cpp-python {llama_cpp.__version__}, Python {platform.python_version()}. The same seeded weights: "
         "specc's build, and its weights file written as an F16 GGUF and quantized to Q4_0 by llama.cpp's "
         f"quantizer. Prompt: {args.prompt} random token ids; then {args.new} greedy tokens. Each side in its "
-        f"own process; memory is its peak resident set. Read bandwidth {bandwidth:.1f} GB/s (suite.read_bandwidth): "
+        f"own process, the sides in turn, {args.rounds} rounds: each figure is the median over the rounds; "
+        "\"vs llama.cpp\" is the ratio of the medians, and in brackets the range of the ratio within a round. "
+        "specc generates through its in-place cache graph; \"specc, model graph\" is the same build through "
+        "model.onnx. Memory is a side's peak resident set. Read bandwidth "
+        f"{bandwidth:.1f} GB/s (suite.read_bandwidth): "
         "the floor is that bandwidth over the bytes of weights a decode step reads (the graph files; the GGUF).",
         "",
         "| | decode tok/s | vs llama.cpp | share of the bandwidth floor | prompt tok/s | time to first token | "
@@ -288,7 +315,8 @@ def write(args, spec: dict, rows: dict, sizes: dict, bandwidth: float) -> None:
     base = rows["llama.cpp"]["decode_tok_s"]
     for which, r in rows.items():
         floor = bandwidth * 1e9 / sizes[which]
-        lines.append(f"| {which} | {r['decode_tok_s']:.2f} | {r['decode_tok_s'] / base:.2f}x | "
+        within = f" ({min(ratios[which]):.2f}-{max(ratios[which]):.2f})" if which != "llama.cpp" else ""
+        lines.append(f"| {which} | {r['decode_tok_s']:.2f} | {r['decode_tok_s'] / base:.2f}x{within} | "
                      f"{r['decode_tok_s'] / floor:.0%} | {args.prompt / r['ttft_s']:.1f} | {r['ttft_s']:.2f} s | "
                      f"{r['load_s']:.1f} s | {r['peak'] / GIB:.2f} GiB | {sizes[which] / GIB:.2f} GiB |")
     lines += ["", f"Greedy tokens the two sides share from the start: {same} of {args.new} (random weights "

@@ -19,6 +19,9 @@ compute (windows, ALiBi, relative or bucketed positions, bilinear or additive sc
 heads of unequal key and value widths), gets no in-place graph and the reason in the manifest.
 `check` runs it against model.onnx on a prompt and a few decode steps (docs/build.md).
 
+Beside the attention, one rewrite for speed: x * Reciprocal(Sqrt(y)) (an RMSNorm as torch.export
+writes it) becomes x / Sqrt(y), the form onnxruntime fuses into SimplifiedLayerNormalization;
+model.onnx keeps torch's form, which its verification against torch holds to fp32's tolerance.
 Nothing is traced again and no weight is written twice (specc/export/external.py).
 """
 from __future__ import annotations
@@ -139,12 +142,32 @@ def rewrite(model, r: ResolvedSpec) -> None:
         if o.name in renamed:
             raise Unfit(f"the attention's output {o.name} is a graph output")
     flat = helper.make_tensor("inplace/flat", TensorProto.INT64, [3], [0, 0, -1])
+    dropped |= _roots_as_divisions(g.node, consumers, producer)
     kept = [n for n in g.node if id(n) not in dropped] + added
     g.initializer.append(flat)
     _set_nodes(g, _live(_sorted(kept, g), g))
     _set_inputs(g, r)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+def _roots_as_divisions(nodes, consumers, producer) -> set[int]:
+    """x * Reciprocal(Sqrt(y)) rewritten as x / Sqrt(y) (the same value): onnxruntime fuses an RMSNorm
+    written so into one SimplifiedLayerNormalization kernel, the exported form not. Edits the Mul
+    nodes in place; returns the ids of the Reciprocal nodes left unread."""
+    gone = set()
+    for n in nodes:
+        root = producer.get(n.input[0]) if n.op_type == "Reciprocal" else None
+        users = consumers.get(n.output[0], []) if root is not None else []
+        if root is None or root.op_type != "Sqrt" or len(users) != 1 or users[0].op_type != "Mul":
+            continue
+        mul = users[0]
+        x = mul.input[0] if mul.input[1] == n.output[0] else mul.input[1]
+        mul.op_type = "Div"
+        del mul.input[:]
+        mul.input.extend([x, root.output[0]])
+        gone.add(id(n))
+    return gone
 
 
 def _chain_to(consumers, start: str, ops: tuple, through: tuple, layer: int):
