@@ -296,7 +296,7 @@ def write(args, spec: dict, runs: dict, sizes: dict, bandwidth: float) -> None:
         f"## {spec['name']}: specc int4 against llama.cpp Q4_0 (benchmarks/llama_cpp_peer.py)",
         "",
         f"`{Path(sys.executable).relative_to(ROOT) if ROOT in Path(sys.executable).parents else sys.executable} "
-        f"benchmarks/llama_cpp_peer.py {args.spec} --prompt {args.prompt} --new {args.new}`, "
+        f"benchmarks/llama_cpp_peer.py {args.spec} --prompt {args.prompt} --new {args.new} --rounds {args.rounds}`, "
         f"{datetime.date.today()}, {_cpu()}, {THREADS} threads each, onnxruntime {onnxruntime.__version__}, "
         f"llama-cpp-python {llama_cpp.__version__}, Python {platform.python_version()}. The same seeded weights: "
         "specc's build, and its weights file written as an F16 GGUF and quantized to Q4_0 by llama.cpp's "

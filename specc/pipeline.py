@@ -45,6 +45,7 @@ from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
 from specc.malloc import trim
 from specc.memory import STREAMED_LONGEST, check_disk, check_memory, streamed_fits, verified_length, verifies_whole
+from specc.runtime.cache import inplace_feeds
 from specc.runtime.graph import provider_entries, unusable_provider
 from specc.runtime.session import session_options
 from specc.spec.costs import parameter_shapes
@@ -251,7 +252,8 @@ def _inplace_graph(r: ResolvedSpec, graph_files: dict[str, str], tmp: Path, prec
         return {"reason": str(exc)}
     report = new_report(r, "onnx", precision, dequantized=True)
     figures = inplace.check(tmp, r, graph_files, _session,
-                            lambda name, got, want: report.compare(name, True, got, want, f"{inplace.FILE}, {name}"))
+                            lambda name, got, want: report.compare(name, True, got, want, f"{inplace.FILE}, {name}"),
+                            inplace_feeds)
     written.append(path)
     return {"file": inplace.FILE, "graph": inplace.GRAPH, "op": f"{inplace.DOMAIN}.{inplace.OP}", **signature,
             "check": {"against": inplace.GRAPH, **figures}}

@@ -335,12 +335,17 @@ def _set_inputs(g, r: ResolvedSpec) -> None:
 # --- the check -----------------------------------------------------------------------------------
 
 
-def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session, compare, prompt: int = 7,
-          steps: int = 3, seed: int = 0) -> dict:
+def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session, compare, feeds,
+          prompt: int = 7, steps: int = 3, seed: int = 0) -> dict:
     """inplace.onnx against model.onnx on one prompt of PROMPT seeded tokens and STEPS greedy decode
     steps from it, each graph opened in turn (never both at once: a 7B graph is held once).
     COMPARE(name, got, want) -> its figures, raising BuildError where they differ past the build's
-    tolerance. OPEN_SESSION(path, graph name) makes a session. Returns the worst figures."""
+    tolerance. OPEN_SESSION(path, graph name) makes a session; FEEDS(input names, ids, start,
+    caches) the in-place graph's inputs, as the runtime makes them (specc/runtime/cache.py's
+    inplace_feeds). Returns the worst figures."""
+    longest = r.serving.length.max  # the case fits what the build serves (learned positions too)
+    steps = min(steps, longest - 1)
+    prompt = min(prompt, longest - steps)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, r.input_vocab_size("decoder"), (1, prompt), dtype=np.int64)
     lm = next(o.name for o in r.graph(GRAPH).outputs if not io.is_present(o.name))
@@ -374,7 +379,7 @@ def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session
     tokens, start = ids, 0
     for step in range(steps + 1):
         try:
-            got = _run_inplace(session, binding_names, io.inplace_feeds(names, tokens, start, caches))
+            got = _run_inplace(session, binding_names, feeds(names, tokens, start, caches))
         except Exception as exc:  # onnxruntime's own exception types
             raise BuildError(f"{FILE} (the in-place cache graph): onnxruntime cannot run it: "
                              f"{str(exc).strip().splitlines()[0][:300]}") from None

@@ -10,12 +10,13 @@ the next step's inputs. Neither copies the cache through numpy.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from specc.runtime.errors import RunError
 from specc.runtime.graph import Graph, shape_of
+from specc.spec import io
 from specc.spec.io import (
     ATTENTION_MASK,
     cache_length,
@@ -115,3 +116,20 @@ def reorder_cache(graph: Graph, kv: CacheBuffers | None, cache: dict[str, Any], 
     if kv:
         return kv.reorder(rows)
     return {k: graph.value(k, v.numpy()[rows]) for k, v in cache.items()}
+
+
+def inplace_feeds(inputs: Iterable[str], ids, start: int, caches: Mapping[str, Any]) -> dict[str, Any]:
+    """An in-place cache graph's feeds for `ids` [batch, sequence] (numpy int64) at positions
+    start.., every row as long (nothing padded), with its cache buffers `caches`
+    (past_key_values.* -> [batch, kv_heads, max_sequence, head_dim]); `inputs`: the graph's input
+    names (position_ids, attention_mask and token_type_ids (zeros) where it takes them)."""
+    b, t = ids.shape
+    out = {io.INPUT_IDS: ids, io.SEQLENS_K: np.full((b,), start + t - 1, dtype=np.int32),
+           io.TOTAL_SEQUENCE_LENGTH: np.array(start + t, dtype=np.int32), **caches}
+    if io.POSITION_IDS in inputs:
+        out[io.POSITION_IDS] = np.broadcast_to(np.arange(start, start + t, dtype=np.int64), (b, t)).copy()
+    if io.ATTENTION_MASK in inputs:
+        out[io.ATTENTION_MASK] = np.ones((b, start + t), dtype=np.int64)
+    if io.TOKEN_TYPE_IDS in inputs:
+        out[io.TOKEN_TYPE_IDS] = np.zeros((b, t), dtype=np.int64)
+    return out

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Protocol
 import numpy as np
 
 from specc.runtime.arrays import pad_rows
-from specc.runtime.cache import CacheBuffers, empty_cache, reorder_cache, run_cached
+from specc.runtime.cache import CacheBuffers, empty_cache, inplace_feeds, reorder_cache, run_cached
 from specc.runtime.errors import RunError
 from specc.runtime.graph import Graph
 from specc.runtime.inputs import Limits, check_generation
@@ -32,7 +32,6 @@ from specc.spec.io import (
     BATCH,
     MAX_SEQUENCE,
     concrete_dims,
-    inplace_feeds,
     is_past,
     numpy_dtype,
     parse_cache,

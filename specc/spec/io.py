@@ -222,25 +222,6 @@ def empty_cache_dims(dims: Iterable[int | str], batch: int) -> list[int]:
 SEQLENS_K, TOTAL_SEQUENCE_LENGTH, MAX_SEQUENCE = "seqlens_k", "total_sequence_length", "max_sequence"
 
 
-def inplace_feeds(inputs: Iterable[str], ids, start: int, caches: Mapping[str, Any]) -> dict[str, Any]:
-    """An in-place cache graph's feeds for `ids` [batch, sequence] (numpy int64) at positions
-    start.., every row as long (nothing padded), with its cache buffers `caches`
-    (past_key_values.* -> [batch, kv_heads, max_sequence, head_dim]); `inputs`: the graph's input
-    names (position_ids, attention_mask and token_type_ids (zeros) where it takes them)."""
-    import numpy as np
-
-    b, t = ids.shape
-    out = {INPUT_IDS: ids, SEQLENS_K: np.full((b,), start + t - 1, dtype=np.int32),
-           TOTAL_SEQUENCE_LENGTH: np.array(start + t, dtype=np.int32), **caches}
-    if POSITION_IDS in inputs:
-        out[POSITION_IDS] = np.broadcast_to(np.arange(start, start + t, dtype=np.int64), (b, t)).copy()
-    if ATTENTION_MASK in inputs:
-        out[ATTENTION_MASK] = np.ones((b, start + t), dtype=np.int64)
-    if TOKEN_TYPE_IDS in inputs:
-        out[TOKEN_TYPE_IDS] = np.zeros((b, t), dtype=np.int64)
-    return out
-
-
 def positions_from_mask(mask, length: int):
     """Position ids of the last `length` tokens from a [batch, total] 0/1 attention mask: each
     token's count of attended tokens before it, so left padding does not shift positions (padding

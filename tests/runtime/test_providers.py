@@ -181,8 +181,8 @@ def test_session_with_cuda_runs_on_cpu_after_one_notice(fresh, monkeypatch, gpt2
     monkeypatch.setattr(runtime_session, "require_onnxruntime", lambda purpose="": fake)
     s = Session(gpt2, provider="cuda")
     assert s.provider == CPU and s.providers == [CPU]
-    assert fake.opened[1:] == [[CPU]]  # the graph itself is never asked for CUDA
     assert s.run(input_ids=[[1, 2, 3]])["logits"].shape[:2] == (1, 3)
+    assert fake.opened[1:] == [[CPU]]  # the graph itself (opened when run) is never asked for CUDA
     assert Session(gpt2, providers=["CUDA"]).provider == CPU
     captured = capsys.readouterr()
     assert captured.err == NOTICE + "\n" and captured.out == ""
