@@ -18,14 +18,15 @@ import datetime
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-import specc
-from specc.runtime import Session
-from specc.spec.load import loads_spec
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import specc  # noqa: E402
+from gqa_decode import steps  # noqa: E402  (a generation's decode steps, timed)
+from specc.runtime import Session  # noqa: E402
+from specc.spec.load import loads_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "bench-inplace"
@@ -41,12 +42,6 @@ decoder: {{layers: 8, attention: {{heads: 16, kv_heads: {kv}}}, ffn: {{d_ff: 281
 serving: {{length: {{min: 1, opt: 512, max: 4096}}}}
 """
 MODELS = {"MHA": 16, "GQA 16/2": 2}
-
-
-def steps(session: Session, prompt: list[int], new: int) -> list[float]:
-    times: list[float] = []
-    session.generate([prompt], max_new_tokens=new + 1, on_token=lambda step, tokens: times.append(time.perf_counter()))
-    return list(np.diff(times))
 
 
 def main() -> None:
