@@ -19,6 +19,9 @@ compute (windows, ALiBi, relative or bucketed positions, bilinear or additive sc
 heads of unequal key and value widths), gets no in-place graph and the reason in the manifest.
 `check` runs it against model.onnx on a prompt and a few decode steps (docs/build.md).
 
+Where a layer's queries and keys are turned by rotary positions in the half-split form over the
+whole head, GroupQueryAttention turns them (do_rotary) from tables that model.onnx's own rotary
+nodes compute for positions 0..serving.length.max-1 (`_rotary_tables`); other forms keep their nodes.
 Beside the attention, one rewrite for speed: x * Reciprocal(Sqrt(y)) (an RMSNorm as torch.export
 writes it) becomes x / Sqrt(y), the form onnxruntime fuses into SimplifiedLayerNormalization;
 model.onnx keeps torch's form, which its verification against torch holds to fp32's tolerance.
@@ -42,6 +45,7 @@ GRAPH = "model"  # the graph it is made from
 OP = "GroupQueryAttention"
 DOMAIN = "com.microsoft"
 SEQLENS_K, TOTAL_SEQUENCE_LENGTH, MAX_SEQUENCE = io.SEQLENS_K, io.TOTAL_SEQUENCE_LENGTH, io.MAX_SEQUENCE
+ROTARY = "inplace/rotary"  # GroupQueryAttention's rotary tables: ROTARY/K/cos_cache, ROTARY/K/sin_cache
 # ops allowed between the scores' MatMul and the probabilities' MatMul (scale, mask, softmax, reshapes)
 _SCORE_OPS = {"Div", "Mul", "Reshape", "Where", "Add", "Softmax", "Cast"}
 
@@ -79,7 +83,8 @@ def write(root: Path, r: ResolvedSpec, graph_files: dict[str, str]) -> tuple[Pat
     source = graph_files[GRAPH]
     model = onnx.load(str(root / source), load_external_data=False)
     rewrite(model, r)
-    inits = [referenced(t, root, source, t.name) for t in model.graph.initializer]
+    inits = [t if t.name.startswith(ROTARY + "/") else referenced(t, root, source, t.name)
+             for t in model.graph.initializer]
     del model.graph.initializer[:]
     model.graph.initializer.extend(inits)
     path = root / FILE
@@ -108,7 +113,7 @@ def rewrite(model, r: ResolvedSpec) -> None:
         for i in n.input:
             consumers[i].append(n)
     constants = _constants(g)
-    dropped, added, renamed = set(), [], {}
+    dropped, added, renamed, found = set(), [], {}, []
     for layer in layers:
         i, att = layer.index, layer.attention
         key, value = (io.CacheSlot(i, io.SELF, w) for w in (io.KEY, io.VALUE))
@@ -120,20 +125,33 @@ def rewrite(model, r: ResolvedSpec) -> None:
         probs_v = _chain_to(consumers, value.present, ("MatMul",), through=("Unsqueeze",), layer=i)
         query, factor = _query(producer, constants, scores.input[0])
         scale = factor * _score_scale(producer, consumers, constants, scores, probs_v, i)
-        merged = _merged(consumers, probs_v, i)
+        rq, rk = (_rotary(producer, constants, x, att.d_k) for x in (query, k_cat.input[1]))
+        rotary = (rq[0], rk[0], rq[1:]) if rq and rk and rq[1:] == rk[1:] else None  # unturned q, k; (cos, sin)
+        found.append((i, att, key, value, query, k_cat, v_cat, scale, _merged(consumers, probs_v, i), rotary))
+    tables: dict[tuple, tuple | None] = {}  # (cos, sin) -> GroupQueryAttention's tables, where they can be made
+    for rotary in (f[-1] for f in found if f[-1] and f[-1][2] not in tables):
+        tables[rotary[2]] = _rotary_tables(model, producer, rotary[2], r, f"{ROTARY}/{len(tables)}")
+    for i, att, key, value, query, k_cat, v_cat, scale, merged, rotary in found:
+        k_new = k_cat.input[1]
+        turned = tables[rotary[2]] if rotary else None
+        if turned:  # GroupQueryAttention turns the queries and keys itself, from the tables
+            query, k_new = rotary[0], rotary[1]
         q3, k3, v3, out = (f"inplace/{i}/{n}" for n in ("query", "key", "value", "output"))
-        for src, dst in ((query, q3), (k_cat.input[1], k3), (v_cat.input[1], v3)):
+        for src, dst in ((query, q3), (k_new, k3), (v_cat.input[1], v3)):
             added += [helper.make_node("Transpose", [src], [dst + "/bshd"], perm=[0, 2, 1, 3], name=dst + "/transpose"),
                       helper.make_node("Reshape", [dst + "/bshd", "inplace/flat"], [dst], name=dst + "/reshape")]
-        d = att.d_k
-        natural = 1.0 / np.sqrt(d)
-        gqa = helper.make_node(OP, [q3, k3, v3, key.past, value.past, SEQLENS_K, TOTAL_SEQUENCE_LENGTH],
-                               [out, key.present, value.present], domain=DOMAIN, name=f"inplace/{i}/attention",
-                               num_heads=att.heads, kv_num_heads=att.kv_heads,
-                               **({} if abs(scale - natural) <= 1e-6 * natural else {"scale": float(scale)}))
-        added.append(gqa)
+        natural = 1.0 / np.sqrt(att.d_k)
+        attrs = {} if abs(scale - natural) <= 1e-6 * natural else {"scale": float(scale)}
+        inputs = [q3, k3, v3, key.past, value.past, SEQLENS_K, TOTAL_SEQUENCE_LENGTH]
+        if turned:
+            inputs += [t.name for t in turned]
+            attrs.update(do_rotary=1, rotary_interleaved=0)
+        added.append(helper.make_node(OP, inputs, [out, key.present, value.present], domain=DOMAIN,
+                                      name=f"inplace/{i}/attention", num_heads=att.heads, kv_num_heads=att.kv_heads,
+                                      **attrs))
         dropped |= {id(k_cat), id(v_cat)}
         renamed[merged] = out
+    g.initializer.extend(t for pair in tables.values() if pair for t in pair)
     for n in g.node:
         for j, name in enumerate(n.input):
             if name in renamed:
@@ -168,6 +186,103 @@ def _roots_as_divisions(nodes, consumers, producer) -> set[int]:
         mul.input.extend([x, root.output[0]])
         gone.add(id(n))
     return gone
+
+
+def _rotary(producer, constants, name: str, d: int) -> tuple[str, str, str] | None:
+    """(X, COS, SIN) where NAME is X * COS + rotate_half(X) * SIN, rotate_half(X) being
+    Concat(-X[..., d/2:], X[..., :d/2]) on the last axis (rotary positions in the half-split form,
+    over the whole head of width D); None where it is anything else."""
+    add = producer.get(name)
+    if add is None or add.op_type != "Add" or len(add.input) != 2:
+        return None
+    muls = [producer.get(n) for n in add.input]
+    if any(m is None or m.op_type != "Mul" for m in muls):
+        return None
+    for plain, turned in (muls, muls[::-1]):
+        cats = [n for n in turned.input if n in producer and producer[n].op_type == "Concat"]
+        x = _half_turn(producer, constants, producer[cats[0]], d) if len(cats) == 1 else None
+        if x is None or x not in plain.input:
+            continue
+        sin = turned.input[1] if turned.input[0] == cats[0] else turned.input[0]
+        cos = plain.input[1] if plain.input[0] == x else plain.input[0]
+        return x, cos, sin
+    return None
+
+
+def _half_turn(producer, constants, cat, d: int) -> str | None:
+    """X where CAT is Concat(-X[..., d/2:], X[..., :d/2]) on the last axis; None elsewhere."""
+    if _attr(cat, "axis") not in (-1, 3) or len(cat.input) != 2:
+        return None
+    neg, low = (producer.get(n) for n in cat.input)
+    if neg is None or neg.op_type != "Neg" or low is None or low.op_type != "Slice":
+        return None
+    high = producer.get(neg.input[0])
+    if high is None or high.op_type != "Slice" or high.input[0] != low.input[0]:
+        return None
+    if _last_axis_slice(constants, high, d) != (d // 2, d) or _last_axis_slice(constants, low, d) != (0, d // 2):
+        return None
+    return low.input[0]
+
+
+def _last_axis_slice(constants, node, d: int) -> tuple[int, int] | None:
+    """(start, end) of a Slice with constant bounds, step 1, on the last axis of a tensor whose last
+    dim is D (an end past it read as D); None for any other Slice."""
+    bounds = [constants.get(n) for n in node.input[1:]]
+    if len(bounds) < 3 or any(b is None or b.size != 1 for b in bounds):
+        return None
+    start, end, axis, *step = (int(b.reshape(-1)[0]) for b in bounds)
+    if axis not in (-1, 3) or step not in ([], [1]):
+        return None
+    return start, min(end, d)
+
+
+def _rotary_tables(model, producer, pair: tuple[str, str], r: ResolvedSpec, prefix: str) -> tuple | None:
+    """GroupQueryAttention's cos_cache and sin_cache (PREFIX/cos_cache, PREFIX/sin_cache),
+    [serving.length.max, head_dim / 2] in the cache's type, for the (COS, SIN) PAIR the graph's own
+    rotary nodes multiply by, where the graph computes them from position_ids alone: those nodes of
+    model.onnx run on positions 0.., so the tables hold the graph's own values. None where not (the
+    layers keep their rotary nodes)."""
+    import onnx
+    from onnx import helper
+
+    cos, sin = pair
+    g = model.graph
+    inputs = {v.name: v for v in g.input}
+    inits = {t.name: t for t in g.initializer}
+    seen, read, stack = set(), set(), [cos, sin]
+    while stack:
+        name = stack.pop()
+        if name in seen or name == "":
+            continue
+        seen.add(name)
+        if name in inputs:
+            read.add(name)
+        elif name not in inits:
+            if name not in producer:
+                return None
+            stack.extend(producer[name].input)
+    used = [inits[n] for n in seen if n in inits]
+    if read != {io.POSITION_IDS} or any(t.data_location == onnx.TensorProto.EXTERNAL for t in used):
+        return None
+    nodes = [n for n in g.node if any(o in seen for o in n.output)]
+    sub = helper.make_model(helper.make_graph(nodes, "rotary", [inputs[io.POSITION_IDS]],
+                                              [helper.ValueInfoProto(name=cos), helper.ValueInfoProto(name=sin)],
+                                              initializer=used), opset_imports=model.opset_import)
+    ort = require_onnxruntime("making the in-place graph's rotary tables")
+    session = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])
+    positions = r.serving.length.max
+    c, s = session.run(None, {io.POSITION_IDS: np.arange(positions, dtype=np.int64)[None]})
+    d = c.shape[-1]
+    if c.size != positions * d or s.shape != c.shape or d % 2:
+        return None
+    c, s = c.reshape(positions, d), s.reshape(positions, d)
+    half = d // 2
+    if not (np.array_equal(c[:, :half], c[:, half:]) and np.array_equal(s[:, :half], s[:, half:])):
+        return None  # not one angle per pair of halves
+    past = next(v for v in g.input if io.is_past(v.name))
+    dtype = helper.tensor_dtype_to_np_dtype(past.type.tensor_type.elem_type)
+    return tuple(onnx.numpy_helper.from_array(np.ascontiguousarray(t[:, :half].astype(dtype)), f"{prefix}/{name}")
+                 for t, name in ((c, "cos_cache"), (s, "sin_cache")))
 
 
 def _chain_to(consumers, start: str, ops: tuple, through: tuple, layer: int):

@@ -77,6 +77,32 @@ def test_the_inplace_runner_logits_match_the_model_graph_and_its_cache_is_writte
     assert Session(result.out_dir).graphs._opened == {}  # nothing is opened before it is used
 
 
+@pytest.mark.parametrize("text,turned", [
+    ("extends: tiny-llama", 2),  # the graph's rotary nodes become GroupQueryAttention's do_rotary
+    ("extends: tiny-llama\nposition: {scaling: {kind: llama3, factor: 8.0, low_freq_factor: 1.0, "
+     "high_freq_factor: 4.0, original_max_length: 16}}", 2),  # the tables hold the graph's scaled angles
+    ("extends: tiny-llama\ndecoder: {overrides: [{every: 2, first: 1, rotary_base: 500.0}]}", 2),  # a table each
+    ("extends: tiny-llama\nposition: {fraction: 0.5}", 0),  # half of each head turns: the graph's own nodes
+    ("extends: tiny-llama\nposition: {layout: interleaved}", 0),
+])
+def test_rotary_positions_turned_by_groupqueryattention_match_the_model_graph_far_along(tmp_path, text, turned):
+    result = _build(tmp_path, text)
+    graph = onnx.load(str(result.out_dir / inplace.FILE), load_external_data=False).graph
+    nodes = [n for n in graph.node if n.op_type == inplace.OP]
+    assert sum(any(a.name == "do_rotary" and a.i == 1 for a in n.attribute) for n in nodes) == turned
+    assert any(n.op_type == "Neg" for n in graph.node) == (turned == 0)  # no rotate_half left where turned
+    tables = {t.name for t in graph.initializer if t.name.startswith(inplace.ROTARY)}
+    assert len(tables) == (4 if "rotary_base" in text else 2 if turned else 0)
+    s = Session(result.out_dir)
+    from specc.runtime import generate as g
+
+    ids = list(np.random.default_rng(1).integers(0, 1000, 60))
+    runner = g.InplaceRunner(s, [ids[:20]], new=40)
+    seen = [runner.prefill()[0]] + [runner.step(np.array([t]))[0] for t in ids[20:59]]
+    full = s.run(input_ids=[ids[:59]])["logits"][0]
+    np.testing.assert_allclose(np.stack(seen), full[19:59], atol=2e-5, rtol=1e-5)
+
+
 def test_a_padded_batch_and_beams_use_the_model_graph(tmp_path):
     result = _build(tmp_path, "extends: tiny-llama")
     fast, plain = Session(result.out_dir), Session(result.out_dir, inplace=False)
@@ -106,10 +132,24 @@ def test_encoders_and_encoder_decoders_have_none(tmp_path):
     assert json.loads((result.out_dir / "manifest.json").read_text()).get("inplace") is None
 
 
-def test_a_wrong_inplace_graph_fails_the_build_and_leaves_nothing(tmp_path, monkeypatch):
-    """A planted defect: the scores scaled twice over in the rewritten graph."""
-    real = inplace._score_scale
-    monkeypatch.setattr(inplace, "_score_scale", lambda *a: 2.0 * real(*a))
+def _rotary_one_position_late(real):
+    def tables(*a):
+        out = real(*a)
+        for t in out:  # each position given the angles of the one before
+            v = onnx.numpy_helper.to_array(t)
+            t.CopyFrom(onnx.numpy_helper.from_array(np.roll(v, 1, axis=0), t.name))
+        return out
+    return tables
+
+
+@pytest.mark.parametrize("defect", ["scores scaled twice", "rotary tables one position late"])
+def test_a_wrong_inplace_graph_fails_the_build_and_leaves_nothing(tmp_path, monkeypatch, defect):
+    """Planted defects in the rewritten graph."""
+    if defect == "scores scaled twice":
+        real = inplace._score_scale
+        monkeypatch.setattr(inplace, "_score_scale", lambda *a: 2.0 * real(*a))
+    else:
+        monkeypatch.setattr(inplace, "_rotary_tables", _rotary_one_position_late(inplace._rotary_tables))
     with pytest.raises(VerificationError, match="inplace.onnx"):
         _build(tmp_path, "extends: tiny-llama")
     assert not (tmp_path / "b").exists()
