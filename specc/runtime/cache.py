@@ -118,18 +118,23 @@ def reorder_cache(graph: Graph, kv: CacheBuffers | None, cache: dict[str, Any], 
     return {k: graph.value(k, v.numpy()[rows]) for k, v in cache.items()}
 
 
-def inplace_feeds(inputs: Iterable[str], ids, start: int, caches: Mapping[str, Any]) -> dict[str, Any]:
+def inplace_feeds(inputs: Iterable[str], ids, start, caches: Mapping[str, Any]) -> dict[str, Any]:
     """An in-place cache graph's feeds for `ids` [batch, sequence] (numpy int64) at positions
-    start.., every row as long (nothing padded), with its cache buffers `caches`
-    (past_key_values.* -> [batch, kv_heads, max_sequence, head_dim]); `inputs`: the graph's input
-    names (position_ids, attention_mask and token_type_ids (zeros) where it takes them)."""
+    start.. (an int, or one per row [batch]: rows of different lengths, each left-aligned in its
+    cache), nothing padded, with its cache buffers `caches` (past_key_values.* -> [batch,
+    kv_heads, max_sequence, head_dim]); `inputs`: the graph's input names (position_ids,
+    attention_mask and token_type_ids (zeros) where it takes them; attention_mask only for rows of
+    one length)."""
     b, t = ids.shape
-    out = {io.INPUT_IDS: ids, io.SEQLENS_K: np.full((b,), start + t - 1, dtype=np.int32),
-           io.TOTAL_SEQUENCE_LENGTH: np.array(start + t, dtype=np.int32), **caches}
+    starts = np.broadcast_to(np.asarray(start, dtype=np.int64), (b,))
+    out = {io.INPUT_IDS: ids, io.SEQLENS_K: (starts + t - 1).astype(np.int32),
+           io.TOTAL_SEQUENCE_LENGTH: np.array(starts.max() + t, dtype=np.int32), **caches}
     if io.POSITION_IDS in inputs:
-        out[io.POSITION_IDS] = np.broadcast_to(np.arange(start, start + t, dtype=np.int64), (b, t)).copy()
+        out[io.POSITION_IDS] = starts[:, None] + np.arange(t, dtype=np.int64)[None, :]
     if io.ATTENTION_MASK in inputs:
-        out[io.ATTENTION_MASK] = np.ones((b, start + t), dtype=np.int64)
+        if (starts != starts[0]).any():
+            raise RunError("an in-place graph that takes attention_mask runs rows of one length only")
+        out[io.ATTENTION_MASK] = np.ones((b, int(starts[0]) + t), dtype=np.int64)
     if io.TOKEN_TYPE_IDS in inputs:
         out[io.TOKEN_TYPE_IDS] = np.zeros((b, t), dtype=np.int64)
     return out

@@ -6,7 +6,7 @@ request threads, the tests drive it directly.
     submit(request, sink) --> waiting (FIFO, at most max_waiting; one more: Busy, HTTP 503)
        | admitted when a place and the cache budget allow, in order of arrival
        v
-    prefill alone (batch 1, an empty cache: exactly what Session.generate runs for one prompt)
+    prefill alone (batch 1, an empty cache: what Session.generate runs for one prompt)
        | its first token to the sink; its cache joins the block
        v
     each iteration: ONE decode step [B, 1] for all B active sequences -> one token each
@@ -14,19 +14,27 @@ request threads, the tests drive it directly.
        v
     the block is compacted (rows that left dropped, columns no row needs any more dropped)
 
-The cache block, one per growing present.* output, [B, H, T, Dh] with T the longest row: row i
-holds its own l_i positions right-aligned (columns T - l_i .. T - 1), zeros before them, and
-the step's attention_mask is 0 on that left padding. Positions are counted from the mask
-(specc/spec/io.py's positions_from_mask), so row i's next token sits at position l_i whatever
-the padding: the left padding of Session.generate's ragged batches, on a batch whose rows
+The cache block, where the build has an in-place cache graph (specc/export/inplace.py; a
+decoder whose attention onnxruntime's GroupQueryAttention computes): InplaceBlock, one buffer per
+layer's cache [B, H, T, Dh], row i's l_i positions left-aligned and T the longest final length of
+its rows. A step binds each buffer as both past and present, and row i's new position is written
+at its own column l_i (seqlens_k), in place: a step copies nothing, and each row attends to its own
+positions alone, so nothing is masked.
+
+Otherwise CacheBlock over model.onnx, one per growing present.* output, [B, H, T, Dh] with T the
+longest row: row i holds its own l_i positions right-aligned (columns T - l_i .. T - 1), zeros
+before them, and the step's attention_mask is 0 on that left padding. Positions are counted from
+the mask (specc/spec/io.py's positions_from_mask), so row i's next token sits at position l_i
+whatever the padding: the left padding of Session.generate's ragged batches, on a batch whose rows
 start at different times. A step reads the block as past_key_values.* and onnxruntime writes
-present.* into the other of two buffers (as specc/runtime/cache.py's CacheBuffers); a row that
-joins or leaves makes one copy of the block into the other buffer, the cost of one step's own
-past + new concatenation.
+present.* into the other of two buffers (as specc/runtime/cache.py's CacheBuffers), a copy of the
+block every step.
+
+Either way a row that joins or leaves makes one copy of the block into new buffers.
 
 Limits (GenerationLimits, from serving.generation and `specc serve`'s flags): max_sequences rows
 at once; max_cache_tokens positions of the block, counted as it is held (rows x the longest
-row, padding included), reserved at admission for every row's final length (prompt +
+row, padding included; an InplaceBlock: rows x the longest final length), reserved at admission for every row's final length (prompt +
 max_tokens), so a running block never outgrows its budget; max_waiting requests queued. A
 request that could never fit (its own prompt + max_tokens past the budget or the context) is
 refused at once (RunError, HTTP 400); one that cannot fit now waits.
@@ -45,7 +53,7 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from specc.runtime.cache import empty_cache
+from specc.runtime.cache import empty_cache, inplace_feeds
 from specc.runtime.errors import RunError
 from specc.runtime.generate import Model, lm_output, sample
 from specc.runtime.graph import Graph
@@ -58,8 +66,10 @@ from specc.spec.io import (
     TOKEN_TYPE_IDS,
     cache_length,
     is_growing,
+    is_past,
     is_present,
     numpy_dtype,
+    parse_cache,
     positions_from_mask,
     present_to_past,
 )
@@ -170,9 +180,10 @@ class CacheBlock:
     cache of W positions (spec/io.py) has views of min(W, T) columns, the last ones of the
     block's. Buffers grow on demand, never past `max_positions` x H x Dh."""
 
-    def __init__(self, graph: Graph, max_positions: int):
+    def __init__(self, graph: Graph, max_positions: int, logits: str):
         self.graph = graph
         self.max_positions = max_positions
+        self.logits = logits
         self.shapes: dict[str, tuple[int, int, str]] = {}  # present name -> (H, Dh, dtype)
         self.dims: dict[str, tuple] = {}  # present name -> its signature dims
         for name, t in graph.output_sig.items():
@@ -183,9 +194,51 @@ class CacheBlock:
         self.turn = 0  # the buffer the next views come from
         self.current: dict[str, np.ndarray] = {}  # views holding the block now
         self.rows, self.length = 0, 0
+        self._lengths = np.zeros(0, dtype=np.int64)  # each row's positions
 
     def bytes_per_position(self) -> int:
         return sum(h * d * np.dtype(dt).itemsize for h, d, dt in self.shapes.values())
+
+    @property
+    def held(self) -> int:
+        """Positions the block holds: rows x the longest row."""
+        return self.rows * self.length
+
+    def prefill(self, ids: np.ndarray) -> tuple[dict, np.ndarray]:
+        """One prompt [1, p] alone, an empty cache (Session.generate's prefill of one prompt): its
+        present.* [1, H, p, Dh] and its last position's logits [1, V]."""
+        feeds = self._feeds(ids, np.ones_like(ids))
+        feeds.update(empty_cache(self.graph, 1))
+        out = self.graph.run(feeds)
+        return {name: out[name].numpy() for name in self.shapes}, out[self.logits].numpy()[:, -1, :]
+
+    def step(self, ids: np.ndarray) -> np.ndarray:
+        """One decode step [B, 1], each row's token at its own position (the mask's): the rows'
+        logits [B, V]; the block grows by a column. RunError leaves the block as it was."""
+        lengths = self._lengths
+        mask = (np.arange(self.length + 1)[None, :] >= (self.length - lengths)[:, None]).astype(np.int64)
+        feeds = self._feeds(ids, mask)
+        feeds.update(self.past())
+        into = self.next(self.rows, self.length + 1)
+        out = self.graph.run(feeds, into=into)
+        self.hold(into, self.length + 1)
+        self._lengths = lengths + 1
+        return out[self.logits].numpy()[:, -1, :]
+
+    def regroup(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]]) -> None:
+        """The rows `keep` ((row index, positions, final length)) and then `joining` ((its prefill's
+        present.*, positions, final length)), in one copy."""
+        length = max([n for _, n, _ in keep] + [n for _, n, _ in joining], default=0)
+        self.relayout([(i, n) for i, n, _ in keep], [(p, n) for p, n, _ in joining], length)
+        self._lengths = np.array([n for _, n, _ in keep] + [n for _, n, _ in joining], dtype=np.int64)
+
+    def _feeds(self, ids: np.ndarray, mask: np.ndarray) -> dict:
+        feeds = {INPUT_IDS: ids, ATTENTION_MASK: mask}
+        if POSITION_IDS in self.graph.inputs:
+            feeds[POSITION_IDS] = positions_from_mask(mask, ids.shape[1])
+        if TOKEN_TYPE_IDS in self.graph.inputs:
+            feeds[TOKEN_TYPE_IDS] = np.zeros_like(ids)
+        return feeds
 
     def next(self, rows: int, length: int) -> dict[str, np.ndarray]:
         """Views [rows, H, length, Dh] (a window cache's: min(W, length) columns) of the buffer
@@ -237,6 +290,66 @@ class CacheBlock:
             self.current, self.rows, self.length = {}, 0, 0
 
 
+class InplaceBlock:
+    """The block of a build's in-place cache graph (specc/export/inplace.py): one buffer per
+    past_key_values.* [B, H, T, Dh], row i's l_i positions left-aligned (columns 0 .. l_i - 1) and
+    T the longest final length (prompt + max_tokens) of its rows. A step binds each buffer as both
+    past and present and GroupQueryAttention writes row i's new position at column l_i (its
+    seqlens_k), reading only its own l_i + 1: nothing is copied and nothing is masked. A row that
+    joins or leaves makes one copy of the block into new buffers."""
+
+    def __init__(self, graph: Graph, logits: str):
+        self.graph = graph
+        self.logits = logits
+        self.shapes: dict[str, tuple[int, int, str]] = {}  # past name -> (H, Dh, dtype)
+        for name, t in graph.inputs.items():
+            if is_past(name):
+                _, h, _, d = t.dims
+                self.shapes[name] = (h, d, numpy_dtype(t.dtype))
+        self.current: dict[str, np.ndarray] = {}  # past name -> [B, H, T, Dh]
+        self.into: dict[str, np.ndarray] = {}  # present name -> the same buffer
+        self.rows, self.capacity = 0, 0
+        self._lengths = np.zeros(0, dtype=np.int64)
+
+    @property
+    def held(self) -> int:
+        """Positions the block holds: rows x its columns (the longest final length)."""
+        return self.rows * self.capacity
+
+    def _buffers(self, rows: int, columns: int) -> tuple[dict, dict]:
+        caches = {name: np.zeros((rows, h, columns, d), dtype) for name, (h, d, dtype) in self.shapes.items()}
+        return caches, {parse_cache(name)[1].present: buf for name, buf in caches.items()}
+
+    def prefill(self, ids: np.ndarray) -> tuple[dict, np.ndarray]:
+        """One prompt [1, p] alone into buffers of its own [1, H, p, Dh]: those, and its last
+        position's logits [1, V]."""
+        caches, into = self._buffers(1, ids.shape[1])
+        out = self.graph.run(inplace_feeds(self.graph.inputs, ids, 0, caches), into=into)
+        return caches, out[self.logits].numpy()[:, -1, :]
+
+    def step(self, ids: np.ndarray) -> np.ndarray:
+        """One decode step [B, 1], row i's token at position l_i, written in place: the rows'
+        logits [B, V]."""
+        out = self.graph.run(inplace_feeds(self.graph.inputs, ids, self._lengths, self.current), into=self.into)
+        self._lengths = self._lengths + 1
+        return out[self.logits].numpy()[:, -1, :]
+
+    def regroup(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]]) -> None:
+        """The rows `keep` ((row index, positions, final length)) and then `joining` ((its prefill's
+        buffers, positions, final length)), left-aligned in new buffers of the longest final length."""
+        rows = [(self.current, i, n, need) for i, n, need in keep] + [(b, 0, n, need) for b, n, need in joining]
+        self.rows, self.capacity = len(rows), max((need for *_, need in rows), default=0)
+        if not rows:
+            self.current, self.into, self._lengths = {}, {}, np.zeros(0, dtype=np.int64)
+            return
+        caches, into = self._buffers(self.rows, self.capacity)
+        for name, block in caches.items():
+            for j, (source, i, n, _) in enumerate(rows):
+                block[j, :, :n] = source[name][i, :, :n]
+        self.current, self.into = caches, into
+        self._lengths = np.array([n for _, _, n, _ in rows], dtype=np.int64)
+
+
 class Scheduler:
     """Continuous batching over a decoder build (a Session, or anything with `graphs`, `info`
     and `limits`). submit() from any thread; the work happens in step(), called by one thread:
@@ -247,14 +360,18 @@ class Scheduler:
         if info.architecture != "decoder" or "model" not in model.graphs:
             raise RunError("server-side generation needs a decoder build (an encoder-decoder's decoder "
                            "graph takes no mask for its own cache, so its rows cannot share a step)")
-        self.graph = model.graphs["model"]
-        if ATTENTION_MASK not in self.graph.inputs:
-            raise RunError("server-side generation needs a decoder graph that takes attention_mask")
         self.model = model
         self.info = info
         self.logits_name = lm_output(info)
         self.limits = limits or GenerationLimits.of(info)
-        self.block = CacheBlock(self.graph, self.limits.max_cache_tokens)
+        inplace = getattr(model, "inplace", None)
+        if inplace is not None and ATTENTION_MASK not in inplace.inputs:
+            self.block: CacheBlock | InplaceBlock = InplaceBlock(inplace, self.logits_name)
+        else:
+            graph = model.graphs["model"]
+            if ATTENTION_MASK not in graph.inputs:
+                raise RunError("server-side generation needs a decoder graph that takes attention_mask")
+            self.block = CacheBlock(graph, self.limits.max_cache_tokens, self.logits_name)
         self._lock = threading.Condition()
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._active: list[_Sequence] = []
@@ -384,7 +501,7 @@ class Scheduler:
             self._regroup([])
         with self._lock:
             self.stats.active = len(self._active)
-            self.stats.cache_positions = self.block.rows * self.block.length
+            self.stats.cache_positions = self.block.held
             return bool(self._waiting or self._active)
 
     # --- admission ---------------------------------------------------------------------------------
@@ -402,49 +519,30 @@ class Scheduler:
 
     # --- the graph calls ------------------------------------------------------------------------------
 
-    def _feeds(self, ids: np.ndarray, mask: np.ndarray) -> dict:
-        feeds = {INPUT_IDS: ids, ATTENTION_MASK: mask}
-        if POSITION_IDS in self.graph.inputs:
-            feeds[POSITION_IDS] = positions_from_mask(mask, ids.shape[1])
-        if TOKEN_TYPE_IDS in self.graph.inputs:
-            feeds[TOKEN_TYPE_IDS] = np.zeros_like(ids)
-        return feeds
-
     def _prefill(self, seq: _Sequence) -> bool:
         """The prompt alone, batch 1, an empty cache: Session.generate's prefill of one prompt.
         Its first token goes to the sink; False if the sequence ended there."""
         ids = np.asarray([seq.request.ids], dtype=np.int64)
-        feeds = self._feeds(ids, np.ones_like(ids))
-        feeds.update(empty_cache(self.graph, 1))
         try:
-            out = self.graph.run(feeds)
+            seq.present, logits = self.block.prefill(ids)
         except RunError as exc:
             self._end(seq, ERROR, str(exc))
             return False
         self.stats.prefills += 1
-        seq.present = {name: out[name].numpy() for name in self.block.shapes}
         seq.length = ids.shape[1]
-        return self._emit(seq, out[self.logits_name].numpy()[:, -1, :])
+        return self._emit(seq, logits)
 
     def _decode(self) -> None:
         """One step [B, 1] for every active row: each row's last token at its own position."""
-        rows, length = self.block.rows, self.block.length
-        lengths = np.array([s.length for s in self._active])
-        mask = (np.arange(length + 1)[None, :] >= (length - lengths)[:, None]).astype(np.int64)  # [B, T + 1]
         ids = np.array([[s.last] for s in self._active], dtype=np.int64)
-        feeds = self._feeds(ids, mask)
-        feeds.update(self.block.past())
-        into = self.block.next(rows, length + 1)
         try:
-            out = self.graph.run(feeds, into=into)
+            logits = self.block.step(ids)
         except RunError as exc:  # every row of the step fails alike
             for seq in self._active:
                 self._end(seq, ERROR, str(exc))
-            self.block.relayout([], [], 0)
+            self.block.regroup([], [])
             return
-        self.block.hold(into, length + 1)
         self.stats.steps += 1
-        logits = out[self.logits_name].numpy()[:, -1, :]
         for i, seq in enumerate(self._active):
             seq.length += 1
             if seq.ended is None:
@@ -489,8 +587,7 @@ class Scheduler:
         if len(keep) == len(self._active) and not joining:
             return
         rows = [s for _, s in keep] + joining
-        length = max((s.length for s in rows), default=0)
-        self.block.relayout([(i, s.length) for i, s in keep], [(s.present, s.length) for s in joining], length)
+        self.block.regroup([(i, s.length, s.need) for i, s in keep], [(s.present, s.length, s.need) for s in joining])
         for s in joining:
             s.present = None
         with self._lock:

@@ -19,12 +19,15 @@ from specc.runtime.scheduler import (
     Busy,
     GenerationLimits,
     GenerationRequest,
+    InplaceBlock,
     Scheduler,
 )
 
 pytest.importorskip("onnxruntime")
 
-DECODERS = ["tiny-gpt2", "tiny-llama", "tiny-llama-window"]
+# the first two through their in-place cache graphs, "/model" through model.onnx (Session(inplace=False)),
+# the windowed one through model.onnx (GroupQueryAttention computes no windows)
+DECODERS = ["tiny-gpt2", "tiny-llama", "tiny-llama/model", "tiny-llama-window"]
 
 # tiny-llama with sliding windows of 6 in layers 0 and 2 (layer 1 global): window caches that the
 # test's prompts (up to 30 tokens) and generations outgrow
@@ -43,10 +46,12 @@ decoder:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """name -> Session, built once under the session's base temp dir (shared with the other
-    runtime test modules, which build the same specs there)."""
+    runtime test modules, which build the same specs there); NAME/model: without its in-place graph."""
     done: dict = {}
 
     def get(name: str) -> Session:
+        if name.endswith("/model"):
+            return Session(get(name.removesuffix("/model")).dir, inplace=False)
         if name not in done:
             root = tmp_path_factory.getbasetemp() / "specc-runtime-builds"
             spec = name
@@ -102,6 +107,7 @@ def test_concurrent_requests_decoded_together_equal_each_alone(built, name):
     session = built(name)
     reqs = requests(0, 24, session.info.vocab_size, session.limits.context)
     scheduler = Scheduler(session, GenerationLimits(max_sequences=4, max_cache_tokens=4 * 128, max_waiting=100))
+    assert isinstance(scheduler.block, InplaceBlock) == (name in ("tiny-gpt2", "tiny-llama"))
     sinks = [Sink() for _ in reqs]
     scheduler.start()
     try:
@@ -147,10 +153,11 @@ def test_sampled_requests_with_a_seed_equal_each_alone(built):
         assert s.tokens == want and s.reason == LENGTH
 
 
-def test_the_block_never_holds_more_than_its_limits(built):
-    """max_sequences rows at most; rows x the longest row within max_cache_tokens at every step,
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-gpt2/model"])
+def test_the_block_never_holds_more_than_its_limits(built, name):
+    """max_sequences rows at most; the positions held within max_cache_tokens at every step,
     and its buffers never larger; requests wait (FIFO) rather than overflow it."""
-    session = built("tiny-gpt2")
+    session = built(name)
     limits = GenerationLimits(max_sequences=3, max_cache_tokens=150, max_waiting=100)
     scheduler = Scheduler(session, limits)
     reqs = requests(2, 12, session.info.vocab_size, 70)
@@ -160,10 +167,11 @@ def test_the_block_never_holds_more_than_its_limits(built):
     most_rows = most_cells = 0
     while scheduler.step():
         block = scheduler.block
-        most_rows, most_cells = max(most_rows, block.rows), max(most_cells, block.rows * block.length)
-        for turn in block.buffers:
-            for name, buf in turn.items():
-                h, d, _ = block.shapes[name]
+        most_rows, most_cells = max(most_rows, block.rows), max(most_cells, block.held)
+        held = [block.current] if isinstance(block, InplaceBlock) else block.buffers
+        for turn in held:
+            for buf_name, buf in turn.items():
+                h, d, _ = block.shapes[buf_name]
                 assert buf.size <= limits.max_cache_tokens * h * d
     assert most_rows <= 3 and most_cells <= 150
     assert most_rows >= 2  # it did batch
