@@ -9,7 +9,9 @@ present) and reads it again in the attention. inplace.onnx takes each layer's ca
     inputs   input_ids, position_ids (where model.onnx takes them), past_key_values.N.key/value
              (the buffers), seqlens_k int32 [batch] (positions in the cache after this call,
              minus one), total_sequence_length int32 scalar (positions after this call)
-    outputs  model.onnx's, present.N.key/value bound by the runtime to the past's own buffers
+    outputs  model.onnx's, present.N.key/value bound by the runtime to the past's own buffers; the
+             LM output holds each row's last position alone, [batch, 1, vocab] (generation reads
+             no other, and a prompt's LM head is then one position's product, not the prompt's)
 
 What it computes is model.onnx's on rows that are not padded: GroupQueryAttention masks the
 future, not padding, so it runs a batch whose rows all have the same length (a single prompt,
@@ -161,12 +163,52 @@ def rewrite(model, r: ResolvedSpec) -> None:
             raise Unfit(f"the attention's output {o.name} is a graph output")
     flat = helper.make_tensor("inplace/flat", TensorProto.INT64, [3], [0, 0, -1])
     dropped |= _roots_as_divisions(g.node, consumers, producer)
+    added += _last_position_logits(g, producer, constants, _lm_output(r))
     kept = [n for n in g.node if id(n) not in dropped] + added
     g.initializer.append(flat)
     _set_nodes(g, _live(_sorted(kept, g), g))
     _set_inputs(g, r)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+def _lm_output(r: ResolvedSpec) -> str:
+    return next(o.name for o in r.graph(GRAPH).outputs if not io.is_present(o.name))
+
+
+def _last_position_logits(g, producer, constants, lm: str) -> list:
+    """The LM head made to read each row's last position alone (generation reads no other): a
+    Slice of that position before the head's product, and the LM output's sequence dim 1. Only the
+    product and what follows it per position (a constant bias, scale or soft cap) lie between;
+    anything else leaves the graph as it is. Returns the node to add (none where it is left)."""
+    from onnx import TensorProto, helper
+
+    name = lm
+    for _ in range(8):
+        node = producer.get(name)
+        if node is None:
+            return []
+        if node.op_type in ("MatMul", "MatMulNBits"):
+            break
+        constant_other = len(node.input) == 2 and (node.input[1] in constants or _is_initializer(g, node.input[1]))
+        if node.op_type not in ("Tanh", "Cast") and not (node.op_type in ("Add", "Mul", "Div") and constant_other):
+            return []
+        name = node.input[0]
+    else:
+        return []
+    last = f"inplace/{lm}/last_position"
+    g.initializer.extend([helper.make_tensor(f"{last}/{k}", TensorProto.INT64, [1], [v])
+                          for k, v in (("starts", -1), ("ends", 2**63 - 1), ("axes", 1))])
+    slice_node = helper.make_node("Slice", [node.input[0], f"{last}/starts", f"{last}/ends", f"{last}/axes"], [last],
+                                  name=last)
+    node.input[0] = last
+    out = next(o for o in g.output if o.name == lm)
+    out.type.tensor_type.shape.dim[1].dim_value = 1  # clears the dim's name
+    return [slice_node]
+
+
+def _is_initializer(g, name: str) -> bool:
+    return any(t.name == name for t in g.initializer)
 
 
 def _roots_as_divisions(nodes, consumers, producer) -> set[int]:
@@ -463,7 +505,7 @@ def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session
     prompt = min(prompt, longest - steps)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, r.input_vocab_size("decoder"), (1, prompt), dtype=np.int64)
-    lm = next(o.name for o in r.graph(GRAPH).outputs if not io.is_present(o.name))
+    lm = _lm_output(r)
 
     session = open_session(root / graph_files[GRAPH], GRAPH)
     names = {t.name: t for t in session.get_inputs()}
@@ -479,7 +521,7 @@ def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session
         if io.TOKEN_TYPE_IDS in names:
             f[io.TOKEN_TYPE_IDS] = np.zeros_like(tokens)
         out = dict(zip([o.name for o in session.get_outputs()], session.run(None, f)))
-        want.append(out[lm])
+        want.append(out[lm][:, -1:])  # the in-place graph's logits are the last position's
         past = io.present_to_past({k: v for k, v in out.items() if io.is_present(k)})
         tokens = out[lm][:, -1:].argmax(-1).astype(np.int64)
         chosen.append(tokens)
