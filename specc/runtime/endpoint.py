@@ -32,6 +32,7 @@ finish_reason and the counts; without `stream`, one response holds it all.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,54 @@ class TextCodec:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
+
+
+_JSON_WORDS = {"text": "a string", "texts": "a string or an array of strings", "ids": "an array of token ids "
+               "(integers) or one", "int": "an integer", "float": "a number", "bool": "true or false"}
+_JSON_NAMES = {str: "a string", list: "an array", dict: "an object", bool: "a boolean", int: "an integer",
+               float: "a number", type(None): "null"}
+
+
+def check_body(body: bytes) -> None:
+    """A generate request's JSON body (Triton's generate extension), checked as far as Triton's HTTP
+    frontend reads it before the model does: UTF-8 JSON, an object, each field's value of its JSON
+    type (a scalar field's value alone or in an array of one, as Triton takes it). RunError with
+    one line where not (Triton would answer those 500); unknown keys and values out of range are
+    parse()'s."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunError(f"the request body is not UTF-8 text (byte {exc.start}: {body[exc.start:exc.start + 1]!r})") from None
+    try:
+        request = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunError(f"the request body is not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(request, dict):
+        raise RunError(f"the request body is {_JSON_NAMES.get(type(request), 'a value')}; the generate endpoint takes a "
+                       "JSON object of its fields")
+    fields = {f.name: f for f in INPUTS}
+    for key, value in request.items():
+        field = fields.get(key)
+        if field is not None and not _json_fits(field.kind, value):
+            raise RunError(f"{key}: expected {_JSON_WORDS[field.kind]}, got {_json_shown(value)}")
+
+
+def _json_fits(kind: str, value: Any) -> bool:
+    def one(v: Any) -> bool:
+        if kind in ("int", "ids"):
+            return isinstance(v, int) and not isinstance(v, bool)
+        if kind == "float":
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        return isinstance(v, bool) if kind == "bool" else isinstance(v, str)
+
+    if kind in ("ids", "texts"):  # arrays, or one value alone
+        return (isinstance(value, list) and all(one(v) for v in value)) or one(value)
+    return one(value) or (isinstance(value, list) and len(value) == 1 and one(value[0]))
+
+
+def _json_shown(value: Any) -> str:
+    text = json.dumps(value)
+    return f"{_JSON_NAMES.get(type(value), 'a value')} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def _values(name: str, value: Any) -> np.ndarray:

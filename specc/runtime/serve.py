@@ -17,6 +17,11 @@ one line, never a traceback, and the other requests of its dynamic batch run as 
 alone would answer 500 with the tracebacks of two processes, so the model file PyTriton hands
 Triton gets a short addition (STUB_ADDITION) that turns a refusal into the request's error.
 
+The HTTP port is specc/runtime/front.py's: it checks a generate request's body (JSON, and each
+field's JSON type: Triton's HTTP frontend would answer those mistakes 500) and hands every request
+to Triton's own HTTP frontend on a loopback port, unchanged, its answers streamed back as they
+come. gRPC and metrics are Triton's own ports.
+
 PyTriton needs numpy < 2, so it lives in its own environment (`make install-serve`, the `serve`
 extra). The server's Python backend stub links against libpython: on interpreters built outside
 the system's (pyenv, conda) the server is started with the interpreter's lib folder on
@@ -46,6 +51,7 @@ from specc.runtime import endpoint
 from specc.runtime.cache import empty_cache
 from specc.runtime.endpoint import TextCodec, TextStream
 from specc.runtime.errors import RunError
+from specc.runtime.front import Front
 from specc.runtime.graph import Graph
 from specc.runtime.inputs import Limits, check_feeds
 from specc.runtime.scheduler import ERROR, STOP, Busy, GenerationLimits, Scheduler, Stats
@@ -527,13 +533,16 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     batching = rule.dynamic_batching(info.batch.opt, info.batch.max)
     os.environ["LD_LIBRARY_PATH"] = _library_path()
     log = None if verbose else Path(tempfile.gettempdir()) / f"specc-serve-{os.getpid()}.log"
-    config = TritonConfig(http_address=host, http_port=http_port, grpc_address=host, grpc_port=grpc_port,
+    # Triton's HTTP frontend listens on a loopback port of its own, behind the front on http_port
+    # (specc/runtime/front.py: a generate body Triton would answer 500 gets 400 there)
+    behind = _free_loopback_port()
+    config = TritonConfig(http_address="127.0.0.1", http_port=behind, grpc_address=host, grpc_port=grpc_port,
                           metrics_port=metrics_port, allow_metrics=True, log_verbose=1 if verbose else 0, log_file=log)
     stop = stop or threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)} \
         if threading.current_thread() is threading.main_thread() else {}
     models = []
-    cancels = None
+    cancels = front = None
     try:
         if scheduler is not None:  # before Triton starts: its backend stubs inherit the variable
             cancels = Cancels(scheduler)
@@ -565,6 +574,8 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
                               "max_cache_tokens": limits.max_cache_tokens, "max_waiting": limits.max_waiting,
                               "text": codec is not None}
             triton.run()
+            front = Front(host, http_port, behind, info.name if scheduler is not None else None)
+            front.start()
             if on_ready is not None:
                 on_ready({"models": models, "http": f"http://{host}:{http_port}", "grpc": f"{host}:{grpc_port}",
                           "provider": session.provider, "log": str(log) if log else None, "generation": generation})
@@ -575,6 +586,8 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if front is not None:
+            front.stop()
         if scheduler is not None:
             scheduler.stop()
         if cancels is not None:
@@ -589,6 +602,13 @@ def _fields(fields, optional: bool = False) -> list:
     dtypes = {"bytes": np.bytes_, "bool": np.bool_}
     return [Tensor(name=f.name, dtype=dtypes.get(f.dtype) or np.dtype(f.dtype), shape=f.shape, optional=optional)
             for f in fields]
+
+
+def _free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def check_ports(host: str, ports: dict[str, int]) -> None:
