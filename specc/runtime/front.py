@@ -41,8 +41,7 @@ class Front:
             upstream_port = upstream
             generate_path = pattern
 
-        ThreadingHTTPServer.allow_reuse_address = True
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = _Server((host, port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="specc-http-front", daemon=True)
 
@@ -52,6 +51,11 @@ class Front:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    allow_reuse_address = True
+    request_queue_size = 1024  # connections waiting to be accepted (socketserver's 5 resets a burst of clients)
 
 
 class _Forward(BaseHTTPRequestHandler):

@@ -111,3 +111,22 @@ def test_the_front_checks_generate_bodies_and_passes_the_rest(front):
     events = [json.loads(line[5:]) for line in answer.read().decode().splitlines() if line.startswith("data:")]
     assert events == [{"i": 0}, {"i": 1}, {"i": 2}]
     conn.close()
+
+
+def test_a_burst_of_clients_is_accepted(front):
+    """128 clients connecting at once: none reset (the accept queue holds them)."""
+    barrier, answers = threading.Barrier(128), []
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", front, timeout=30)
+        barrier.wait()
+        conn.request("POST", "/v2/models/other/infer", body=b"x")
+        answers.append(conn.getresponse().status)
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(128)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [201] * 128
