@@ -48,6 +48,7 @@ OP = "GroupQueryAttention"
 DOMAIN = "com.microsoft"
 SEQLENS_K, TOTAL_SEQUENCE_LENGTH, MAX_SEQUENCE = io.SEQLENS_K, io.TOTAL_SEQUENCE_LENGTH, io.MAX_SEQUENCE
 ROTARY = "inplace/rotary"  # GroupQueryAttention's rotary tables: ROTARY/K/cos_cache, ROTARY/K/sin_cache
+_ROTARY_HEAD = 16  # GroupQueryAttention turns heads whose width is a multiple of this (onnxruntime's check)
 # ops allowed between the scores' MatMul and the probabilities' MatMul (scale, mask, softmax, reshapes)
 _SCORE_OPS = {"Div", "Mul", "Reshape", "Where", "Add", "Softmax", "Cast"}
 
@@ -128,7 +129,8 @@ def rewrite(model, r: ResolvedSpec) -> None:
         query, factor = _query(producer, constants, scores.input[0])
         scale = factor * _score_scale(producer, consumers, constants, scores, probs_v, i)
         rq, rk = (_rotary(producer, constants, x, att.d_k) for x in (query, k_cat.input[1]))
-        rotary = (rq[0], rk[0], rq[1:]) if rq and rk and rq[1:] == rk[1:] else None  # unturned q, k; (cos, sin)
+        rotary = (rq[0], rk[0], rq[1:]) if rq and rk and rq[1:] == rk[1:] and att.d_k % _ROTARY_HEAD == 0 \
+            else None  # unturned q, k; (cos, sin)
         found.append((i, att, key, value, query, k_cat, v_cat, scale, _merged(consumers, probs_v, i), rotary))
     tables: dict[tuple, tuple | None] = {}  # (cos, sin) -> GroupQueryAttention's tables, where they can be made
     for rotary in (f[-1] for f in found if f[-1] and f[-1][2] not in tables):
@@ -281,9 +283,10 @@ def _last_axis_slice(constants, node, d: int) -> tuple[int, int] | None:
 def _rotary_tables(model, producer, pair: tuple[str, str], r: ResolvedSpec, prefix: str) -> tuple | None:
     """GroupQueryAttention's cos_cache and sin_cache (PREFIX/cos_cache, PREFIX/sin_cache),
     [serving.length.max, head_dim / 2] in the cache's type, for the (COS, SIN) PAIR the graph's own
-    rotary nodes multiply by, where the graph computes them from position_ids alone: those nodes of
-    model.onnx run on positions 0.., so the tables hold the graph's own values. None where not (the
-    layers keep their rotary nodes)."""
+    rotary nodes multiply by, where the graph computes them from position_ids alone and a position's
+    angles do not depend on how many positions are asked: those nodes of model.onnx run on positions
+    0.., so the tables hold the graph's own values. None where not (the layers keep their rotary
+    nodes)."""
     import onnx
     from onnx import helper
 
@@ -313,11 +316,16 @@ def _rotary_tables(model, producer, pair: tuple[str, str], r: ResolvedSpec, pref
     ort = require_onnxruntime("making the in-place graph's rotary tables")
     session = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])
     positions = r.serving.length.max
-    c, s = session.run(None, {io.POSITION_IDS: np.arange(positions, dtype=np.int64)[None]})
-    d = c.shape[-1]
-    if c.size != positions * d or s.shape != c.shape or d % 2:
-        return None
-    c, s = c.reshape(positions, d), s.reshape(positions, d)
+    tables = []
+    for n in sorted({min(8, positions), positions}):
+        c, s = session.run(None, {io.POSITION_IDS: np.arange(n, dtype=np.int64)[None]})
+        d = c.shape[-1]
+        if c.size != n * d or s.shape != c.shape or d % 2:
+            return None
+        tables.append((c.reshape(n, d), s.reshape(n, d)))
+    (c0, s0), (c, s) = tables[0], tables[-1]
+    if not (np.array_equal(c[: len(c0)], c0) and np.array_equal(s[: len(s0)], s0)):
+        return None  # angles that depend on the sequence's length (LongRoPE, dynamic scaling): not one table
     half = d // 2
     if not (np.array_equal(c[:, :half], c[:, half:]) and np.array_equal(s[:, :half], s[:, half:])):
         return None  # not one angle per pair of halves

@@ -101,7 +101,7 @@ class TextCodec:
 
 
 _JSON_WORDS = {"text": "a string", "texts": "a string or an array of strings", "ids": "an array of token ids "
-               "(integers) or one", "int": "an integer", "float": "a number", "bool": "true or false"}
+               "(integers) or one", "int": "a 64-bit integer", "float": "a finite number", "bool": "true or false"}
 _JSON_NAMES = {str: "a string", list: "an array", dict: "an object", bool: "a boolean", int: "an integer",
                float: "a number", type(None): "null"}
 
@@ -117,9 +117,11 @@ def check_body(body: bytes) -> None:
     except UnicodeDecodeError as exc:
         raise RunError(f"the request body is not UTF-8 text (byte {exc.start}: {body[exc.start:exc.start + 1]!r})") from None
     try:
-        request = json.loads(text)
+        request = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise RunError(f"the request body is not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise RunError("the request body nests arrays or objects too deep") from None
     if not isinstance(request, dict):
         raise RunError(f"the request body is {_JSON_NAMES.get(type(request), 'a value')}; the generate endpoint takes a "
                        "JSON object of its fields")
@@ -130,12 +132,16 @@ def check_body(body: bytes) -> None:
             raise RunError(f"{key}: expected {_JSON_WORDS[field.kind]}, got {_json_shown(value)}")
 
 
+def _no_constant(name: str) -> None:
+    raise RunError(f"the request body holds {name}, which JSON does not have")
+
+
 def _json_fits(kind: str, value: Any) -> bool:
     def one(v: Any) -> bool:
         if kind in ("int", "ids"):
-            return isinstance(v, int) and not isinstance(v, bool)
+            return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
         if kind == "float":
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         return isinstance(v, bool) if kind == "bool" else isinstance(v, str)
 
     if kind in ("ids", "texts"):  # arrays, or one value alone

@@ -7,15 +7,19 @@ it, and answers 500 where the body is not JSON or a field's value is not of its 
 to the generation model's generate / generate_stream has its body read here and checked
 (endpoint.check_body); a body that fails gets 400 and `{"error": "..."}`, one line, and never
 reaches Triton. Everything else (the other endpoints, the graph models, health, metadata, the
-binary tensor extension) passes through byte for byte, and so do the answers, streamed as they
-come (server-sent events, chunk by chunk). A client that goes away mid-stream closes the front's
-connection to Triton, so Triton cancels the request as it would its own client's.
+binary tensor extension) passes through as it came (method, path, body, headers but those of one
+hop), and so do the answers, streamed as they come (server-sent events, chunk by chunk). A client
+that hangs up while its answer is awaited or streamed shuts the front's connection to Triton, so
+Triton cancels the request as it would its own client's. A body refused before it is read whole
+ends its connection (what is left of it is never read).
 """
 from __future__ import annotations
 
 import http.client
 import json
 import re
+import select
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -41,8 +45,10 @@ class Front:
             upstream_port = upstream
             generate_path = pattern
 
-        self.server = _Server((host, port), Handler)
-        self.server.daemon_threads = True
+        class Server(_Server):
+            address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+        self.server = Server((host, port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, name="specc-http-front", daemon=True)
 
     def start(self) -> None:
@@ -55,6 +61,7 @@ class Front:
 
 class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
+    daemon_threads = True
     request_queue_size = 1024  # connections waiting to be accepted (socketserver's 5 resets a burst of clients)
 
 
@@ -66,27 +73,16 @@ class _Forward(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's names)
         self._forward()
 
-    do_POST = do_PUT = do_DELETE = do_HEAD = do_GET  # noqa: N815
+    do_POST = do_PUT = do_DELETE = do_HEAD = do_OPTIONS = do_GET  # noqa: N815
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - Triton logs requests, not the front
         pass
 
     def _forward(self) -> None:
-        length = self.headers.get("Content-Length")
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            body = self._read_chunked()
-        elif length is not None:
-            try:
-                n = int(length)
-            except ValueError:
-                return self._refuse(400, f"Content-Length {length!r} is not a number")
-            if n > MAX_BODY and self._is_generate():
-                return self._refuse(413, f"a generate request of {n} bytes is past the {MAX_BODY} bytes this server reads")
-            body = self.rfile.read(n)
-        else:
-            body = b""
-        if body is None:
-            return self._refuse(400, "a chunked request body that does not parse")
+        body, why = self._body()
+        if why is not None:
+            self.close_connection = True  # what is left of the body is not read: the connection ends
+            return self._refuse(*why)
         if self._is_generate():
             try:
                 check_body(body)
@@ -94,27 +90,46 @@ class _Forward(BaseHTTPRequestHandler):
                 return self._refuse(400, str(exc))
         self._relay(body)
 
-    def _is_generate(self) -> bool:
-        return self.command == "POST" and self.generate_path is not None \
-            and self.generate_path.match(self.path.split("?", 1)[0]) is not None
+    def _body(self) -> tuple[bytes, tuple[int, str] | None]:
+        """The request's body, or why it is refused (status, message) before it is all read."""
+        limit = MAX_BODY if self._is_generate() else None
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            return self._read_chunked(limit)
+        length = self.headers.get("Content-Length")
+        if length is None:
+            return b"", None
+        try:
+            n = int(length)
+        except ValueError:
+            n = -1
+        if n < 0:
+            return b"", (400, f"Content-Length {length!r} is not a size")
+        if limit is not None and n > limit:
+            return b"", (413, f"a generate request of {n} bytes is past the {limit} bytes this server reads")
+        body = self.rfile.read(n)
+        return body, (None if len(body) == n else (400, f"the body ended after {len(body)} of {n} bytes"))
 
-    def _read_chunked(self) -> bytes | None:
+    def _read_chunked(self, limit: int | None) -> tuple[bytes, tuple[int, str] | None]:
         parts, size = [], 0
         while True:
             line = self.rfile.readline(1024)
             try:
                 n = int(line.split(b";", 1)[0].strip(), 16)
             except ValueError:
-                return None
+                return b"", (400, "a chunked request body whose chunk sizes do not parse")
             if n == 0:
                 while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
                     pass  # trailers
-                return b"".join(parts)
+                return b"".join(parts), None
             size += n
-            if size > MAX_BODY:
-                return None
+            if limit is not None and size > limit:
+                return b"", (413, f"a generate request past the {limit} bytes this server reads")
             parts.append(self.rfile.read(n))
             self.rfile.readline(1024)
+
+    def _is_generate(self) -> bool:
+        return self.command == "POST" and self.generate_path is not None \
+            and self.generate_path.match(self.path.split("?", 1)[0]) is not None
 
     def _refuse(self, status: int, message: str) -> None:
         data = json.dumps({"error": message}).encode()
@@ -127,37 +142,84 @@ class _Forward(BaseHTTPRequestHandler):
 
     def _relay(self, body: bytes) -> None:
         upstream = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=_TIMEOUT_S)
+        gone = _watch_for_hangup(self.connection, upstream)
+        started = False
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-            if body or self.command in ("POST", "PUT"):
-                headers["Content-Length"] = str(len(body))
-            try:
-                upstream.request(self.command, self.path, body=body or None, headers=headers)
-                answer = upstream.getresponse()
-            except OSError as exc:
-                return self._refuse(502, f"the Triton server behind this port does not answer ({exc.strerror or exc})")
-            self.send_response_only(answer.status, answer.reason)
-            for k, v in answer.getheaders():
+            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for k, v in self.headers.items():  # in order, repeated ones repeated
                 if k.lower() not in _HOP:
-                    self.send_header(k, v)
-            sized = answer.getheader("Content-Length")
-            if sized is not None or self.command == "HEAD":
-                data = answer.read()
-                self.send_header("Content-Length", sized or str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                return
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            while True:  # a stream: each piece on as it comes
-                data = answer.read1(1 << 16)
-                if not data:
-                    break
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-        except OSError:  # the client went away: closing the upstream connection tells Triton
-            self.close_connection = True
+                    upstream.putheader(k, v)
+            if body or self.command in ("POST", "PUT"):
+                upstream.putheader("Content-Length", str(len(body)))
+            upstream.endheaders(body or None)
+            answer = upstream.getresponse()
+            started = True
+            self._answer(answer)
+        except (OSError, http.client.HTTPException) as exc:
+            if gone.is_set() or started:  # the client went away, or the answer broke off: nothing to say
+                self.close_connection = True
+            else:
+                self._refuse(502, f"the Triton server behind this port does not answer ({exc})")
         finally:
+            gone.set()
             upstream.close()
+
+    def _answer(self, answer: http.client.HTTPResponse) -> None:
+        """Triton's answer to the client: status and headers, then the body, whole where its size is
+        known and chunk by chunk as it comes where not (HTTP/1.0 clients: as it comes, then the
+        connection ends)."""
+        self.send_response_only(answer.status, answer.reason)
+        for k, v in answer.getheaders():
+            if k.lower() not in _HOP:
+                self.send_header(k, v)
+        sized = answer.getheader("Content-Length")
+        if self.command == "HEAD" or answer.status in (204, 304) or 100 <= answer.status < 200:
+            if sized is not None:
+                self.send_header("Content-Length", sized)
+            self.end_headers()
+            return
+        if sized is not None:
+            data = answer.read()
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        chunked = self.request_version != "HTTP/1.0"
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.close_connection = True
+        self.end_headers()
+        while True:  # a stream: each piece on as it comes
+            data = answer.read1(1 << 16)
+            if not data:
+                break
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            self.wfile.flush()
+        if chunked:
+            self.wfile.write(b"0\r\n\r\n")
+
+
+def _watch_for_hangup(client: socket.socket, upstream: http.client.HTTPConnection) -> threading.Event:
+    """Close UPSTREAM as soon as CLIENT hangs up while its answer is awaited (Triton then cancels the
+    request, as it would for its own client). Set the returned event to stop watching."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            ready, _, _ = select.select([client], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                if client.recv(1, socket.MSG_PEEK) != b"":
+                    return  # the client's next request, already sent: it is still there
+            except OSError:
+                pass
+            if not done.is_set():
+                done.set()
+                if upstream.sock is not None:  # wakes the handler's read and tells Triton
+                    upstream.sock.shutdown(socket.SHUT_RDWR)
+            return
+
+    threading.Thread(target=watch, name="specc-http-front-watch", daemon=True).start()
+    return done

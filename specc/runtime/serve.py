@@ -535,7 +535,7 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     log = None if verbose else Path(tempfile.gettempdir()) / f"specc-serve-{os.getpid()}.log"
     # Triton's HTTP frontend listens on a loopback port of its own, behind the front on http_port
     # (specc/runtime/front.py: a generate body Triton would answer 500 gets 400 there)
-    behind = _free_loopback_port()
+    behind = _free_loopback_port(avoid={http_port, grpc_port, metrics_port})
     config = TritonConfig(http_address="127.0.0.1", http_port=behind, grpc_address=host, grpc_port=grpc_port,
                           metrics_port=metrics_port, allow_metrics=True, log_verbose=1 if verbose else 0, log_file=log)
     stop = stop or threading.Event()
@@ -604,11 +604,15 @@ def _fields(fields, optional: bool = False) -> list:
             for f in fields]
 
 
-def _free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_loopback_port(avoid: set[int]) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, none of AVOID (ports the server is about
+    to bind itself)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
 def check_ports(host: str, ports: dict[str, int]) -> None:

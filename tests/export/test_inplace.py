@@ -86,6 +86,9 @@ def test_the_inplace_runner_logits_match_the_model_graph_and_its_cache_is_writte
     ("extends: tiny-llama\ndecoder: {overrides: [{every: 2, first: 1, rotary_base: 500.0}]}", 2),  # a table each
     ("extends: tiny-llama\nposition: {fraction: 0.5}", 0),  # half of each head turns: the graph's own nodes
     ("extends: tiny-llama\nposition: {layout: interleaved}", 0),
+    ("extends: tiny-llama\ndecoder: {attention: {heads: 8, kv_heads: 2}}", 0),  # heads of 8: onnxruntime turns 16s
+    ("extends: tiny-llama\nposition: {scaling: {kind: longrope, original_max_length: 16, "  # angles that depend
+     "short_factor: [1, 1, 1, 2, 2, 2, 3, 3], long_factor: [2, 2, 4, 4, 8, 8, 16, 16]}}", 0),  # on the length
 ])
 def test_rotary_positions_turned_by_groupqueryattention_match_the_model_graph_far_along(tmp_path, text, turned):
     result = _build(tmp_path, text)

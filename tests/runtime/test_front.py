@@ -21,15 +21,19 @@ from specc.runtime.front import Front
     (b"not json", "the request body is not JSON (Expecting value at line 1, column 1)"),
     (b'{"text_input": "\xff"}', "the request body is not UTF-8 text (byte 16: b'\\xff')"),
     (b'"text"', "the request body is a string; the generate endpoint takes a JSON object"),
-    (b'{"max_tokens": "four"}', 'max_tokens: expected an integer, got a string "four"'),
-    (b'{"max_tokens": 3.0}', "max_tokens: expected an integer, got a number 3.0"),
-    (b'{"max_tokens": [1, 2]}', "max_tokens: expected an integer, got an array [1, 2]"),
-    (b'{"max_tokens": true}', "max_tokens: expected an integer, got a boolean true"),
+    (b'{"max_tokens": "four"}', 'max_tokens: expected a 64-bit integer, got a string "four"'),
+    (b'{"max_tokens": 3.0}', "max_tokens: expected a 64-bit integer, got a number 3.0"),
+    (b'{"max_tokens": [1, 2]}', "max_tokens: expected a 64-bit integer, got an array [1, 2]"),
+    (b'{"max_tokens": true}', "max_tokens: expected a 64-bit integer, got a boolean true"),
     (b'{"input_ids": [1.5]}', "input_ids: expected an array of token ids (integers) or one, got an array [1.5]"),
-    (b'{"temperature": "1"}', 'temperature: expected a number, got a string "1"'),
+    (b'{"temperature": "1"}', 'temperature: expected a finite number, got a string "1"'),
     (b'{"stream": 1}', "stream: expected true or false, got an integer 1"),
     (b'{"stop": 5}', "stop: expected a string or an array of strings, got an integer 5"),
-    (b'{"eos": null}', "eos: expected an integer, got null null"),
+    (b'{"eos": null}', "eos: expected a 64-bit integer, got null null"),
+    (b'{"seed": 99999999999999999999}', "seed: expected a 64-bit integer, got an integer 99999999999999999999"),
+    (b'{"temperature": NaN}', "the request body holds NaN, which JSON does not have"),
+    (b'{"top_p": 1e999}', "top_p: expected a finite number, got a number Infinity"),
+    (b"[" * 100000, "the request body nests arrays or objects too deep"),
 ])
 def test_bodies_triton_would_answer_500_are_refused(body, message):
     with pytest.raises(RunError) as err:
@@ -52,9 +56,15 @@ class _Behind(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     seen: list = []
 
+    hung_up = threading.Event()
+
     def do_POST(self):  # noqa: N802
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.seen.append((self.path, body, self.headers.get("X-Custom")))
+        if self.path.endswith("/slow"):  # no answer until the front hangs up
+            if self.rfile.read(1) == b"":
+                _Behind.hung_up.set()
+            return
         if self.path.endswith("/generate_stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -78,7 +88,10 @@ class _Behind(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def front():
-    behind = ThreadingHTTPServer(("127.0.0.1", 0), _Behind)
+    class Behind(ThreadingHTTPServer):
+        request_queue_size = 1024  # the burst test's 128 clients reach it too
+
+    behind = Behind(("127.0.0.1", 0), _Behind)
     threading.Thread(target=behind.serve_forever, daemon=True).start()
     f = Front("127.0.0.1", 0, behind.server_address[1], "m")
     f.start()
@@ -130,3 +143,29 @@ def test_a_burst_of_clients_is_accepted(front):
     for t in threads:
         t.join()
     assert answers == [201] * 128
+
+
+def test_a_client_that_hangs_up_closes_the_upstream_connection(front):
+    """Waiting on an answer that is slow to come, the client goes away: the server behind sees its
+    connection closed (Triton then cancels the request)."""
+    conn = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
+    conn.request("POST", "/v2/models/m/slow", body=b"{}")
+    time.sleep(0.3)
+    conn.sock.close()
+    assert _Behind.hung_up.wait(5)
+
+
+@pytest.mark.parametrize("head,why", [
+    (b"Content-Length: -5\r\n", "Content-Length '-5' is not a size"),
+    (b"Content-Length: 70000000\r\n", "a generate request of 70000000 bytes is past"),
+    (b"Transfer-Encoding: chunked\r\n", "a chunked request body whose chunk sizes do not parse"),
+])
+def test_a_body_refused_before_it_is_read_ends_the_connection(front, head, why):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", front), timeout=10) as s:
+        s.sendall(b"POST /v2/models/m/generate HTTP/1.1\r\nHost: x\r\n" + head + b"\r\nzz\r\n")
+        data = b""
+        while chunk := s.recv(65536):  # the front closes the connection after its answer
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 4") and why.encode() in data

@@ -180,8 +180,8 @@ def test_generate_endpoint_answers_concurrent_requests_like_session_generate(tmp
             ({"input_ids": [1], "seed": -3, "temperature": 1}, (400,), "seed must be an integer >= 0"),
             ({"input_ids": [1], "foo": [1, 2]}, (400,), "parameter 'foo' has invalid type"),
             # what Triton's HTTP frontend would answer 500 is refused by specc serve's front first
-            ({"input_ids": [1], "max_tokens": [1, 2]}, (400,), "max_tokens: expected an integer, got an array [1, 2]"),
-            ({"input_ids": [1], "max_tokens": "four"}, (400,), 'max_tokens: expected an integer, got a string "four"'),
+            ({"input_ids": [1], "max_tokens": [1, 2]}, (400,), "max_tokens: expected a 64-bit integer, got an array [1, 2]"),
+            ({"input_ids": [1], "max_tokens": "four"}, (400,), 'max_tokens: expected a 64-bit integer, got a string "four"'),
             ({"input_ids": [1.5]}, (400,), "input_ids: expected an array of token ids (integers) or one, got an array [1.5]"),
             ({"input_ids": [1], "stream": "yes"}, (400,), "stream: expected true or false"),
             ({"text_input": 5}, (400,), "text_input: expected a string, got an integer 5"),
