@@ -34,10 +34,11 @@ Either way a row that joins or leaves makes one copy of the block into new buffe
 
 Limits (GenerationLimits, from serving.generation and `specc serve`'s flags): max_sequences rows
 at once; max_cache_tokens positions of the block, counted as it is held (rows x the longest
-row, padding included; an InplaceBlock: rows x the longest final length), reserved at admission for every row's final length (prompt +
-max_tokens), so a running block never outgrows its budget; max_waiting requests queued. A
-request that could never fit (its own prompt + max_tokens past the budget or the context) is
-refused at once (RunError, HTTP 400); one that cannot fit now waits.
+row, padding included; an InplaceBlock: rows x the longest final length), reserved at admission
+for every row's final length (prompt + max_tokens), so a running block never outgrows its
+budget; max_waiting requests queued. A request that could never fit (its own prompt +
+max_tokens past the budget or the context) is refused at once (RunError, HTTP 400); one that
+cannot fit now waits.
 
 Encoder-decoder builds are not scheduled here: their decoder graph takes no attention_mask for
 its own cache, so rows that started at different times cannot share one step.
@@ -194,7 +195,6 @@ class CacheBlock:
         self.turn = 0  # the buffer the next views come from
         self.current: dict[str, np.ndarray] = {}  # views holding the block now
         self.rows, self.length = 0, 0
-        self._lengths = np.zeros(0, dtype=np.int64)  # each row's positions
 
     def bytes_per_position(self) -> int:
         return sum(h * d * np.dtype(dt).itemsize for h, d, dt in self.shapes.values())
@@ -212,17 +212,15 @@ class CacheBlock:
         out = self.graph.run(feeds)
         return {name: out[name].numpy() for name in self.shapes}, out[self.logits].numpy()[:, -1, :]
 
-    def step(self, ids: np.ndarray) -> np.ndarray:
-        """One decode step [B, 1], each row's token at its own position (the mask's): the rows'
+    def step(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """One decode step [B, 1], row i's token at position lengths[i] (the mask's): the rows'
         logits [B, V]; the block grows by a column. RunError leaves the block as it was."""
-        lengths = self._lengths
         mask = (np.arange(self.length + 1)[None, :] >= (self.length - lengths)[:, None]).astype(np.int64)
         feeds = self._feeds(ids, mask)
         feeds.update(self.past())
         into = self.next(self.rows, self.length + 1)
         out = self.graph.run(feeds, into=into)
         self.hold(into, self.length + 1)
-        self._lengths = lengths + 1
         return out[self.logits].numpy()[:, -1, :]
 
     def regroup(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]]) -> None:
@@ -230,7 +228,6 @@ class CacheBlock:
         present.*, positions, final length)), in one copy."""
         length = max([n for _, n, _ in keep] + [n for _, n, _ in joining], default=0)
         self.relayout([(i, n) for i, n, _ in keep], [(p, n) for p, n, _ in joining], length)
-        self._lengths = np.array([n for _, n, _ in keep] + [n for _, n, _ in joining], dtype=np.int64)
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray) -> dict:
         feeds = {INPUT_IDS: ids, ATTENTION_MASK: mask}
@@ -309,7 +306,6 @@ class InplaceBlock:
         self.current: dict[str, np.ndarray] = {}  # past name -> [B, H, T, Dh]
         self.into: dict[str, np.ndarray] = {}  # present name -> the same buffer
         self.rows, self.capacity = 0, 0
-        self._lengths = np.zeros(0, dtype=np.int64)
 
     @property
     def held(self) -> int:
@@ -327,11 +323,10 @@ class InplaceBlock:
         out = self.graph.run(inplace_feeds(self.graph.inputs, ids, 0, caches), into=into)
         return caches, out[self.logits].numpy()[:, -1, :]
 
-    def step(self, ids: np.ndarray) -> np.ndarray:
-        """One decode step [B, 1], row i's token at position l_i, written in place: the rows'
-        logits [B, V]."""
-        out = self.graph.run(inplace_feeds(self.graph.inputs, ids, self._lengths, self.current), into=self.into)
-        self._lengths = self._lengths + 1
+    def step(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """One decode step [B, 1], row i's token at position lengths[i], written in place: the
+        rows' logits [B, V]."""
+        out = self.graph.run(inplace_feeds(self.graph.inputs, ids, lengths, self.current), into=self.into)
         return out[self.logits].numpy()[:, -1, :]
 
     def regroup(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]]) -> None:
@@ -340,14 +335,13 @@ class InplaceBlock:
         rows = [(self.current, i, n, need) for i, n, need in keep] + [(b, 0, n, need) for b, n, need in joining]
         self.rows, self.capacity = len(rows), max((need for *_, need in rows), default=0)
         if not rows:
-            self.current, self.into, self._lengths = {}, {}, np.zeros(0, dtype=np.int64)
+            self.current, self.into = {}, {}
             return
         caches, into = self._buffers(self.rows, self.capacity)
         for name, block in caches.items():
             for j, (source, i, n, _) in enumerate(rows):
                 block[j, :, :n] = source[name][i, :, :n]
         self.current, self.into = caches, into
-        self._lengths = np.array([n for _, _, n, _ in rows], dtype=np.int64)
 
 
 class Scheduler:
@@ -536,7 +530,7 @@ class Scheduler:
         """One step [B, 1] for every active row: each row's last token at its own position."""
         ids = np.array([[s.last] for s in self._active], dtype=np.int64)
         try:
-            logits = self.block.step(ids)
+            logits = self.block.step(ids, np.array([s.length for s in self._active], dtype=np.int64))
         except RunError as exc:  # every row of the step fails alike
             for seq in self._active:
                 self._end(seq, ERROR, str(exc))

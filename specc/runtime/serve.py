@@ -19,7 +19,7 @@ Triton gets a short addition (STUB_ADDITION) that turns a refusal into the reque
 
 The HTTP port is specc/runtime/front.py's: it checks a generate request's body (JSON, and each
 field's JSON type: Triton's HTTP frontend would answer those mistakes 500) and hands every request
-to Triton's own HTTP frontend on a loopback port, unchanged, its answers streamed back as they
+to Triton's own HTTP frontend on a loopback port as it came, its answers streamed back as they
 come. gRPC and metrics are Triton's own ports.
 
 PyTriton needs numpy < 2, so it lives in its own environment (`make install-serve`, the `serve`
