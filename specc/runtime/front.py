@@ -206,8 +206,16 @@ def _watch_for_hangup(client: socket.socket, upstream: http.client.HTTPConnectio
     done = threading.Event()
 
     def watch() -> None:
+        poller = select.poll()  # not select(): a server with many connections has descriptors past 1024
+        try:
+            poller.register(client, select.POLLIN)
+        except (OSError, ValueError):  # the handler closed the connection: it is done with it
+            return
         while not done.is_set():
-            ready, _, _ = select.select([client], [], [], 0.2)
+            try:
+                ready = poller.poll(200)
+            except OSError:
+                return
             if not ready:
                 continue
             try:
@@ -217,8 +225,12 @@ def _watch_for_hangup(client: socket.socket, upstream: http.client.HTTPConnectio
                 pass
             if not done.is_set():
                 done.set()
-                if upstream.sock is not None:  # wakes the handler's read and tells Triton
-                    upstream.sock.shutdown(socket.SHUT_RDWR)
+                sock = upstream.sock  # the handler may close it meanwhile (its answer complete)
+                if sock is not None:  # wakes the handler's read and tells Triton
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
             return
 
     threading.Thread(target=watch, name="specc-http-front-watch", daemon=True).start()

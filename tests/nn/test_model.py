@@ -77,6 +77,7 @@ def test_fused_attention_computes_what_the_written_out_form_does(kind, monkeypat
                                        rtol=1e-5, atol=1e-5, msg=lambda m: f"{kind} {key} {name}: {m}")
 
 
+@pytest.mark.fresh_export
 def test_attention_is_written_out_while_exporting(monkeypatch):
     """torch.export never records the fused kernel: the ONNX graph holds the op-by-op form."""
     from specc.export import onnx as onnx_export

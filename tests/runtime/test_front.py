@@ -169,3 +169,26 @@ def test_a_body_refused_before_it_is_read_ends_the_connection(front, head, why):
         while chunk := s.recv(65536):  # the front closes the connection after its answer
             data += chunk
     assert data.startswith(b"HTTP/1.1 4") and why.encode() in data
+
+
+def test_the_hangup_watcher_survives_an_upstream_connection_already_closed(monkeypatch):
+    """The client hangs up just as the handler closes its upstream connection (a client that
+    leaves once it has its answer, under load): the watcher's shutdown meets a closed socket and
+    must say nothing (a traceback on the server's output before)."""
+    import socket
+
+    from specc.runtime.front import _watch_for_hangup
+
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    client, peer = socket.socketpair()
+    upstream = http.client.HTTPConnection("127.0.0.1", 9)
+    upstream.sock, other = socket.socketpair()
+    upstream.sock.close()  # closed, but not yet let go of (the handler's close() in between)
+    done = _watch_for_hangup(client, upstream)
+    peer.close()  # the client hangs up
+    assert done.wait(5)
+    time.sleep(0.3)
+    client.close()
+    other.close()
+    assert errors == []
