@@ -1,6 +1,7 @@
 """Shared fixtures. Add new fixtures below; keep existing ones as they are."""
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 from typing import Callable
@@ -58,8 +59,8 @@ def position_of() -> Callable[..., tuple[int, int]]:
 # weight), the signature, the example inputs and the opset. A module that does not pickle, or
 # one past MEMO_PARAMETERS, is traced every time; the MEMO_ENTRIES last used are kept. A test that
 # changes the modules' code (a monkeypatched method, which the pickle does not show) takes the
-# `fresh_export` marker. tests/test_export_memo.py checks that a build from the memo writes the
-# bytes a fresh process does.
+# `fresh_export` marker; SPECC_TESTS_NO_EXPORT_MEMO=1 turns the memo off. tests/test_export_memo.py
+# checks that a build from the memo writes the bytes a fresh process does.
 MEMO_PARAMETERS = 5_000_000
 MEMO_ENTRIES = 64
 
@@ -116,7 +117,7 @@ def _nn_reads_precision() -> bool:
 def _export_memo(request, monkeypatch):
     from specc.export import onnx as onnx_export
 
-    if request.node.get_closest_marker("fresh_export"):
+    if request.node.get_closest_marker("fresh_export") or os.environ.get("SPECC_TESTS_NO_EXPORT_MEMO"):
         return
     real, memo = _EXPORT_MEMO.setdefault("real", onnx_export.export_graph), _EXPORT_MEMO.setdefault("memo", {})
 
