@@ -65,16 +65,10 @@ def per_token_input(x: torch.Tensor) -> torch.Tensor:
 
 class Encoder:
     def __init__(self, sentences: int):
-        from tokenizers import Tokenizer
         from transformers import BertModel
 
         folder = rm.minilm_folder(WORK)
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        tok.enable_padding(pad_id=0)
-        tok.enable_truncation(128)
-        enc = tok.encode_batch(rm.sentences(sentences))
-        self.ids = torch.tensor([e.ids for e in enc])
-        self.mask = torch.tensor([e.attention_mask for e in enc])
+        self.ids, self.mask = (torch.from_numpy(a) for a in rm.sentence_batch(folder, sentences))
         self.model = BertModel.from_pretrained(str(folder), attn_implementation="eager").eval()
         self.linears = {n: m for n, m in self.model.named_modules()
                         if isinstance(m, torch.nn.Linear) and "pooler" not in n}

@@ -171,17 +171,9 @@ def _decoder_row(name, logits, greedy, rate, windows, ref_logits, ref_greedy, si
 
 
 def encoder_rows(args) -> list[dict]:
-    from tokenizers import Tokenizer
-
     folder = rm.minilm_folder(WORK)
     spec = imported(folder, "minilm")
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.enable_padding(pad_id=0)
-    tok.enable_truncation(128)
-    sents = rm.sentences(args.sentences)
-    enc = tok.encode_batch(sents)
-    ids = np.array([e.ids for e in enc], np.int64)
-    mask = np.array([e.attention_mask for e in enc], np.int64)
+    ids, mask = rm.sentence_batch(folder, args.sentences)
     rows, ref = [], None
     for precision in ("fp32", "int8", "int4"):
         s = Session(built(spec, precision), threads=THREADS, check_hashes=False)
@@ -195,7 +187,7 @@ def encoder_rows(args) -> list[dict]:
         cos = (emb * ref).sum(1)
         same, ties = rm.neighbour_agreement(ref, emb, margin=0.01)
         rows.append({"variant": f"specc {precision}", "cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
-                     "nn": same, "ties": ties, "n": len(sents), "batch_ms": batch_ms})
+                     "nn": same, "ties": ties, "n": len(ids), "batch_ms": batch_ms})
         print(f"[quality] {rows[-1]}", flush=True)
     return rows
 

@@ -102,6 +102,18 @@ def sentences(count: int) -> list[str]:
     return out[:count]
 
 
+def sentence_batch(folder: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """sentences(count) as the encoder in `folder` takes them: (input_ids, attention_mask), each
+    [count, longest] int64, right-padded with 0 and cut at 128 tokens."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+    tok.enable_padding(pad_id=0)
+    tok.enable_truncation(128)
+    enc = tok.encode_batch(sentences(count))
+    return (np.array([e.ids for e in enc], np.int64), np.array([e.attention_mask for e in enc], np.int64))
+
+
 # --- metrics ------------------------------------------------------------------------------------
 
 
