@@ -20,6 +20,7 @@ import json
 import re
 import select
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -63,6 +64,15 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     daemon_threads = True
     request_queue_size = 1024  # connections waiting to be accepted (socketserver's 5 resets a burst of clients)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client gone mid-answer (its connection reset or closed) ends its handler quietly; any
+        other failure of a handler is one line on stderr, never a traceback (socketserver prints one)."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        print(f"specc serve: the HTTP front dropped a request from {client_address[0]}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 class _Forward(BaseHTTPRequestHandler):

@@ -192,3 +192,23 @@ def test_the_hangup_watcher_survives_an_upstream_connection_already_closed(monke
     client.close()
     other.close()
     assert errors == []
+
+
+def test_a_handler_failure_is_one_line_and_a_client_gone_is_none(capsys):
+    """socketserver prints a traceback for any exception of a handler: the front's server says
+    nothing for a client gone mid-answer (reset, broken pipe) and one line for anything else."""
+    from specc.runtime.front import _Server
+
+    server = _Server.__new__(_Server)  # handle_error reads nothing of the instance
+    for exc in (ConnectionResetError(104, "Connection reset by peer"), BrokenPipeError(32, "Broken pipe")):
+        try:
+            raise exc
+        except OSError:
+            server.handle_error(None, ("127.0.0.1", 5555))
+    assert capsys.readouterr().err == ""
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        server.handle_error(None, ("127.0.0.1", 5555))
+    err = capsys.readouterr().err
+    assert err == "specc serve: the HTTP front dropped a request from 127.0.0.1: ValueError: a bug\n"
