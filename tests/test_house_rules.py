@@ -14,7 +14,9 @@ Static checks read the source with ast, so a lazy import counts as much as a top
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
+import os
 import re
 import subprocess
 import sys
@@ -249,13 +251,13 @@ LINK = re.compile(r"\]\(([^)#\s]+)")
 
 
 def repository_files() -> list[Path]:
+    """The repository's text files, not walking into the environments, builds and caches (a walk
+    of everything and a filter after took 14 s on a machine with its environments installed)."""
     skip = {".git", ".venv", ".venv-serve", ".venv-bench", ".venv-clients", "build", ".pytest_cache"}
     out = []
-    for pattern in TEXT:
-        for p in ROOT.rglob(pattern):
-            rel = p.relative_to(ROOT)
-            if not (set(rel.parts) & skip) and not any(part.endswith(".egg-info") for part in rel.parts):
-                out.append(p)
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if d not in skip and not d.endswith(".egg-info"))
+        out += [Path(folder) / f for f in sorted(files) if any(fnmatch.fnmatch(f, pattern) for pattern in TEXT)]
     return out
 
 
