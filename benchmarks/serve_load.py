@@ -5,6 +5,11 @@ Reports, per model and concurrency: aggregate tokens/s, time to first token and 
 tokens (p50, p99). 127.0.0.1 only; never run under pytest. The goal (docs/serving.md): 16 streams
 at least 5x one stream's aggregate tokens/s.
 
+With --scheduler, a route with no server: the build's Scheduler (specc/runtime/scheduler.py) in
+this process, the same requests handed to it directly, run before the server starts; the
+server's route less this one is what the server's own work (Triton, its Python backend, HTTP,
+each token a response) costs on the same cores.
+
 With --llama-server (llama.cpp's own server binary, built from the llama.cpp that
 llama-cpp-python's PyPI source vendors: `make llama-server`), a third route serves each
 LLaMA-shaped build's own weights (the build's model.safetensors: build it with --keep-weights) as
@@ -161,6 +166,31 @@ def stateless_one(port: int, model: str, ids: list[int], new: int, graph_inputs:
     return times
 
 
+class _Times:
+    """A scheduler sink that notes each token's arrival, from t0."""
+
+    def __init__(self, t0: float):
+        self.t0, self.times, self.ended = t0, [], threading.Event()
+
+    def token(self, token_id: int) -> bool:
+        self.times.append(time.perf_counter() - self.t0)
+        return True
+
+    def done(self, reason: str, error: str | None = None) -> None:
+        self.ended.set()
+
+
+def scheduler_one(scheduler, ids: list[int], new: int) -> list[float]:
+    """The same greedy request straight to a Scheduler in this process: no server, no HTTP, no
+    Triton; what the server's own work costs is the difference from its route."""
+    from specc.runtime.scheduler import GenerationRequest
+
+    sink = _Times(time.perf_counter())
+    scheduler.submit(GenerationRequest(tuple(ids), new, eos=-1), sink)
+    sink.ended.wait()
+    return sink.times
+
+
 def load(fn, clients: int, seconds: float, prompt_len: int, new: int, vocab: int) -> dict:
     """`clients` threads each sending requests back to back for `seconds`; the figures."""
     lock = threading.Lock()
@@ -198,6 +228,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     ap.add_argument("--new", type=int, default=64, help="new tokens per request")
     ap.add_argument("--no-stateless", action="store_true", help="skip the client-loop route")
+    ap.add_argument("--scheduler", action="store_true",
+                    help="also the scheduler alone, in this process (no server), before the server starts")
     ap.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server: a route for LLaMA-shaped builds")
     ap.add_argument("--out", type=Path, help="also write the table, with this command and the machine, to this file")
     args = ap.parse_args()
@@ -222,6 +254,23 @@ def main() -> None:
                 finally:
                     proc.terminate()
                     proc.wait(timeout=60)
+        if args.scheduler:
+            from specc.runtime.scheduler import GenerationLimits, Scheduler
+            from specc.runtime.session import Session
+
+            session = Session(build)
+            scheduler = Scheduler(session, GenerationLimits.of(session.info, max_sequences=min(max(args.clients), batch_max)))
+            scheduler.start()
+            try:
+                for clients in args.clients:
+                    fn = lambda ids, n: scheduler_one(scheduler, ids, n)  # noqa: E731
+                    row = {"model": name, "route": "scheduler alone (no server)",
+                           **load(fn, clients, args.seconds, args.prompt, args.new, vocab)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                scheduler.stop()
+                del scheduler, session
         graph_inputs = [t["name"] for t in manifest["graphs"]["model"]["inputs"]]
         proc, http_port, _ = start(build, min(max(args.clients), batch_max))
         try:
