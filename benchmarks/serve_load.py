@@ -220,6 +220,13 @@ def load(fn, clients: int, seconds: float, prompt_len: int, new: int, vocab: int
             "ttft_p99_ms": pct(ttft, 99), "token_p50_ms": pct(gaps, 50), "token_p99_ms": pct(gaps, 99)}
 
 
+def measure(model: str, route: str, fn, clients: int, args, vocab: int) -> dict:
+    """One row of the table: `load` of `fn` under `clients`, printed as it is made."""
+    row = {"model": model, "route": route, **load(fn, clients, args.seconds, args.prompt, args.new, vocab)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--builds", nargs="+", required=True, type=Path)
@@ -246,11 +253,8 @@ def main() -> None:
                                                 args.prompt + args.new + 16)
                 try:
                     for clients in args.clients:
-                        fn = lambda ids, n: llama_stream_one(port, ids, n)  # noqa: E731
-                        row = {"model": name, "route": "llama.cpp server (completion stream)",
-                               **load(fn, clients, args.seconds, args.prompt, args.new, vocab)}
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                        rows.append(measure(name, "llama.cpp server (completion stream)",
+                                            lambda ids, n: llama_stream_one(port, ids, n), clients, args, vocab))
                 finally:
                     proc.terminate()
                     proc.wait(timeout=60)
@@ -263,11 +267,8 @@ def main() -> None:
             scheduler.start()
             try:
                 for clients in args.clients:
-                    fn = lambda ids, n: scheduler_one(scheduler, ids, n)  # noqa: E731
-                    row = {"model": name, "route": "scheduler alone (no server)",
-                           **load(fn, clients, args.seconds, args.prompt, args.new, vocab)}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    rows.append(measure(name, "scheduler alone (no server)",
+                                        lambda ids, n: scheduler_one(scheduler, ids, n), clients, args, vocab))
             finally:
                 scheduler.stop()
                 del scheduler, session
@@ -280,9 +281,7 @@ def main() -> None:
                     routes["stateless (client loop)"] = lambda ids, n: stateless_one(http_port, name, ids, n,
                                                                                      graph_inputs)
                 for route, fn in routes.items():
-                    row = {"model": name, "route": route, **load(fn, clients, args.seconds, args.prompt, args.new, vocab)}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    rows.append(measure(name, route, fn, clients, args, vocab))
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=120)
