@@ -11,7 +11,7 @@ server's route less this one is what the server's own work (Triton, its Python b
 each token a response) costs on the same cores.
 
 With --llama-server (llama.cpp's own server binary, built from the llama.cpp that
-llama-cpp-python's PyPI source vendors: `make llama-server`), a third route serves each
+llama-cpp-python's PyPI source vendors: `make llama-server`), a route serves each
 LLaMA-shaped build's own weights (the build's model.safetensors: build it with --keep-weights) as
 a GGUF of the build's precision (fp32 or fp16) with as many parallel slots as specc serve runs
 sequences at once, under the same load.
@@ -170,13 +170,14 @@ class _Times:
     """A scheduler sink that notes each token's arrival, from t0."""
 
     def __init__(self, t0: float):
-        self.t0, self.times, self.ended = t0, [], threading.Event()
+        self.t0, self.times, self.ended, self.error = t0, [], threading.Event(), None
 
     def token(self, token_id: int) -> bool:
         self.times.append(time.perf_counter() - self.t0)
         return True
 
     def done(self, reason: str, error: str | None = None) -> None:
+        self.error = error
         self.ended.set()
 
 
@@ -188,6 +189,8 @@ def scheduler_one(scheduler, ids: list[int], new: int) -> list[float]:
     sink = _Times(time.perf_counter())
     scheduler.submit(GenerationRequest(tuple(ids), new, eos=-1), sink)
     sink.ended.wait()
+    if sink.error is not None:
+        raise RuntimeError(f"the scheduler failed a request: {sink.error}")
     return sink.times
 
 
@@ -269,7 +272,8 @@ def main() -> None:
                 for clients in args.clients:
                     rows.append(measure(name, "scheduler alone (no server)",
                                         lambda ids, n: scheduler_one(scheduler, ids, n), clients, args, vocab))
-            finally:
+            finally:  # closed first: a client still looping (Ctrl-C) is refused, not queued forever
+                scheduler.close()
                 scheduler.stop()
                 del scheduler, session
         graph_inputs = [t["name"] for t in manifest["graphs"]["model"]["inputs"]]
