@@ -71,8 +71,9 @@ class _Server(ThreadingHTTPServer):
         exc = sys.exc_info()[1]
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(f"specc serve: the HTTP front dropped a request from {client_address[0]}: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+              f"{type(exc).__name__}: {first}".rstrip(": "), file=sys.stderr)
 
 
 class _Forward(BaseHTTPRequestHandler):

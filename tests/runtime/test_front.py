@@ -200,15 +200,16 @@ def test_a_handler_failure_is_one_line_and_a_client_gone_is_none(capsys):
     from specc.runtime.front import _Server
 
     server = _Server.__new__(_Server)  # handle_error reads nothing of the instance
-    for exc in (ConnectionResetError(104, "Connection reset by peer"), BrokenPipeError(32, "Broken pipe")):
+    for exc in (ConnectionResetError(104, "Connection reset by peer"), BrokenPipeError(32, "Broken pipe"),
+                TimeoutError("timed out")):
         try:
             raise exc
         except OSError:
             server.handle_error(None, ("127.0.0.1", 5555))
     assert capsys.readouterr().err == ""
-    try:
-        raise ValueError("a bug")
-    except ValueError:
-        server.handle_error(None, ("127.0.0.1", 5555))
-    err = capsys.readouterr().err
-    assert err == "specc serve: the HTTP front dropped a request from 127.0.0.1: ValueError: a bug\n"
+    for exc, line in ((ValueError("a bug\non two lines"), "ValueError: a bug"), (KeyError(), "KeyError")):
+        try:
+            raise exc
+        except Exception:
+            server.handle_error(None, ("127.0.0.1", 5555))
+        assert capsys.readouterr().err == f"specc serve: the HTTP front dropped a request from 127.0.0.1: {line}\n"
