@@ -1,6 +1,7 @@
 """Shared fixtures. Add new fixtures below; keep existing ones as they are."""
 from __future__ import annotations
 
+import functools
 import os
 import textwrap
 from pathlib import Path
@@ -102,15 +103,13 @@ def _export_key(model, sig, example, opset):
     return hashlib.sha256(buffer.getvalue()).hexdigest()
 
 
+@functools.cache
 def _nn_reads_precision() -> bool:
     """Whether the modules' code mentions the precision (it does not: an integer build traces the
     fp32 module, an fp16 one a copy in fp16, whose weights the key holds)."""
     import specc.nn
 
-    if "nn_reads_precision" not in _EXPORT_MEMO:
-        _EXPORT_MEMO["nn_reads_precision"] = any(
-            "precision" in p.read_text() for p in Path(specc.nn.__file__).parent.glob("*.py"))
-    return _EXPORT_MEMO["nn_reads_precision"]
+    return any("precision" in p.read_text() for p in Path(specc.nn.__file__).parent.glob("*.py"))
 
 
 @pytest.fixture(autouse=True)
