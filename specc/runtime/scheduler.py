@@ -15,11 +15,14 @@ request threads, the tests drive it directly.
     the block is compacted (rows that left dropped, columns no row needs any more dropped)
 
 The cache block, where the build has an in-place cache graph (specc/export/inplace.py; a
-decoder whose attention onnxruntime's GroupQueryAttention computes): InplaceBlock, one buffer per
-layer's cache [B, H, T, Dh], row i's l_i positions left-aligned and T the longest final length of
-its rows. A step binds each buffer as both past and present, and row i's new position is written
-at its own column l_i (seqlens_k), in place: a step copies nothing, and each row attends to its own
-positions alone, so nothing is masked.
+decoder whose attention onnxruntime's GroupQueryAttention computes): InplaceBlock, one store per
+layer's cache [R, H, T, Dh] whose first B rows are the active rows, row i's l_i positions
+left-aligned and T at least the longest final length of its rows. A step binds those rows as both
+past and present, and row i's new position is written at its own column l_i (seqlens_k), in
+place: a step copies nothing, and each row attends to its own positions alone, so nothing is
+masked. A row that leaves has another moved into its place, a row that joins is copied into the
+next free row: only the rows that move are copied, and a new store is made only for a row longer
+than T or more rows than R.
 
 Otherwise CacheBlock over model.onnx, one per growing present.* output, [B, H, T, Dh] with T the
 longest row: row i holds its own l_i positions right-aligned (columns T - l_i .. T - 1), zeros
@@ -28,15 +31,13 @@ the mask (specc/spec/io.py's positions_from_mask), so row i's next token sits at
 whatever the padding: the left padding of Session.generate's ragged batches, on a batch whose rows
 start at different times. A step reads the block as past_key_values.* and onnxruntime writes
 present.* into the other of two buffers (as specc/runtime/cache.py's CacheBuffers), a copy of the
-block every step.
-
-Either way a row that joins or leaves makes one copy of the block into new buffers.
+block every step, and a row that joins or leaves makes one copy of the block into new buffers.
 
 Limits (GenerationLimits, from serving.generation and `specc serve`'s flags): max_sequences rows
 at once; max_cache_tokens positions of the block, counted as it is held (rows x the longest
-row, padding included; an InplaceBlock: rows x the longest final length), reserved at admission
-for every row's final length (prompt + max_tokens), so a running block never outgrows its
-budget; max_waiting requests queued. A request that could never fit (its own prompt +
+row, padding included; an InplaceBlock: rows x the longest final length, its store R x T),
+reserved at admission for every row's final length (prompt + max_tokens), so a running block
+never outgrows its budget; max_waiting requests queued. A request that could never fit (its own prompt +
 max_tokens past the budget or the context) is refused at once (RunError, HTTP 400); one that
 cannot fit now waits.
 
@@ -223,11 +224,13 @@ class CacheBlock:
         self.hold(into, self.length + 1)
         return out[self.logits].numpy()[:, -1, :]
 
-    def regroup(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]]) -> None:
+    def regroup(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]]) -> list[int]:
         """The rows `keep` ((row index, positions, final length)) and then `joining` ((its prefill's
-        present.*, positions, final length)), in one copy."""
+        present.*, positions, final length)), in one copy, in that order (returned as
+        InplaceBlock.regroup returns its own)."""
         length = max([n for _, n, _ in keep] + [n for _, n, _ in joining], default=0)
         self.relayout([(i, n) for i, n, _ in keep], [(p, n) for p, n, _ in joining], length)
+        return list(range(len(keep) + len(joining)))
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray) -> dict:
         feeds = {INPUT_IDS: ids, ATTENTION_MASK: mask}
@@ -288,29 +291,40 @@ class CacheBlock:
 
 
 class InplaceBlock:
-    """The block of a build's in-place cache graph (specc/export/inplace.py): one buffer per
-    past_key_values.* [B, H, T, Dh], row i's l_i positions left-aligned (columns 0 .. l_i - 1) and
-    T the longest final length (prompt + max_tokens) of its rows. A step binds each buffer as both
-    past and present and GroupQueryAttention writes row i's new position at column l_i (its
-    seqlens_k), reading only its own l_i + 1: nothing is copied and nothing is masked. A row that
-    joins or leaves makes one copy of the block into new buffers."""
+    """The block of a build's in-place cache graph (specc/export/inplace.py): one store per
+    past_key_values.* [R, H, T, Dh], of which a step binds the first B rows (a view: the active
+    rows) as both past and present. Row i's l_i positions are left-aligned (columns 0 .. l_i - 1)
+    and GroupQueryAttention writes its new position at column l_i (its seqlens_k), reading only
+    its own l_i + 1: nothing is masked. T is at least the longest final length (prompt +
+    max_tokens) of the rows, and R x T stays within max_cache_tokens.
 
-    def __init__(self, graph: Graph, logits: str):
+    Rows come and go without a new store: a row that leaves has a row from past the new end
+    moved into its place (that row's positions only), a row that joins has its prefill's
+    positions copied into the next free row, so the rows change order (regroup says how). Only a
+    row whose final length is past T, or more rows than R, makes a new store (every row copied
+    once; `_restore` sizes it). The store is kept while the scheduler runs, empty or not: its
+    pages are the operating system's until a row writes them."""
+
+    def __init__(self, graph: Graph, logits: str, limits: GenerationLimits):
         self.graph = graph
         self.logits = logits
+        self.max_rows, self.max_positions = limits.max_sequences, limits.max_cache_tokens
         self.shapes: dict[str, tuple[int, int, str]] = {}  # past name -> (H, Dh, dtype)
         for name, t in graph.inputs.items():
             if is_past(name):
                 _, h, _, d = t.dims
                 self.shapes[name] = (h, d, numpy_dtype(t.dtype))
-        self.current: dict[str, np.ndarray] = {}  # past name -> [B, H, T, Dh]
-        self.into: dict[str, np.ndarray] = {}  # present name -> the same buffer
-        self.rows, self.capacity = 0, 0
+        self.store: dict[str, np.ndarray] = {}  # past name -> [R, H, T, Dh]
+        self.current: dict[str, np.ndarray] = {}  # past name -> the active rows' view [B, H, T, Dh]
+        self.into: dict[str, np.ndarray] = {}  # present name -> the same view
+        self.rows, self.capacity = 0, 0  # B, T
+        self.longest = 0  # the longest final length of the active rows
 
     @property
     def held(self) -> int:
-        """Positions the block holds: rows x its columns (the longest final length)."""
-        return self.rows * self.capacity
+        """Positions the active rows hold as admission counts them: rows x the longest final
+        length (the store itself is R x T, within max_cache_tokens)."""
+        return self.rows * self.longest
 
     def _buffers(self, rows: int, columns: int) -> tuple[dict, dict]:
         caches = {name: np.zeros((rows, h, columns, d), dtype) for name, (h, d, dtype) in self.shapes.items()}
@@ -329,19 +343,54 @@ class InplaceBlock:
         out = self.graph.run(inplace_feeds(self.graph.inputs, ids, lengths, self.current), into=self.into)
         return out[self.logits].numpy()[:, -1, :]
 
-    def regroup(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]]) -> None:
+    def regroup(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]]) -> list[int]:
         """The rows `keep` ((row index, positions, final length)) and then `joining` ((its prefill's
-        buffers, positions, final length)), left-aligned in new buffers of the longest final length."""
-        rows = [(self.current, i, n, need) for i, n, need in keep] + [(b, 0, n, need) for b, n, need in joining]
-        self.rows, self.capacity = len(rows), max((need for *_, need in rows), default=0)
-        if not rows:
-            self.current, self.into = {}, {}
-            return
-        caches, into = self._buffers(self.rows, self.capacity)
-        for name, block in caches.items():
-            for j, (source, i, n, _) in enumerate(rows):
-                block[j, :, :n] = source[name][i, :, :n]
-        self.current, self.into = caches, into
+        buffers, positions, final length)); returns the new rows' order as indices into keep +
+        joining (row r holds entry order[r])."""
+        rows = len(keep) + len(joining)
+        need = self.longest = max((final for *_, final in keep + joining), default=0)
+        if rows > len(next(iter(self.store.values()), ())) or need > self.capacity:
+            return self._restore(keep, joining, need)
+        order: list[int | None] = [None] * len(keep)
+        movers = []
+        for k, (i, _, _) in enumerate(keep):
+            if i < len(keep):
+                order[i] = k
+            else:
+                movers.append(k)
+        for r, k in zip([r for r, k in enumerate(order) if k is None], movers):
+            i, n, _ = keep[k]
+            for buf in self.store.values():
+                buf[r, :, :n] = buf[i, :, :n]
+            order[r] = k
+        for j, (source, n, _) in enumerate(joining):
+            for name, buf in self.store.items():
+                buf[len(keep) + j, :, :n] = source[name][0, :, :n]
+            order.append(len(keep) + j)
+        self._view(rows)
+        return order
+
+    def _restore(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]], need: int) -> list[int]:
+        """A new store, the rows copied into it in order: T the longest final length `need` up to
+        a power of two (so that a few longer rows make no new store) and R twice the old store's
+        rows (so that rows arriving one by one make a few), each as far as max_cache_tokens allows
+        beside the rows (rows x need is within it: admission holds it so)."""
+        sources = [(self.store, i, n) for i, n, _ in keep] + [(b, 0, n) for b, n, _ in joining]
+        rows = len(sources)
+        columns = max(need, min(1 << (need - 1).bit_length(), self.max_positions // rows))
+        grown = min(self.max_rows, self.max_positions // columns, 2 * len(next(iter(self.store.values()), ())))
+        store, _ = self._buffers(max(rows, grown), columns)
+        for name, buf in store.items():
+            for r, (source, i, n) in enumerate(sources):
+                buf[r, :, :n] = source[name][i, :, :n]
+        self.store, self.capacity = store, columns
+        self._view(rows)
+        return list(range(rows))
+
+    def _view(self, rows: int) -> None:
+        self.rows = rows
+        self.current = {name: buf[:rows] for name, buf in self.store.items()}
+        self.into = {parse_cache(name)[1].present: view for name, view in self.current.items()}
 
 
 class Scheduler:
@@ -360,7 +409,7 @@ class Scheduler:
         self.limits = limits or GenerationLimits.of(info)
         inplace = getattr(model, "inplace", None)
         if inplace is not None and ATTENTION_MASK not in inplace.inputs:
-            self.block: CacheBlock | InplaceBlock = InplaceBlock(inplace, self.logits_name)
+            self.block: CacheBlock | InplaceBlock = InplaceBlock(inplace, self.logits_name, self.limits)
         else:
             graph = model.graphs["model"]
             if ATTENTION_MASK not in graph.inputs:
@@ -574,14 +623,16 @@ class Scheduler:
             pass
 
     def _regroup(self, joining: list[_Sequence]) -> None:
-        """Rows that ended leave the block and `joining` rows enter it, in one copy; nothing is
-        copied when no row leaves or joins."""
+        """Rows that ended leave the block and `joining` rows enter it (the block says in which
+        order the rows then are); nothing is copied when no row leaves or joins."""
         keep = [(i, s) for i, s in enumerate(self._active) if s.ended is None]
         joining = [s for s in joining if s.ended is None]
         if len(keep) == len(self._active) and not joining:
             return
-        rows = [s for _, s in keep] + joining
-        self.block.regroup([(i, s.length, s.need) for i, s in keep], [(s.present, s.length, s.need) for s in joining])
+        entries = [s for _, s in keep] + joining
+        order = self.block.regroup([(i, s.length, s.need) for i, s in keep],
+                                   [(s.present, s.length, s.need) for s in joining])
+        rows = [entries[k] for k in order]
         for s in joining:
             s.present = None
         with self._lock:

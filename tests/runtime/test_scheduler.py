@@ -168,7 +168,7 @@ def test_the_block_never_holds_more_than_its_limits(built, name):
     while scheduler.step():
         block = scheduler.block
         most_rows, most_cells = max(most_rows, block.rows), max(most_cells, block.held)
-        held = [block.current] if isinstance(block, InplaceBlock) else block.buffers
+        held = [block.store, block.current] if isinstance(block, InplaceBlock) else block.buffers
         for turn in held:
             for buf_name, buf in turn.items():
                 h, d, _ = block.shapes[buf_name]
@@ -177,6 +177,50 @@ def test_the_block_never_holds_more_than_its_limits(built, name):
     assert most_rows >= 2  # it did batch
     for r, s in zip(reqs, sinks):
         assert s.tokens == alone(session, r)
+
+
+def test_rows_leave_and_join_the_inplace_store_in_place(built):
+    """InplaceBlock: a row that leaves before the end has the last row moved into its place and a
+    row that joins takes the next free one, in the same store; a row longer than the store's
+    columns makes a new one, within max_cache_tokens; every request's tokens are its own alone."""
+    session = built("tiny-gpt2")
+    scheduler = Scheduler(session, GenerationLimits(max_sequences=4, max_cache_tokens=256, max_waiting=10))
+    block = scheduler.block
+    first = [GenerationRequest(ids=(1, 2, 3), max_tokens=4, eos=-1),  # ends first: row 0 leaves
+             GenerationRequest(ids=(4, 5), max_tokens=30, eos=-1),
+             GenerationRequest(ids=(6, 7, 8, 9), max_tokens=20, eos=-1)]
+    later = [GenerationRequest(ids=(10, 11), max_tokens=8, eos=-1),
+             GenerationRequest(ids=(12, 13, 14, 15, 16), max_tokens=95, eos=-1)]  # 100 positions: past 64
+    sinks = {r: Sink() for r in first + later}
+
+    def order() -> list:
+        return [s.request for s in scheduler._active]
+
+    for r in first:
+        scheduler.submit(r, sinks[r])
+    scheduler.step()
+    store = block.store
+    assert block.rows == 3 and block.capacity == 32  # the longest final length (4 + 20 is 24, 2 + 30 is 32)
+    while not sinks[first[0]].finished.is_set():
+        scheduler.step()
+    assert order() == [first[2], first[1]] and block.store is store  # the last row took row 0's place
+    moved = scheduler._active[0].length
+    for buf in store.values():  # its positions copied as they were (row 2 is free now, not yet written)
+        np.testing.assert_array_equal(buf[0, :, :moved], buf[2, :, :moved])
+    scheduler.submit(later[0], sinks[later[0]])
+    scheduler.step()
+    assert order() == [first[2], first[1], later[0]] and block.store is store
+    scheduler.submit(later[1], sinks[later[1]])  # waits until 2 rows x 100 positions fit in 256
+    while later[1] not in order():
+        assert scheduler.step()
+    assert block.store is not store and block.capacity == 128 and block.rows <= 2  # 100 up to a power of 2
+    for buf_name, buf in block.store.items():
+        h, d, _ = block.shapes[buf_name]
+        assert buf.size <= 256 * h * d
+    while scheduler.step():
+        pass
+    for r, s in sinks.items():
+        assert s.tokens == alone(session, r) and s.reason == LENGTH
 
 
 def test_requests_that_cannot_fit_are_refused_and_a_full_queue_is_busy(built):
