@@ -12,7 +12,7 @@ request threads, the tests drive it directly.
     each iteration: ONE decode step [B, 1] for all B active sequences -> one token each
        | a sequence leaves when it ends (eos, the sink says stop, max_tokens, cancel)
        v
-    the block is compacted (rows that left dropped, columns no row needs any more dropped)
+    the block is compacted (rows that left dropped; over model.onnx, columns no row needs any more too)
 
 The cache block, where the build has an in-place cache graph (specc/export/inplace.py; a
 decoder whose attention onnxruntime's GroupQueryAttention computes): InplaceBlock, one store per
@@ -302,8 +302,8 @@ class InplaceBlock:
     moved into its place (that row's positions only), a row that joins has its prefill's
     positions copied into the next free row, so the rows change order (regroup says how). Only a
     row whose final length is past T, or more rows than R, makes a new store (every row copied
-    once; `_restore` sizes it). The store is kept while the scheduler runs, empty or not: its
-    pages are the operating system's until a row writes them."""
+    once; `_restore` sizes it). The store is kept while the scheduler runs, empty or not: a page
+    no row has written takes no memory, and one a row wrote stays in memory until a new store."""
 
     def __init__(self, graph: Graph, logits: str, limits: GenerationLimits):
         self.graph = graph

@@ -180,9 +180,10 @@ def test_the_block_never_holds_more_than_its_limits(built, name):
 
 
 def test_rows_leave_and_join_the_inplace_store_in_place(built):
-    """InplaceBlock: a row that leaves before the end has the last row moved into its place and a
-    row that joins takes the next free one, in the same store; a row longer than the store's
-    columns makes a new one, within max_cache_tokens; every request's tokens are its own alone."""
+    """InplaceBlock: a row that leaves before the end has a row from past the new end (here the
+    last) moved into its place and a row that joins takes the next free one, in the same store; a
+    row longer than the store's columns makes a new one, within max_cache_tokens; every request's
+    tokens are its own alone."""
     session = built("tiny-gpt2")
     scheduler = Scheduler(session, GenerationLimits(max_sequences=4, max_cache_tokens=256, max_waiting=10))
     block = scheduler.block
@@ -221,6 +222,40 @@ def test_rows_leave_and_join_the_inplace_store_in_place(built):
         pass
     for r, s in sinks.items():
         assert s.tokens == alone(session, r) and s.reason == LENGTH
+
+
+def test_regroup_says_where_each_row_went_when_several_leave_and_join_at_once(built):
+    """InplaceBlock.regroup alone, on rows whose caches are filled with their own number: rows
+    leaving from the front, the middle and the end while others join in the same call, and the
+    order it returns says which entry each row of the store now holds, every position intact."""
+    session = built("tiny-gpt2")
+    block = Scheduler(session, GenerationLimits(max_sequences=4, max_cache_tokens=4 * 64, max_waiting=1)).block
+
+    def prefill(mark: float, n: int) -> dict:
+        return {name: np.full((1, h, n, d), mark, dtype) for name, (h, d, dtype) in block.shapes.items()}
+
+    def marks() -> list[float]:  # each row's one value over its positions, checked to be one
+        first = next(iter(block.current.values()))
+        out = []
+        for r, (mark, n) in enumerate(rows):
+            for buf in block.current.values():
+                assert (buf[r, :, :n] == mark).all(), (r, mark)
+            out.append(float(first[r, 0, 0, 0]))
+        return out
+
+    rows = [(1.0, 5), (2.0, 7), (3.0, 3), (4.0, 6)]  # (mark, positions)
+    order = block.regroup([], [(prefill(m, n), n, 20) for m, n in rows])
+    assert order == [0, 1, 2, 3] and marks() == [1.0, 2.0, 3.0, 4.0]
+    store = block.store
+    keep = [(1, 7, 20), (2, 3, 20)]  # rows 0 and 3 leave; 5.0 joins
+    entries = [2.0, 3.0, 5.0]
+    order = block.regroup(keep, [(prefill(5.0, 4), 4, 20)])
+    rows = [[(2.0, 7), (3.0, 3), (5.0, 4)][k] for k in order]
+    assert marks() == [entries[k] for k in order] == [3.0, 2.0, 5.0] and block.store is store
+    keep = [(1, 7, 20)]  # rows 0 and 2 leave; two join
+    order = block.regroup(keep, [(prefill(6.0, 2), 2, 20), (prefill(7.0, 9), 9, 20)])
+    rows = [[(2.0, 7), (6.0, 2), (7.0, 9)][k] for k in order]
+    assert marks() == [2.0, 6.0, 7.0] and block.store is store and block.rows == 3
 
 
 def test_requests_that_cannot_fit_are_refused_and_a_full_queue_is_busy(built):
