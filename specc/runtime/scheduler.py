@@ -37,9 +37,9 @@ Limits (GenerationLimits, from serving.generation and `specc serve`'s flags): ma
 at once; max_cache_tokens positions of the block, counted as it is held (rows x the longest
 row, padding included; an InplaceBlock: rows x the longest final length, its store R x T),
 reserved at admission for every row's final length (prompt + max_tokens), so a running block
-never outgrows its budget; max_waiting requests queued. A request that could never fit (its own prompt +
-max_tokens past the budget or the context) is refused at once (RunError, HTTP 400); one that
-cannot fit now waits.
+never outgrows its budget; max_waiting requests queued. A request that could never fit (its own
+prompt + max_tokens past the budget or the context) is refused at once (RunError, HTTP 400); one
+that cannot fit now waits.
 
 Encoder-decoder builds are not scheduled here: their decoder graph takes no attention_mask for
 its own cache, so rows that started at different times cannot share one step.
@@ -326,6 +326,11 @@ class InplaceBlock:
         length (the store itself is R x T, within max_cache_tokens)."""
         return self.rows * self.longest
 
+    @property
+    def slots(self) -> int:
+        """R, the rows the store has room for (0 before the first)."""
+        return len(next(iter(self.store.values()), ()))
+
     def _buffers(self, rows: int, columns: int) -> tuple[dict, dict]:
         caches = {name: np.zeros((rows, h, columns, d), dtype) for name, (h, d, dtype) in self.shapes.items()}
         return caches, {parse_cache(name)[1].present: buf for name, buf in caches.items()}
@@ -349,7 +354,7 @@ class InplaceBlock:
         joining (row r holds entry order[r])."""
         rows = len(keep) + len(joining)
         need = self.longest = max((final for *_, final in keep + joining), default=0)
-        if rows > len(next(iter(self.store.values()), ())) or need > self.capacity:
+        if rows > self.slots or need > self.capacity:
             return self._restore(keep, joining, need)
         order: list[int | None] = [None] * len(keep)
         movers = []
@@ -378,7 +383,7 @@ class InplaceBlock:
         sources = [(self.store, i, n) for i, n, _ in keep] + [(b, 0, n) for b, n, _ in joining]
         rows = len(sources)
         columns = max(need, min(1 << (need - 1).bit_length(), self.max_positions // rows))
-        grown = min(self.max_rows, self.max_positions // columns, 2 * len(next(iter(self.store.values()), ())))
+        grown = min(self.max_rows, self.max_positions // columns, 2 * self.slots)
         store, _ = self._buffers(max(rows, grown), columns)
         for name, buf in store.items():
             for r, (source, i, n) in enumerate(sources):
