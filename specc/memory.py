@@ -22,7 +22,7 @@ from pathlib import Path
 
 from specc.errors import BuildError
 from specc.export.quantize import SCHEMES
-from specc.export.stitch import KEEP, streamable
+from specc.export.stitch import KEEP, deep_stacks, streamable
 from specc.report import human_bytes
 from specc.spec.costs import inspect_spec, parameter_shapes
 from specc.spec.resolve import ResolvedSpec
@@ -185,8 +185,10 @@ def streamed_fits(r: ResolvedSpec, max_memory: int | None = None) -> bool:
 
 
 def _streamed_hint(r: ResolvedSpec) -> str:
-    """What a streamed build of this spec would need, where it can be streamed."""
-    if isinstance(streamable(r), str):
-        return ""
+    """What a streamed build of this spec would need, where it can be streamed; why it cannot be,
+    where it has a stack deep enough that streaming would matter."""
+    why = streamable(r)
+    if isinstance(why, str):
+        return f" (it cannot be built streamed, one layer at a time: {why})" if deep_stacks(r) else ""
     need = estimate_streamed(r)["bytes"]
     return f" (built streamed, one layer at a time, it would need about {human_bytes(need)})"

@@ -55,13 +55,18 @@ def stitch_plan(r, sig) -> dict[str, int]:
     return plan
 
 
+def deep_stacks(r) -> list[str]:
+    """The roles of the stacks deeper than KEEP layers: those a stitch or a streamed build concerns."""
+    return [s.role for s in (r.encoder, r.decoder) if s is not None and len(s.layers) > KEEP]
+
+
 def streamable(r) -> tuple[str, ...] | str:
     """The stacks a streamed build makes one layer at a time, or why the spec cannot be built
     streamed: every stack deeper than KEEP layers must be stitched in every graph that runs it
     (stitch_plan), which an encoder-decoder's encoder graph is not."""
     if r.architecture == "encoder-decoder":
         return "an encoder-decoder's encoder graph makes the decoder layers' cross-attention keys and values"
-    deep = [s.role for s in (r.encoder, r.decoder) if s is not None and len(s.layers) > KEEP]
+    deep = deep_stacks(r)
     if not deep:
         return f"no stack has more than {KEEP} layers"
     for sig in r.graphs:

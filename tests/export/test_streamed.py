@@ -172,6 +172,15 @@ def test_what_cannot_be_streamed_is_refused_with_the_reason(tmp_path):
     with pytest.raises(BuildError, match="cannot be built streamed: no stack has more than 2 layers"):
         specc.build("tiny-llama", tmp_path / "out", stream=True)
     assert not (tmp_path / "out").exists()
+    # too large for memory and deep, but not streamable: the refusal says why it is not streamed
+    with pytest.raises(BuildError, match=r"is available \(it cannot be built streamed, one layer at a time: an "
+                                         r"encoder-decoder's encoder graph .*\); free memory"):
+        specc.build(_deep("tiny-transformer"), tmp_path / "out", max_memory=1024)
+    # a model of two layers, where streaming would not matter, is refused without that
+    with pytest.raises(BuildError) as refused:
+        specc.build("tiny-llama", tmp_path / "out", max_memory=1024)
+    assert "streamed" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_estimates_choose_streaming_only_where_the_whole_model_does_not_fit(tmp_path):
