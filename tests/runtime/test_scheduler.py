@@ -226,8 +226,9 @@ def test_rows_leave_and_join_the_inplace_store_in_place(built):
 
 def test_regroup_says_where_each_row_went_when_several_leave_and_join_at_once(built):
     """InplaceBlock.regroup alone, on rows whose caches are filled with their own number: rows
-    leaving from the front, the middle and the end while others join in the same call, and the
-    order it returns says which entry each row of the store now holds, every position intact."""
+    leaving from the front and the end while others join in the same call (a row leaving from the
+    middle: the test above), and the order it returns says which entry each row of the store now
+    holds, every position intact."""
     session = built("tiny-gpt2")
     block = Scheduler(session, GenerationLimits(max_sequences=4, max_cache_tokens=4 * 64, max_waiting=1)).block
 
