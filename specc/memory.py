@@ -69,6 +69,8 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     outside = 0  # of those, the ones in no layer (embeddings, heads, final norms)
     short = 0  # the short module's fp32 weights
     outside_fp32 = 0  # of those, the ones in no layer
+    plans = streamable(r)
+    kept = {role: p.kept for role, p in plans.items()} if isinstance(plans, dict) else {}  # layers the short module has
     per_layer: dict[str, int] = {}  # each layer's fp32 weights
     stored_layer: dict[str, int] = {}  # each layer's weights as written
     for name, shape in parameter_shapes(r).items():
@@ -81,7 +83,7 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
             key = ".".join(parts[:3])
             per_layer[key] = per_layer.get(key, 0) + 4 * n
             stored_layer[key] = stored_layer.get(key, 0) + written
-            if int(parts[2]) >= KEEP:
+            if int(parts[2]) >= kept.get(parts[0], KEEP):
                 continue
         else:
             outside += written

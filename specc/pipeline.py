@@ -37,7 +37,7 @@ from specc.export.diagnose import first_wrong_layer
 from specc.export.quantize import dequantize_linears, quantize
 from specc.export.reference import ReferenceJob
 from specc.export.segments import verify_segments
-from specc.export.stitch import KEEP, LAYER_OUTPUTS, streamable
+from specc.export.stitch import LAYER_OUTPUTS, streamable
 from specc.export.tensorrt import build_engines, engines_possible
 from specc.export import inplace, optimum_seq2seq
 from specc.export.verify import new_report, tolerance, verify
@@ -185,7 +185,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
                           fork=False if streamed else None, n_params=n_params,
                           write_weights=built.write_weights if keep_weights else _no_weights_file,
                           prepare=_reference_weights(precision, weights_file),
-                          layers=_streamed_roles(r) if segmented else ()) as references:
+                          layers=tuple(_streamed_plans(r)) if segmented else ()) as references:
             exported, optimizations = _export(clock, r, model, precision, opset, built.source)
             _optimize(clock, r, exported, made.passes, optimizations)
             _quantize(clock, r, exported, precision, optimizations)
@@ -305,11 +305,11 @@ def _no_weights_file(path: Path) -> None:
     """The weights file's writer of a build that does not keep it: nothing is written."""
 
 
-def _streamed_roles(r: ResolvedSpec) -> tuple[str, ...]:
-    roles = streamable(r)
-    if isinstance(roles, str):
-        raise BuildError(f"{r.name} cannot be built streamed: {roles}")
-    return roles
+def _streamed_plans(r: ResolvedSpec) -> dict:
+    plans = streamable(r)
+    if isinstance(plans, str):
+        raise BuildError(f"{r.name} cannot be built streamed: {plans}")
+    return plans
 
 
 def choose_streamed(r: ResolvedSpec, stream: bool | None, max_memory: int | None) -> bool:
@@ -320,7 +320,7 @@ def choose_streamed(r: ResolvedSpec, stream: bool | None, max_memory: int | None
         check_memory(r, max_memory)
         return False
     if stream:
-        _streamed_roles(r)
+        _streamed_plans(r)
         check_memory(r, max_memory, streamed=True)
         return True
     try:
@@ -422,10 +422,10 @@ def _build_module(clock: _Clock, r: ResolvedSpec, weights_file: Path | None, see
         if streamed:
             from specc.nn import streamed as st
 
-            roles = _streamed_roles(r)
+            plans = _streamed_plans(r)
 
             def make():
-                return st.short_and_source(r, roles, KEEP, seed, weights_file)
+                return st.short_and_source(r, plans, seed, weights_file)
 
             short, source = make()
             # progress from this process only: a forked reference run makes its own layers, and its

@@ -87,7 +87,9 @@ def optimization_text(o: dict[str, Any], fusions: bool = False) -> str:
         layers = ", ".join(f"{role} {n}" for role, n in (o.get("layers") or {}).items())
         if o.get("skipped"):
             return f"{graph} traced whole ({layers} layers: {o['skipped']})"
-        return f"{graph} {layers} layers from {o.get('layers_traced')} traced (specc.stitch)"
+        periods = ", ".join(f"{role} {n}" for role, n in (o.get("periods") or {}).items())
+        blocks = f", copied in blocks of {periods}" if periods else ""
+        return f"{graph} {layers} layers from {o.get('layers_traced')} traced{blocks} (specc.stitch)"
     if "precision" in o and "quantized_ops" in o:  # specc/export/quantize.py's facts
         ops = ", ".join(f"{n} {op}" for op, n in o["quantized_ops"].items())
         offset = f", {o['offset_form']} in the offset form" if o.get("offset_form") else ""

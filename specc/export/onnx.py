@@ -86,8 +86,8 @@ def preload() -> threading.Thread:
 
 def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch.Tensor],
                     opset: int = DEFAULT_OPSET, prefolded: bool = True, source=None):
-    """The graph as export_graph gives it, traced with two layers of each deep stack whose layers
-    are alike and the rest written in as copies (specc/export/stitch.py), or traced whole where
+    """The graph as export_graph gives it, traced with the first layers of each deep stack whose
+    layers repeat and the rest written in as copies (specc/export/stitch.py), or traced whole where
     that cannot be done. Returns (program, facts): facts is the manifest's optimization entry
     ({"pass": "specc.stitch", ...}: the layers traced and the nodes before and after, or why the
     graph was traced whole), or None when no stack was deep enough to try. A stitched graph's
@@ -107,7 +107,10 @@ def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch
         with st.layer_weights_hidden(graph, plan):
             prefold(program.model)
     before = len(graph)
-    facts = {"graph": sig.name, "pass": "specc.stitch", "layers": plan, "layers_traced": st.KEEP}
+    facts = {"graph": sig.name, "pass": "specc.stitch", "layers": {role: p.layers for role, p in plan.items()},
+             "layers_traced": max(p.kept for p in plan.values())}
+    if any(p.period > 1 for p in plan.values()):
+        facts["periods"] = {role: p.period for role, p in plan.items()}
     try:
         st.stitch(graph, source or st.ModuleWeights(model), plan, lazy=source is not None)
         st.order_io(graph, sig)

@@ -1,7 +1,8 @@
 """A model too large to hold: its deep stacks' layers made one at a time (a streamed build).
 
-- short_spec(r, roles, keep): the resolved spec with those stacks cut to their first `keep` layers,
-  what a streamed build constructs and traces (the rest are copies in the graph, specc/export/stitch.py).
+- short_spec(r, plans): the resolved spec with the planned stacks cut to their first `kept`
+  layers, what a streamed build constructs and traces (the rest are copies in the graph,
+  specc/export/stitch.py, whose Plan gives each stack's `kept` and each layer's `twin`).
 - StreamedWeights: any parameter or buffer of the whole model by its module path, the layers of
   the cut stacks made one at a time,
   seeded (init_weights with the layer's own name prefix: the values the whole model has) or read
@@ -28,30 +29,30 @@ from specc.spec.costs import parameter_shapes
 from specc.spec.resolve import ResolvedSpec
 
 
-def short_spec(r: ResolvedSpec, roles, keep: int) -> ResolvedSpec:
-    """r with the stacks named in `roles` holding their first `keep` layers."""
+def short_spec(r: ResolvedSpec, plans) -> ResolvedSpec:
+    """r with the stacks of `plans` ({role: stitch.Plan}) holding their first `kept` layers."""
     update = {}
-    for role in roles:
+    for role, plan in plans.items():
         stack = getattr(r, role)
-        update[role] = stack.model_copy(update={"layers": tuple(stack.layers[:keep])})
+        update[role] = stack.model_copy(update={"layers": tuple(stack.layers[:plan.kept])})
     return r.model_copy(update=update)
 
 
-def short_model(r: ResolvedSpec, roles, keep: int, seed: int = 0) -> SpeccModel:
-    """The module of short_spec(r, roles, keep) in eval mode, seeded (the whole model's values for
-    the parameters it has); weights from a file are copied in by the caller."""
+def short_model(r: ResolvedSpec, plans, seed: int = 0) -> SpeccModel:
+    """The module of short_spec(r, plans) in eval mode, seeded (the whole model's values for the
+    parameters it has); weights from a file are copied in by the caller."""
     with default_init_skipped():
-        model = SpeccModel(short_spec(r, roles, keep))
+        model = SpeccModel(short_spec(r, plans))
     init_weights(model, seed, depth=stack_depths(r))  # the whole model's depths
     return model.eval()
 
 
-def short_and_source(r: ResolvedSpec, roles, keep: int, seed: int = 0,
+def short_and_source(r: ResolvedSpec, plans, seed: int = 0,
                      weights: str | os.PathLike | None = None) -> tuple[SpeccModel, StreamedWeights]:
     """A streamed build's short module (its own parameters from `weights` where given, seeded
     otherwise) and the source of every other layer."""
-    short = short_model(r, roles, keep, seed)
-    source = StreamedWeights(r, short, roles, keep, seed=seed, weights=weights)
+    short = short_model(r, plans, seed)
+    source = StreamedWeights(r, short, plans, seed=seed, weights=weights)
     if source.file is not None:
         with torch.no_grad():
             for name, p in short.named_parameters():
@@ -77,14 +78,15 @@ def module_tensor(module: nn.Module, name: str) -> torch.Tensor:
 
 
 class StreamedWeights:
-    """The whole model's tensors with the `roles` stacks' layers past `keep` made one layer at a
-    time: seeded from `seed`, or read from `weights` (a safetensors file in specc's parameter
+    """The whole model's tensors with the planned stacks' layers past their `kept` made one layer
+    at a time: seeded from `seed`, or read from `weights` (a safetensors file in specc's parameter
     names, every name and shape checked against the spec before anything is made). `short` is the
     short module (short_spec), whose own tensors are read from it."""
 
-    def __init__(self, r: ResolvedSpec, short: nn.Module, roles, keep: int, seed: int = 0,
+    def __init__(self, r: ResolvedSpec, short: nn.Module, plans, seed: int = 0,
                  weights: str | os.PathLike | None = None):
-        self.r, self.short, self.roles, self.keep, self.seed = r, short, tuple(roles), keep, seed
+        self.r, self.short, self.plans, self.seed = r, short, dict(plans), seed
+        self.roles = tuple(self.plans)
         self.file = None
         if weights is not None:
             from specc.weights.io import check_weights, open_weights
@@ -93,14 +95,14 @@ class StreamedWeights:
             check_weights(self.file, parameter_shapes(r))
         self._held: tuple[tuple[str, int], nn.Module] | None = None
         self.on_layer = None  # on_layer(role, index, layers in the stack): called as each layer is made
-        # transform(layer): applied to each layer as it is made; with one, layers below `keep` are
-        # made too rather than the short module's own changed (a forked process shares those)
+        # transform(layer): applied to each layer as it is made; with one, the short module's
+        # layers are made too rather than its own changed (a forked process shares those)
         self.transform = None
 
     def layer(self, role: str, index: int) -> nn.Module:
-        """Layer `index` of stack `role` in eval mode, fp32: the short module's own below `keep`,
-        else made (or the one made last, if it is that layer)."""
-        if index < self.keep and self.transform is None:
+        """Layer `index` of stack `role` in eval mode, fp32: the short module's own below its
+        `kept`, else made (or the one made last, if it is that layer)."""
+        if index < self.plans[role].kept and self.transform is None:
             return getattr(self.short, role).layers[index]
         if self._held is not None and self._held[0] == (role, index):
             return self._held[1]
@@ -128,11 +130,12 @@ class StreamedWeights:
         drawn as init_weights draws it), unless its layer is the one held; anything else from the
         short module or its layer."""
         where = layer_index(name, self.roles)
-        if where is None or where[1] < self.keep:
+        if where is None or where[1] < self.plans[where[0]].kept:
             return module_tensor(self.short, name)
         rest = name.split(".", 3)[3]
         if self._held is None or self._held[0] != where:
-            template = getattr(self.short, where[0]).layers[self.keep - 1]  # a layer of the same stack: kinds, shapes
+            # the traced layer this one is configured as: its parameters' kinds and shapes
+            template = getattr(self.short, where[0]).layers[self.plans[where[0]].twin(where[1])]
             try:
                 like = template.get_parameter(rest)
             except AttributeError:

@@ -89,7 +89,21 @@ def _weights(program) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("kind", [k if k in FAST else pytest.param(k, marks=pytest.mark.slow) for k in speclib.KINDS])
 def test_a_stitched_graph_is_the_whole_trace(kind):
-    r = _deep(kind)
+    _stitched_is_whole(_deep(kind), kind)
+
+
+@pytest.mark.parametrize("layers", [7, pytest.param(6, marks=pytest.mark.slow)])
+def test_a_stack_with_a_period_is_stitched_block_by_block(layers):
+    """Every second layer global (Gemma 2's pattern, `overrides`): layers 0-3 traced, the rest
+    copied two at a time, the last block partial where the depth is odd."""
+    r = _deep("overrides", layers)
+    assert stitch.stitch_plan(r, r.graphs[0]) == {"decoder": stitch.Plan(layers, 2)}
+    facts = _stitched_is_whole(r, "overrides")
+    assert facts["layers_traced"] == 4 and facts["periods"] == {"decoder": 2}
+
+
+def _stitched_is_whole(r, kind):
+    """The stitched graphs of r against its whole traces; returns the last stitched one's facts."""
     model = to_torch(r, seed=0).eval()
     for sig in r.graphs:
         example = onnx_export.example_inputs(r, sig)
@@ -99,8 +113,8 @@ def test_a_stitched_graph_is_the_whole_trace(kind):
         if not plan:
             assert facts is None
         else:
-            assert facts["pass"] == "specc.stitch" and facts["layers"] == plan
-            assert facts["layers_traced"] == stitch.KEEP, facts  # every kind with a plan stitches
+            assert facts["pass"] == "specc.stitch" and facts["layers"] == {role: p.layers for role, p in plan.items()}
+            assert facts["layers_traced"] == max(p.kept for p in plan.values()), facts  # every kind with a plan stitches
             assert facts["nodes_after"] > facts["nodes_before"]
         if plan:
             # the layers were optimized before they were copied: the graph the whole optimizer
@@ -122,29 +136,54 @@ def test_a_stitched_graph_is_the_whole_trace(kind):
         feed = _feed(r, sig)
         for name, a, b in zip([t.name for t in sig.outputs], _run(stitched, feed), _run(whole, feed)):
             np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6, err_msg=f"{kind} {sig.name} {name}")
+    return facts
 
 
 def test_the_plan_takes_deep_stacks_whose_layers_are_alike():
     r = _deep("encdec-default", layers=4)
     enc, dec = r.graphs
     # an encoder-decoder's encoder graph also makes the decoder's cross K/V outside its layers
-    assert stitch.stitch_plan(r, enc) == {"encoder": 4}
-    assert stitch.stitch_plan(r, dec) == {"decoder": 4}
+    assert stitch.stitch_plan(r, enc) == {"encoder": stitch.Plan(4, 1)}
+    assert stitch.stitch_plan(r, dec) == {"decoder": stitch.Plan(4, 1)}
     shallow = _deep("decoder-default", layers=2)
     assert stitch.stitch_plan(shallow, shallow.graphs[0]) == {}
     # layers configured apart (here: BigBird's random key blocks drawn per layer) are traced whole
     bigbird = _deep("bigbird", layers=3)
     blocks = [layer.attention.random_blocks for layer in bigbird.decoder.layers]
-    assert stitch.stitch_plan(bigbird, bigbird.graphs[0]) == ({} if blocks[1] != blocks[2] else {"decoder": 3})
+    alike = blocks[0] == blocks[1] == blocks[2]
+    assert stitch.stitch_plan(bigbird, bigbird.graphs[0]) == ({"decoder": stitch.Plan(3, 1)} if alike else {})
+
+
+@pytest.mark.parametrize("overrides, layers, period", [
+    ([{"every": 2, "first": 1}], 5, 2),  # Gemma 2: local and global in turn
+    ([{"every": 2, "first": 1}], 4, None),  # no more than two blocks: nothing to copy
+    ([{"every": 6, "first": 5}], 26, 6),  # Gemma 3 1B: five local to one global, a partial last block
+    ([{"every": 3, "first": 0}], 8, 3),  # the first layer of each block global
+    ([{"indices": [0]}], 5, None),  # layer 0 apart: block 0 is not block 1
+    ([{"indices": [3]}], 9, None),  # one layer apart in the middle repeats nothing
+    ([{"indices": [1, 2]}], 8, None),
+])
+def test_the_period_is_the_shortest_repeat_of_the_layers_configurations(overrides, layers, period):
+    data = speclib.merge(speclib.BASE, speclib.KINDS["overrides"])
+    data["decoder"] = {**data["decoder"], "layers": layers,
+                       "overrides": [{**o, "pattern": {"kind": "full"}, "rotary_base": 100.0} for o in overrides]}
+    r = resolve(speclib.tiny({"decoder": data["decoder"]} | {k: v for k, v in speclib.KINDS["overrides"].items() if k != "decoder"}))
+    assert stitch.period(r.decoder) == period
+    assert stitch.stitch_plan(r, r.graphs[0]) == ({} if period is None else {"decoder": stitch.Plan(layers, period)})
+    plan = stitch.Plan(layers, period or 1)
+    # a copied layer's twin is traced and configured as it is
+    for i in range(layers if period else 0):
+        assert plan.twin(i) < plan.kept
+        assert r.decoder.layers[plan.twin(i)].model_copy(update={"index": i}) == r.decoder.layers[i]
 
 
 def test_truncation_keeps_the_parameters_and_the_signature_of_two_layers():
     r = _deep("decoder-default", layers=4)
     model = to_torch(r, seed=0)
-    short = stitch.truncated(model, {"decoder": 4})
+    short = stitch.truncated(model, {"decoder": stitch.Plan(4, 1)})
     assert len(short.decoder.layers) == 2 and len(model.decoder.layers) == 4
     assert short.decoder.layers[1].attention.q.weight is model.decoder.layers[1].attention.q.weight
-    sig = stitch.truncated_sig(r.graphs[0], {"decoder": 4})
+    sig = stitch.truncated_sig(r.graphs[0], {"decoder": stitch.Plan(4, 1)})
     names = [t.name for t in sig.inputs + sig.outputs]
     assert "past_key_values.1.value" in names and "present.1.key" in names
     assert not any(".2." in n or ".3." in n for n in names)
@@ -169,17 +208,17 @@ def _traced_two_of_three():
     r = _deep("decoder-default")
     model = to_torch(r, seed=0).eval()
     sig = r.graphs[0]
-    short_sig = stitch.truncated_sig(sig, {"decoder": 3})
+    short_sig = stitch.truncated_sig(sig, {"decoder": stitch.Plan(3, 1)})
     example = onnx_export.example_inputs(r, sig)
-    program = onnx_export.export_graph(stitch.truncated(model, {"decoder": 3}), short_sig,
+    program = onnx_export.export_graph(stitch.truncated(model, {"decoder": stitch.Plan(3, 1)}), short_sig,
                                        {t.name: example[t.name] for t in short_sig.inputs})
     return model, program.model.graph
 
 
 def test_layer_nodes_are_found_by_module_path_and_a_mismatch_is_refused():
     model, graph = _traced_two_of_three()
-    first = stitch._Layer(graph, "decoder", 0, "model.").nodes
-    second = stitch._Layer(graph, "decoder", 1, "model.").nodes
+    first = stitch._Block(graph, "decoder", range(0, 1), "model.").nodes
+    second = stitch._Block(graph, "decoder", range(1, 2), "model.").nodes
     assert first and [n.op_type for n in first] == [n.op_type for n in second]
     # a layer 1 that reads another weight than layer 0 does is not layer 0's pattern
     reader = next(n for n in second if any(v is not None and v.name == "model.decoder.layers.1.attention.q.weight"
@@ -187,7 +226,7 @@ def test_layer_nodes_are_found_by_module_path_and_a_mismatch_is_refused():
     index = [v.name if v is not None else None for v in reader.inputs].index("model.decoder.layers.1.attention.q.weight")
     reader.replace_input_with(index, graph.initializers["model.decoder.layers.0.attention.k.weight"])
     with pytest.raises(stitch.NotStitchable, match="attention.k.weight"):
-        stitch.stitch(graph, model, {"decoder": 3})
+        stitch.stitch(graph, model, {"decoder": stitch.Plan(3, 1)})
 
 
 def test_an_fp16_build_of_a_deep_stack_is_stitched_and_verified(tmp_path):
@@ -208,7 +247,7 @@ def test_the_traced_layers_weights_are_hidden_while_they_are_prefolded():
     inputs = list(graph.inputs)
     layer = [k for k, _, _ in before if k.startswith("model.decoder.layers.")]
     assert layer and len(layer) < len(before)
-    with stitch.layer_weights_hidden(graph, {"decoder": 3}):
+    with stitch.layer_weights_hidden(graph, {"decoder": stitch.Plan(3, 1)}):
         assert not any(k in graph.initializers for k in layer)
         assert all(v.const_value is None and v in graph.inputs for k, v, _ in before if k in layer)
         assert all(graph.initializers[k].const_value is c for k, _, c in before if k not in layer)

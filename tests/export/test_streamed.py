@@ -19,17 +19,26 @@ from specc.nn import streamed as st
 from specc.export.stitch import streamable
 from specc.pipeline import _resolve
 from specc.spec.load import load_spec
-from specc.spec.schema import LocalPattern
+from specc.spec.schema import FullPattern, LayerOverride, LocalPattern
 
 pytest.importorskip("onnxruntime")
 
 LAYERS = 5
 
 
-def _deep(name: str = "tiny-llama", layers: int = LAYERS):
+def _deep(name: str = "tiny-llama", layers: int = LAYERS, **stack_update):
     spec = load_spec(name)
     stack = "decoder" if spec.decoder is not None else "encoder"
-    return spec.model_copy(update={stack: getattr(spec, stack).model_copy(update={"layers": layers})})
+    return spec.model_copy(update={stack: getattr(spec, stack).model_copy(update={"layers": layers, **stack_update})})
+
+
+def _patterned(layers: int = 8, **where):
+    """tiny-llama with a global layer among local ones at `where` (LayerOverride's every/first or
+    indices), as Gemma 2 and 3 place theirs; by default every third layer from layer 2, Gemma 3's
+    pattern at a period of 3 (8 layers: two blocks traced, one copied, and a partial block of 2)."""
+    return _deep(layers=layers, attention=load_spec("tiny-llama").decoder.attention.model_copy(
+        update={"pattern": LocalPattern(window=3)}),
+        overrides=[LayerOverride(**(where or {"every": 3, "first": 2}), pattern=FullPattern(), rotary_base=500.0)])
 
 
 def _hashes(out) -> dict[str, str]:
@@ -52,6 +61,21 @@ def test_streamed_and_in_memory_builds_write_the_same_bytes(tmp_path, precision)
     assert streamed.verification["streamed"]["longest"] == 128
     assert "streamed" not in whole.verification
     # and the same verification figures, case for case (a streamed build caps only cases past 128 tokens)
+    figures = lambda result: [(c["case"], json.dumps(c["outputs"], sort_keys=True)) for c in result.verification["cases"]]  # noqa: E731
+    assert figures(whole) == figures(streamed)
+
+
+def test_a_stack_with_a_pattern_is_streamed_block_by_block(tmp_path):
+    """Local layers with a global one every third (Gemma 3's pattern at a shorter period): six
+    layers traced, the rest copied by blocks of three, the last block partial; streamed and in
+    memory, the same bytes and the same verification figures."""
+    spec = _patterned()
+    assert streamable(as_resolved(spec)) == {"decoder": stitch.Plan(8, 3)}
+    whole = specc.build(spec, tmp_path / "whole", precision="int4", stream=False, keep_weights=True)
+    streamed = specc.build(spec, tmp_path / "streamed", precision="int4", stream=True, keep_weights=True)
+    assert _hashes(tmp_path / "whole") == _hashes(tmp_path / "streamed")
+    entry = next(o for o in streamed.manifest["optimizations"] if o.get("pass") == "specc.stitch")
+    assert entry["periods"] == {"decoder": 3} and entry["layers_traced"] == 6
     figures = lambda result: [(c["case"], json.dumps(c["outputs"], sort_keys=True)) for c in result.verification["cases"]]  # noqa: E731
     assert figures(whole) == figures(streamed)
 
@@ -114,7 +138,7 @@ def test_the_reference_run_makes_each_layer_once_per_case():
     from specc.export import verify
 
     r = as_resolved(_deep(layers=6))
-    short, source = st.short_and_source(r, ("decoder",), stitch.KEEP, 0)
+    short, source = st.short_and_source(r, streamable(r), 0)
     made = []
     source.on_layer = lambda role, index, of: made.append(index)
     verify.reference_outputs(r, st.streamed_model(short, source).eval(), 0)
@@ -122,13 +146,13 @@ def test_the_reference_run_makes_each_layer_once_per_case():
     assert cases >= 3 and sorted(made) == sorted(list(range(stitch.KEEP, 6)) * cases)
 
 
-def _plant(monkeypatch, weight: str, factor: float) -> None:
-    """Layer 3's `weight`, as the stitched graph reads it, multiplied by `factor`."""
+def _plant(monkeypatch, weight: str, factor: float, layer: int = 3) -> None:
+    """A copied layer's `weight`, as the stitched graph reads it, multiplied by `factor`."""
     real = stitch._weight
 
     def planted(weights, lazy, template, name, root):
         value = real(weights, lazy, template, name, root)
-        if name.endswith(f"layers.3.{weight}"):
+        if name.endswith(f"layers.{layer}.{weight}"):
             inner = value.const_value
             kind = type(template.const_value)
             value.const_value = type(inner)(lambda: kind(torch.from_numpy(inner.numpy() * factor), name=name),
@@ -152,11 +176,20 @@ def test_a_wrong_weight_in_a_deep_layer_fails_the_build_naming_the_layer(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_seeded_layers_made_alone_have_the_whole_models_values():
-    r = as_resolved(_deep())
+def test_a_wrong_weight_in_a_partial_last_block_fails_the_build_naming_the_layer(tmp_path, monkeypatch):
+    """Layer 7 of a stack of period 3 (copied from layer 4 in the last, partial block)."""
+    _plant(monkeypatch, "ffn.down.weight", 1.1, layer=7)
+    with pytest.raises(VerificationError, match="the first layer off: decoder layer 7 "):
+        specc.build(_patterned(), tmp_path / "out", stream=True)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("spec", [_deep, _patterned])
+def test_seeded_layers_made_alone_have_the_whole_models_values(spec):
+    r = as_resolved(spec())
     whole = specc.to_torch(r, seed=5)
-    short = st.short_model(r, ("decoder",), stitch.KEEP, seed=5)
-    source = st.StreamedWeights(r, short, ("decoder",), stitch.KEEP, seed=5)
+    short = st.short_model(r, streamable(r), seed=5)
+    source = st.StreamedWeights(r, short, streamable(r), seed=5)
     for name, p in whole.named_parameters():
         assert torch.equal(source.tensor(name), p), name
     assert source._held is None  # each parameter drawn alone: no layer was made for them
@@ -169,6 +202,7 @@ def test_seeded_layers_made_alone_have_the_whole_models_values():
 def test_what_cannot_be_streamed_is_refused_with_the_reason(tmp_path):
     assert streamable(as_resolved("tiny-llama")) == f"no stack has more than {stitch.KEEP} layers"
     assert "encoder-decoder" in streamable(as_resolved(_deep("tiny-transformer")))
+    assert "do not repeat in a period" in streamable(as_resolved(_patterned(layers=9, indices=[3])))
     with pytest.raises(BuildError, match="cannot be built streamed: no stack has more than 2 layers"):
         specc.build("tiny-llama", tmp_path / "out", stream=True)
     assert not (tmp_path / "out").exists()
