@@ -70,6 +70,11 @@ TODAY = {
     "gemma-3-1b": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
         hidden_size=1152, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
         intermediate_size=6912, vocab_size=262144), None),
+    "gemma-2-9b": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+        hidden_size=3584, num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+        intermediate_size=14336, vocab_size=256000, max_position_embeddings=8192, sliding_window=4096,
+        query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rope_theta=10000.0,
+        rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", bos_token_id=2, eos_token_id=1, pad_token_id=0), None),
     "llama-3.1-8b": ("LlamaForCausalLM", "LlamaConfig", dict(
         hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
         vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=False,
@@ -86,6 +91,21 @@ def test_todays_shapes_match_hugging_face(name):
     ours = inspect_spec(resolve(load_spec(name)))["parameters"]
     assert ours == _hf_count(getattr(transformers, model_cls), getattr(transformers, cfg_cls)(**kwargs))
     assert published is None or ours == published
+
+
+def test_the_catalogs_gemma_2_9b_is_what_the_importer_makes_of_the_config_it_cites():
+    """Every layer (local and global in turn, soft-capping, scale), the head, the vocabulary, the
+    norms and the positions, against `specc import hf`'s reading of transformers' own config."""
+    from specc.importers.hf.convert import config_to_spec
+    from specc.spec.schema import ModelSpec
+
+    model_cls, cfg_cls, kwargs, _ = TODAY["gemma-2-9b"]
+    config = {**getattr(transformers, cfg_cls)(**kwargs).to_dict(), "architectures": [model_cls]}
+    imported = resolve(ModelSpec.model_validate(config_to_spec(config, dict.fromkeys(map(str, range(64))), "gemma-2-9b")))
+    ours = resolve(load_spec("gemma-2-9b"))
+    assert imported.decoder.layers == ours.decoder.layers
+    assert (imported.outputs, imported.vocab, imported.norm, imported.position) == (ours.outputs, ours.vocab, ours.norm, ours.position)
+    assert [layer.attention.pattern.kind for layer in ours.decoder.layers[:3]] == ["local", "full", "local"]
 
 
 def test_breakdown_sums_to_total_and_names_sharing():
