@@ -177,3 +177,14 @@ def test_build_summary_of_an_integer_build_names_its_quality_bar(built, compared
     buf = io.StringIO()
     render(build_report({**manifest, "verification": v}, str(out_dir)), Console(file=buf, force_terminal=False))
     assert f"row cosine mean >= 0.999, worst >= 0.99, KL <= 0.005, {says}, onnx int4" in buf.getvalue()
+
+
+def test_a_stitch_says_how_many_layers_were_traced_and_in_what_blocks():
+    from specc.report import optimization_text
+
+    plain = {"graph": "model", "pass": "specc.stitch", "layers": {"decoder": 12}, "layers_traced": 2}
+    assert optimization_text(plain) == "model decoder 12 layers from 2 traced (specc.stitch)"
+    periodic = {**plain, "layers": {"decoder": 26}, "layers_traced": 12, "periods": {"decoder": 6}}
+    assert optimization_text(periodic) == "model decoder 26 layers from 12 traced, copied in blocks of decoder 6 (specc.stitch)"
+    whole = {**plain, "layers_traced": None, "skipped": "decoder layers 0 and 1 differ"}
+    assert optimization_text(whole) == "model traced whole (decoder 12 layers: decoder layers 0 and 1 differ)"

@@ -2,9 +2,9 @@
 
 torch.export and the ONNX exporter's decomposition retrace cost grows with every layer traced
 (docs/export.md has the figures), almost all of it symbolic shape reasoning that is the same in
-every layer. When the layers of a stack repeat with a period P from layer P on (P = 1: every
-layer after the first configured alike; P = 2: Gemma 2's alternating local and global layers;
-P = 6: Gemma 3's five local to one global), specc traces the model with the first 2P layers of
+every layer. When the layers of a stack repeat with a period P (P = 1: every layer configured
+alike; P = 2: Gemma 2's alternating local and global layers; P = 6: Gemma 3's five local to one
+global), specc traces the model with the first 2P layers of
 that stack (the same parameter objects, no copy) and writes layers 2P..N-1 into the graph as
 copies of layers P..2P-1, block by block (the last block may be partial), each copied layer
 reading its own weights, its own cache inputs and the previous layer's output.
@@ -47,8 +47,8 @@ class NotStitchable(Exception):
 
 
 class Plan(NamedTuple):
-    """How one deep stack is stitched: its depth, and the period its layers repeat in from layer
-    `period` on. Its first `kept` layers are traced; layer i past them copies layer twin(i)."""
+    """How one deep stack is stitched: its depth, and the period its layers repeat in. Its first
+    `kept` layers are traced; layer i past them copies layer twin(i)."""
 
     layers: int
     period: int
