@@ -11,8 +11,8 @@ reading its own weights, its own cache inputs and the previous layer's output.
 
 It is done only where it is provably what the whole trace would give:
 - every resolved layer i is layer P + i mod P but for its index (no pattern other than the
-  period, no BigBird random blocks that differ), so the torch code of a copied layer is its
-  twin's with other weights;
+  period, no BigBird random blocks that differ; with P = 1, layer 0 may differ), so the torch
+  code of a copied layer is its twin's with other weights;
 - in the traced graph, block 0 (layers 0..P-1) and block 1 (layers P..2P-1) are the same nodes
   in the same order (op, domain, attributes) wired the same way: what block 1 takes from block
   0, block 0 takes from before the stack; what block 1 takes from its own nodes, block 0 takes
@@ -20,7 +20,8 @@ It is done only where it is provably what the whole trace would give:
   else is the same value. Every node of a layer is found by the module path the exporter
   records on it (the `namespace` metadata).
 Anything else (a node of a layer without that metadata, a value of block 0 read after the
-stack, a partial block whose last layer's output is not one value) leaves the stitch undone,
+stack; where the last block is partial, a traced layer that hands the next more than one value
+or a value of block 1 other than its output read after the stack) leaves the stitch undone,
 and the model is traced whole. The build's numerical verification then checks the graph as it
 checks any other.
 """
@@ -64,11 +65,13 @@ class Plan(NamedTuple):
 
 def period(stack) -> int | None:
     """The smallest P, with more than 2P layers in the stack, such that every layer i is configured
-    as layer P + i mod P but for its index; None where there is none."""
+    as layer P + i mod P but for its index (for P = 1, every layer but layer 0: a layer 0
+    configured apart is left to the graph's check, which takes it where its nodes are layer 1's,
+    e.g. a rotary base held in its own buffer); None where there is none."""
     configs = [layer.model_copy(update={"index": 0}) for layer in stack.layers]
     n = len(configs)
     for p in range(1, (n - 1) // 2 + 1):
-        if all(configs[i] == configs[p + i % p] for i in range(n)):
+        if all(configs[i] == configs[p + i % p] for i in range(1 if p == 1 else 0, n)):
             return p
     return None
 
@@ -147,7 +150,7 @@ def truncated_sig(sig, plan: dict[str, Plan]):
 def layer_weights_hidden(graph, plan: dict[str, Plan], root: str = "model."):
     """Inside, the weights and buffers of the planned stacks' layers are graph inputs with no
     value: what optimizes the traced layers before they are copied (onnx.prefold) can then make
-    no choice that depends on layer 1's values, which the copies do not share. The graph's
+    no choice that depends on the traced layers' values, which the copies do not share. The graph's
     initializers are back, in their order, afterwards."""
     prefixes = tuple(f"{root}{role}.layers." for role in plan)
     order = list(graph.initializers)
@@ -318,7 +321,7 @@ def stitch(graph, source, plan: dict[str, Plan], root: str = "model.", lazy: boo
     copies' weights are asked of the source only when they are read (written), not now.
     Returns {role: nodes added}. Raises NotStitchable when the traced layers do not match (see
     the module's doc); the graph may then be partly changed, so the caller traces again."""
-    checked = {role: _check(graph, role, root, plan[role].period) for role in plan}  # every stack first: all or nothing
+    checked = {role: _check(graph, role, root, plan[role]) for role in plan}  # every stack first: all or nothing
     added = {role: _repeat(graph, source, lazy, role, plan[role], root, checked[role]) for role in plan}
     names = [v.name for v in graph.inputs] + list(graph.initializers) + [o.name for n in graph for o in n.outputs]
     if len(names) != len(set(names)):
@@ -326,8 +329,10 @@ def stitch(graph, source, plan: dict[str, Plan], root: str = "model.", lazy: boo
     return added
 
 
-def _check(graph, role: str, root: str, period: int) -> _Checked:
-    """Match block 0's nodes (layers 0..P-1) with block 1's (layers P..2P-1)."""
+def _check(graph, role: str, root: str, plan: Plan) -> _Checked:
+    """Match block 0's nodes (layers 0..P-1) with block 1's (layers P..2P-1); where the last block
+    copied is partial, see that the stack's output can be taken from the middle of block 1."""
+    period = plan.period
     order = {id(n): i for i, n in enumerate(graph)}
     l0 = _Block(graph, role, range(0, period), root)
     l1 = _Block(graph, role, range(period, 2 * period), root)
@@ -382,8 +387,17 @@ def _check(graph, role: str, root: str, period: int) -> _Checked:
         for user, _ in value.uses():
             if id(user) not in l1.ids and order[id(user)] <= end:
                 raise NotStitchable(f"{role}: {value.name} of layers {_span(l1)} is read inside the stack")
-    return _Checked(l1, pair, chain, sorted(extra.values(), key=lambda n: order[id(n)]),
-                    _layer_outputs(l0, l1, pair, period))
+    outs = _layer_outputs(l0, l1, pair, period)
+    if plan.layers % period:
+        if outs is None:
+            raise NotStitchable(f"{role}: a partial last block needs each layer's output, and a layer hands on several")
+        outputs = {id(v) for v in graph.outputs}
+        for value in pair.values():  # the stack's output, or a layer's own cache, and nothing else leaves block 1
+            leaves = any(id(user) not in l1.ids for user, _ in value.uses()) or (
+                id(value) in outputs and _io_shifted(value.name, l1.layers, 0) is None)
+            if leaves and value is not outs[-1]:
+                raise NotStitchable(f"{role}: {value.name} is read after the stack, and the last block is partial")
+    return _Checked(l1, pair, chain, sorted(extra.values(), key=lambda n: order[id(n)]), outs)
 
 
 def _span(block: _Block) -> str:
@@ -406,7 +420,7 @@ def _expression(a, b, l0, l1, depth: int = 8):
     """How block 1 reads b where block 0 reads a, both made outside the layers (the exporter
     computes sizes such as past + new tokens outside any module, once per layer): None when they
     are not the same expression; else (per_layer, nodes): per_layer when it reads a layer's own
-    cache input (past_key_values.0.* in a, .P.* in b), and then `nodes`, b's expression, is
+    cache input (past_key_values.o.* in a, .P+o.* in b), and then `nodes`, b's expression, is
     copied for every block; otherwise every copy reads b."""
     if a is b:
         return False, []
@@ -468,9 +482,7 @@ def _repeat(graph, weights, lazy: bool, role: str, plan: Plan, root: str, checke
     period, stack = plan.period, l1.stack
     # (first layer, layers) of each block copied: whole blocks, then what is left of the stack
     blocks = [(k * period, period) for k in range(2, plan.layers // period)]
-    if plan.layers % period:
-        if outs is None:
-            raise NotStitchable(f"{role}: a partial last block needs each layer's output, and a layer hands on several")
+    if plan.layers % period:  # _check saw that it can be done
         blocks.append((plan.layers - plan.layers % period, plan.layers % period))
     prev: dict = {}  # the last block's copy of each block 1 value (block 1: the values themselves)
     copies: list[dict] = []
@@ -490,6 +502,8 @@ def _repeat(graph, weights, lazy: bool, role: str, plan: Plan, root: str, checke
             if b in chain:  # block 0's value in block 1 -> block 1's value in block 2 -> ...
                 counterpart = pair[b]
                 return prev.get(counterpart, counterpart)
+            if l1.owns(b):  # of a layer of block 1 that this (partial) block does not copy
+                raise NotStitchable(f"{role}: a copy of {_span(l1)} reads {b.name} of a layer it does not copy")
             if b.name in graph.initializers:
                 name = _shifted(b.name, stack, layers, shift)
                 if name is None:
@@ -510,7 +524,7 @@ def _repeat(graph, weights, lazy: bool, role: str, plan: Plan, root: str, checke
             if index is None:  # outside the layers: named after the block
                 meta, suffix = dict(n1.metadata_props), first
             else:
-                moved = re.compile(re.escape(f"{stack}.{index}") + r"(?=[.:/\s]|$)")
+                moved = re.compile(re.escape(f"{stack}.{index}") + r"(?!\d)")
                 meta = {key: moved.sub(f"{stack}.{index + shift}", val) for key, val in n1.metadata_props.items()}
                 suffix = index + shift
             attrs = [ir.Attr(a.name, a.type, a.value) for a in n1.attributes.values()]
@@ -538,15 +552,12 @@ def _repeat(graph, weights, lazy: bool, role: str, plan: Plan, root: str, checke
     moves = prev if count == period else {outs[-1]: prev[outs[period + count - 1]]}
     added = {id(n) for n in new_nodes}
     for old in pair.values():
+        if old not in moves:  # no reader after the stack (_check)
+            continue
         for user, index in list(old.uses()):
-            if id(user) in l1.ids or id(user) in added:
-                continue
-            if old not in moves:
-                raise NotStitchable(f"{role}: {old.name} is read after the stack, and the last block is partial")
-            user.replace_input_with(index, moves[old])
+            if id(user) not in l1.ids and id(user) not in added:
+                user.replace_input_with(index, moves[old])
         if id(old) in outputs and _io_shifted(old.name, l1.layers, 0) is None:  # a whole-graph output: moves
-            if old not in moves:
-                raise NotStitchable(f"{role}: {old.name} is a graph output, and the last block is partial")
             new = moves[old]
             name = old.name
             old.name = f"{name}__{period}"
@@ -574,7 +585,7 @@ def _weight(source, lazy: bool, template, name: str, root: str):
         except AttributeError:
             raise NotStitchable(f"{name} is not a parameter or buffer of the model") from None
         if tuple(t.shape) != shape:
-            raise NotStitchable(f"{name} is {tuple(t.shape)}, layer 1's is {shape}")
+            raise NotStitchable(f"{name} is {tuple(t.shape)}, its twin's is {shape}")
         return kind(t.detach().to(dtype), name=name)
 
     value = ir.LazyTensor(tensor, dtype=template.const_value.dtype, shape=template.shape.copy(), name=name) if lazy else tensor()
