@@ -279,13 +279,6 @@ class _Block:
         producer = value.producer()
         return producer is not None and id(producer) in self.ids
 
-    def layer_output(self, layer: int, readers) -> object | None:
-        """The one value of `layer` that nodes for which readers(node) holds read, or None where
-        they read none or several."""
-        found = {id(v): v for n in self.nodes if self.layer_of[id(n)] == layer for v in n.outputs
-                 for user, _ in v.uses() if readers(user)}
-        return next(iter(found.values())) if len(found) == 1 else None
-
 
 class ModuleWeights:
     """A module's own tensors by module path: the source of an in-memory build's copies."""
@@ -407,13 +400,15 @@ def _span(block: _Block) -> str:
 def _layer_outputs(l0: _Block, l1: _Block, pair: dict, period: int) -> list | None:
     """Each of the 2P traced layers' output: the one value of it the next layer reads (the last
     one's: block 1's counterpart of block 0's last), or None where any layer hands on several."""
+    layer_of = {**l0.layer_of, **l1.layer_of}
     outs = []
     for layer in range(2 * period - 1):
-        block = l0 if layer < period else l1
-        nxt = l0 if layer + 1 < period else l1
-        outs.append(block.layer_output(layer, lambda user, i=layer + 1, nxt=nxt: nxt.layer_of.get(id(user)) == i))
-    outs.append(pair.get(outs[period - 1]) if outs[period - 1] is not None else None)
-    return None if any(v is None for v in outs) else outs
+        handed = {id(v): v for n in (*l0.nodes, *l1.nodes) if layer_of[id(n)] == layer for v in n.outputs
+                  if any(layer_of.get(id(user)) == layer + 1 for user, _ in v.uses())}
+        if len(handed) != 1:
+            return None
+        outs.extend(handed.values())
+    return [*outs, pair[outs[period - 1]]]
 
 
 def _expression(a, b, l0, l1, depth: int = 8):

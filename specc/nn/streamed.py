@@ -86,7 +86,6 @@ class StreamedWeights:
     def __init__(self, r: ResolvedSpec, short: nn.Module, plans, seed: int = 0,
                  weights: str | os.PathLike | None = None):
         self.r, self.short, self.plans, self.seed = r, short, dict(plans), seed
-        self.roles = tuple(self.plans)
         self.file = None
         if weights is not None:
             from specc.weights.io import check_weights, open_weights
@@ -129,7 +128,7 @@ class StreamedWeights:
         """The tensor at `name`: a parameter of a made layer is made alone (read from the file, or
         drawn as init_weights draws it), unless its layer is the one held; anything else from the
         short module or its layer."""
-        where = layer_index(name, self.roles)
+        where = layer_index(name, self.plans)
         if where is None or where[1] < self.plans[where[0]].kept:
             return module_tensor(self.short, name)
         rest = name.split(".", 3)[3]
@@ -197,7 +196,7 @@ def streamed_model(short: SpeccModel, source: StreamedWeights) -> SpeccModel:
     """A shallow copy of `short` whose cut stacks run all their layers (StreamedLayers)."""
     model = copy.copy(short)
     model._modules = dict(short._modules)
-    for role in source.roles:
+    for role in source.plans:
         stack = copy.copy(short._modules[role])
         stack._modules = dict(stack._modules)
         stack._modules["layers"] = StreamedLayers(source, role, len(getattr(source.r, role).layers))
