@@ -135,8 +135,7 @@ def decoder_rows(args) -> list[dict]:
     spec = imported(folder, "smollm2")
     tok = AutoTokenizer.from_pretrained(folder)
     windows = rm.token_windows(tok(rm.reference_text())["input_ids"], args.windows, args.length)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-               for p in rm.CHAT_PROMPTS]
+    prompts = [rm.chat_ids(tok, p) for p in rm.CHAT_PROMPTS]
     rows = []
     ref_logits = ref_greedy = None
     for precision in ("fp32", "int8", "int4"):

