@@ -22,9 +22,12 @@ graph without a cache (an encoder) computes in fp32 (level 1: accuracy_level()).
   largest magnitude, with its sign, is code 0) or, where that at least halves the error, the
   offset form (the block's [min, max], Q4_1's: its centre added back outside the kernel).
 
-Gather (the embedding tables), the attention products and a MatMul whose weight is computed (a
-tied output projection reads the transposed embedding) stay fp32. The graph is written back in
-place, normalized again so identical inputs give identical bytes.
+A tied output projection (a MatMul reading the embedding table through a Transpose) is packed
+in an int4 build, from the table transposed as it is written, in int8's blocks (TIED_HEAD): the
+decode then reads its codes, not the fp32 table, at every token, while Gather (the embedding
+lookup) keeps the table in fp32. An int8 build keeps it fp32.
+The attention products (activation by activation) stay fp32. The graph is written back in place,
+normalized again so identical inputs give identical bytes.
 """
 from __future__ import annotations
 
@@ -68,6 +71,12 @@ class Scheme:
 
 
 SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4, zero_points=False)}
+# the scheme a tied output projection is packed in, by precision (None: it stays fp32). Measured on
+# SmolLM2-135M (docs/build.md): at 4 bits its tied head failed the build's verification, at 8 bits
+# an int4 build kept its next tokens and perplexity (llama.cpp too keeps an output projection at 6
+# or 8 bits in its 4-bit files), while an int8 build lost a point of next-token agreement, below
+# its bar of 97%, to the head's 8-bit activations
+TIED_HEAD = {"int4": "int8", "int8": None}
 
 
 def describe(precision: str) -> dict:
@@ -76,7 +85,7 @@ def describe(precision: str) -> dict:
     scheme = SCHEMES[precision]
     return {"op": "MatMulNBits", "bits": scheme.bits, "block": scheme.block, "accuracy_level": scheme.accuracy_level,
             "accuracy_level_without_cache": WHOLE_SEQUENCE_ACCURACY_LEVEL,
-            "zero_points": scheme.zero_points, "offset_form": scheme.bits <= 4}
+            "zero_points": scheme.zero_points, "offset_form": scheme.bits <= 4, "tied_head": TIED_HEAD[precision] or "fp32"}
 
 
 def accuracy_level(scheme: Scheme, sig) -> int:
@@ -243,15 +252,21 @@ def dequantized(weight, precision: str):
 
 def dequantize_linears(module, precision: str) -> None:
     """Every Linear weight of `module` that an integer build quantizes replaced, in place, by
-    dequantized(): torch then computes with the weights the build's graph holds (what
-    verification compares it with). Not quantized: the Linears of a pooled head (Head.pooled_linears:
-    the exporter writes those as Gemm)."""
+    dequantized(), and a tied lm head given the embedding table so dequantized (TIED_HEAD) as its projection
+    (the lookup keeps the table itself): torch then computes with the weights the build's graph
+    holds (what verification compares it with). Not quantized: the Linears of a pooled head
+    (Head.pooled_linears: the exporter writes those as Gemm)."""
     from torch import nn
 
     pooled = {id(m) for sub in module.modules() for m in getattr(sub, "pooled_linears", [])}
     for sub in module.modules():
         if isinstance(sub, nn.Linear) and id(sub) not in pooled:
             sub.weight.data = dequantized(sub.weight, precision)
+    if hasattr(module, "heads") and hasattr(module, "embeddings"):  # the whole model (a SpeccModel), not a layer
+        table = module.embeddings.table("decoder" if module.decoder is not None else "encoder").weight
+        for head in module.heads.values():
+            if head.kind in ("lm", "mlm") and head.proj is None and TIED_HEAD[precision]:
+                head.tied_projection = dequantized(table, TIED_HEAD[precision])
 
 
 def quantize(model, precision: str, sig) -> dict:
@@ -263,7 +278,7 @@ def quantize(model, precision: str, sig) -> dict:
         raise BuildError(f"no quantizer for precision {precision!r}")
     try:
         level = accuracy_level(scheme, sig)
-        count, offset_count = _rewrite(model.graph, scheme, level)
+        count, offset_count = _rewrite(model.graph, scheme, level, SCHEMES.get(TIED_HEAD[precision]))
     except BuildError:
         raise
     except Exception as exc:  # onnx_ir's and numpy's own errors on a graph this module does not expect
@@ -290,6 +305,48 @@ def quantize_file(path: Path, precision: str, sig) -> dict:
     return facts
 
 
+@dataclass(frozen=True)
+class _Weight:
+    """A MatMul's constant [K, N] fp32 weight: an initializer, or the transpose of one (`transposed`:
+    a tied output projection reads the embedding table [V, D] as [D, V])."""
+
+    value: object  # the onnx_ir initializer Value
+    transposed: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.value.name}.T" if self.transposed else self.value.name
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        k, n = self.value.const_value.shape
+        return (n, k) if self.transposed else (k, n)
+
+    def numpy(self) -> np.ndarray:
+        w = self.value.const_value.numpy()
+        return w.T if self.transposed else w  # a view: pack() copies a range of columns at a time
+
+
+def _matmul_weight(graph, node) -> _Weight | None:
+    """The constant weight a MatMul multiplies by (its second input): an initializer, or a tied
+    output projection's table (the Transpose of an initializer that a Gather, the lookup, reads
+    too); None where it is computed from activations or is not a 2-D fp32 tensor."""
+    import onnx_ir as ir
+
+    if node.op_type != "MatMul" or node.domain != "" or len(node.inputs) != 2:
+        return None
+    value, transposed = node.inputs[1], False
+    producer = value.producer() if value is not None else None
+    if (producer is not None and producer.op_type == "Transpose" and producer.domain == ""
+            and list(producer.attributes.get_ints("perm", [1, 0])) == [1, 0] and producer.inputs[0] is not None
+            and any(user.op_type == "Gather" for user, _ in producer.inputs[0].uses())):
+        value, transposed = producer.inputs[0], True
+    if (value is None or value.name not in graph.initializers or value.const_value is None
+            or value.const_value.dtype != ir.DataType.FLOAT or len(value.const_value.shape) != 2):
+        return None
+    return _Weight(value, transposed)
+
+
 class _Packs:
     """Each weight's Packed, made when first asked for and kept until another weight's is: the
     lazy codes, scales, zero points (and offsets) of one weight are written one after another."""
@@ -299,9 +356,9 @@ class _Packs:
         self.offsets: dict[str, bool] = {}  # weight -> whether it takes the offset form
         self._last: tuple[str, Packed] | None = None
 
-    def choose(self, weight) -> tuple[bool, dict[str, tuple]]:
+    def choose(self, weight: _Weight) -> tuple[bool, dict[str, tuple]]:
         """The weight's form, and the dtype and shape of each of its packed tensors."""
-        w = weight.const_value.numpy()
+        w = weight.numpy()
         offsets = self.offsets[weight.name] = offset_form(w, self.scheme)
         k, n = w.shape
         blocks = -(-k // self.scheme.block)
@@ -313,10 +370,10 @@ class _Packs:
             shapes["offsets"] = (np.float32, (blocks, n))
         return offsets, shapes
 
-    def get(self, weight) -> Packed:
+    def get(self, weight: _Weight) -> Packed:
         if self._last is None or self._last[0] != weight.name:
             self._last = None
-            self._last = (weight.name, pack(weight.const_value.numpy(), self.scheme, offsets=self.offsets[weight.name]))
+            self._last = (weight.name, pack(weight.numpy(), self.scheme, offsets=self.offsets[weight.name]))
         return self._last[1]
 
 
@@ -329,33 +386,35 @@ def _lazy(packs: _Packs, weight, field: str, dtype, shape: tuple, name: str):
     return ir.Value(name=name, shape=ir.Shape(shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
 
 
-def _rewrite(graph, scheme: Scheme, level: int) -> tuple[int, int]:
-    """Every MatMul with a constant 2-D fp32 weight becomes MatMulNBits (at accuracy `level`);
-    returns how many, and how many of them are in the offset form. A weight that no other node
+def _rewrite(graph, scheme: Scheme, level: int, head: Scheme | None = None) -> tuple[int, int]:
+    """Every MatMul with a constant 2-D fp32 weight (_matmul_weight) becomes MatMulNBits (at
+    accuracy `level`), in `scheme`, or a tied head's in `head` (None: left fp32); returns how many,
+    and how many of them are in the offset form. A weight, or a Transpose, that no other node
     reads is dropped from the graph."""
     import onnx_ir as ir
 
-    packs = _Packs(scheme)
+    packs = {s: _Packs(s) for s in (scheme, head) if s is not None}
     count, offset_count, packed, summed = 0, 0, {}, {}
     for node in list(graph):
-        weight = node.inputs[1] if node.op_type == "MatMul" and node.domain == "" and len(node.inputs) == 2 else None
-        if (weight is None or weight.name not in graph.initializers or weight.const_value is None
-                or weight.const_value.dtype != ir.DataType.FLOAT or len(weight.const_value.shape) != 2):
+        weight = _matmul_weight(graph, node)
+        if weight is None or (weight.transposed and head is None):
             continue
-        k, n = weight.const_value.shape
-        base = f"{weight.name}_q{scheme.bits}"
+        own = head if weight.transposed else scheme
+        k, n = weight.shape
+        read = node.inputs[1]  # the initializer, or the Transpose's output
+        base = f"{weight.name}_q{own.bits}"
         if base not in packed:  # a weight two MatMuls read is packed once
-            _, shapes = packs.choose(weight)
+            _, shapes = packs[own].choose(weight)
             values = {}
             for field, (dtype, shape) in shapes.items():
-                values[field] = _lazy(packs, weight, field, dtype, shape, f"{base}.{field}")
+                values[field] = _lazy(packs[own], weight, field, dtype, shape, f"{base}.{field}")
                 graph.register_initializer(values[field])
             packed[base] = values
         values = packed[base]
         x, y = node.inputs[0], node.outputs[0]
-        inputs = [x, values["codes"], values["scales"]] + ([values["zero_points"]] if scheme.zero_points else [])
+        inputs = [x, values["codes"], values["scales"]] + ([values["zero_points"]] if own.zero_points else [])
         matmul = ir.node("MatMulNBits", inputs,
-                         attributes={"K": k, "N": n, "bits": scheme.bits, "block_size": scheme.block,
+                         attributes={"K": k, "N": n, "bits": own.bits, "block_size": own.block,
                                      "accuracy_level": level},
                          domain="com.microsoft", name=node.name)
         new = [matmul]
@@ -363,7 +422,7 @@ def _rewrite(graph, scheme: Scheme, level: int) -> tuple[int, int]:
             matmul.outputs[0].name = f"{y.name}.codes"
             sums = summed.get((x.name, k))
             if sums is None:  # once per input: the projections that read one input share it
-                ones = ir.Value(name=f"{x.name}.block_sums{k}.ones", const_value=ir.tensor(block_sums(k, scheme.block)))
+                ones = ir.Value(name=f"{x.name}.block_sums{k}.ones", const_value=ir.tensor(block_sums(k, own.block)))
                 ones.shape, ones.type = ones.const_value.shape, ir.TensorType(ir.DataType.FLOAT)
                 graph.register_initializer(ones)
                 total = ir.node("MatMul", [x, ones], name=f"{node.name}.block_sums")
@@ -377,6 +436,8 @@ def _rewrite(graph, scheme: Scheme, level: int) -> tuple[int, int]:
             offset_count += 1
         ir.convenience.replace_nodes_and_values(graph, node, [node], new, [y], [new[-1].outputs[0]])
         count += 1
-        if not weight.uses():
-            graph.initializers.pop(weight.name)
+        if weight.transposed and not read.uses():
+            graph.remove(read.producer(), safe=True)
+        if not weight.value.uses():
+            graph.initializers.pop(weight.value.name)
     return count, offset_count

@@ -76,6 +76,9 @@ class Head(nn.Module):
         self.pooler = None
         self.proj = None
         self.bias = None  # mlm's, or a tied lm head's with `bias`
+        # a tied head's projection where it is not the embedding table itself: the table as an
+        # integer build's graph multiplies by it (quantize.dequantize_linears), for its reference
+        self.tied_projection: Tensor | None = None
         self.softcap = getattr(out, "softcap", None)  # an lm head's
         self.scale = getattr(out, "scale", None) if out.kind == "lm" else None
         lm_bias = out.kind == "lm" and out.bias
@@ -111,7 +114,10 @@ class Head(nn.Module):
                 h = self.norm(self.act(self.transform(h)))
             if self.scale is not None:
                 h = h * self.scale
-            logits = self.proj(h) if self.proj is not None else h @ tied_weight.t()
+            if self.proj is not None:
+                logits = self.proj(h)
+            else:
+                logits = h @ (tied_weight if self.tied_projection is None else self.tied_projection).t()
             if self.bias is not None:
                 logits = logits + self.bias
             return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap

@@ -174,10 +174,12 @@ def test_int4_is_weight_only_matmulnbits_and_generates(builds, spec):
     ops = _ops(res.out_dir / "model.onnx")
     assert ops.get("MatMulNBits", 0) >= 1, ops
     assert "MatMulInteger" not in ops
-    # no zero points: onnxruntime's symmetric path (docs/benchmarks_int4_layout.md)
+    # no zero points: onnxruntime's symmetric path (docs/benchmarks_int4_layout.md); a tied head
+    # (tiny-gpt2's) is in int8's blocks, with them
     nodes = [n for n in onnx.load(str(res.out_dir / "model.onnx"), load_external_data=False).graph.node
              if n.op_type == "MatMulNBits"]
-    assert all(len(n.input) == 3 for n in nodes)
+    assert all(len(n.input) == (4 if n.input[1].endswith(".T_q8.codes") else 3) for n in nodes)
+    assert any(len(n.input) == 3 for n in nodes)
     out = Session(res.out_dir).generate([1, 2, 3], max_new_tokens=4)
     assert len(out.new_ids[0]) == 4
 
@@ -222,8 +224,8 @@ def _edit(value, change):
 def test_a_planted_defect_in_the_last_layer_fails_the_build(tmp_path, monkeypatch, precision, defect):
     real = q._rewrite
 
-    def planted(graph, scheme, level):
-        counts = real(graph, scheme, level)
+    def planted(graph, *args):
+        counts = real(graph, *args)
         last = [n for n in graph if n.op_type == "MatMulNBits"][-1]  # the last layer's FFN output projection
         defect(last)
         return counts
@@ -250,3 +252,49 @@ def test_graphs_without_a_cache_compute_in_fp32_and_decoders_in_int8(tmp_path):
                       if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
             assert levels == {want[(spec, graph)]} and facts[graph] == want[(spec, graph)], (spec, graph)
         assert result.manifest["options"]["quantization"]["accuracy_level_without_cache"] == q.WHOLE_SEQUENCE_ACCURACY_LEVEL
+
+
+def test_a_tied_head_is_packed_from_the_table_the_lookup_keeps_in_fp32(builds):
+    """tiny-gpt2's head is its token table: at int4 the projection is a MatMulNBits packed from the
+    table transposed in 8-bit blocks (a decode reads its codes, not the fp32 table), the lookup
+    still reads the fp32 table, and the build verifies at float rounding against torch computing
+    its head with the table as packed (against the fp32 table it is off by the head's quantization
+    noise)."""
+    import torch
+
+    from specc.nn import to_torch
+
+    res = builds("tiny-gpt2", "int4")
+    graph = onnx.load(str(res.out_dir / "model.onnx")).graph
+    table = "model.embeddings.tokens.weight"
+    assert [n.op_type for n in graph.node if table in n.input] == ["Gather"]
+    head = [n for n in graph.node if n.op_type == "MatMulNBits" and n.input[1] == f"{table}.T_q8.codes"]
+    assert len(head) == 1 and head[0].output[0] in {o.name for o in graph.output}
+    bits = {a.name: a.i for a in head[0].attribute}
+    assert (bits["bits"], bits["block_size"]) == (8, 16) and len(head[0].input) == 4  # with zero points
+    assert res.manifest["verification"]["max_abs_diff"] < 1e-4
+    assert res.manifest["options"]["quantization"]["tied_head"] == q.TIED_HEAD["int4"] == "int8"
+
+    model = to_torch("tiny-gpt2")
+    before = model.embeddings.tokens.weight.detach().clone()
+    q.dequantize_linears(model, "int4")
+    projection = model.heads["logits"].tied_projection
+    assert torch.equal(model.embeddings.tokens.weight, before)  # the lookup's table untouched
+    assert projection.shape == before.shape and not torch.equal(projection, before)
+    assert torch.equal(projection, q.dequantized(before, "int8"))
+
+
+def test_an_int8_build_keeps_a_tied_head_in_fp32(builds):
+    """int8 is the precision that keeps a trained model's next tokens (docs/build.md): its tied
+    head stays the fp32 table, read through the Transpose, and torch's reference computes with
+    the table itself."""
+    res = builds("tiny-gpt2", "int8")
+    graph = onnx.load(str(res.out_dir / "model.onnx")).graph
+    table = "model.embeddings.tokens.weight"
+    assert sorted(n.op_type for n in graph.node if table in n.input) == ["Gather", "Transpose"]
+    assert res.manifest["options"]["quantization"]["tied_head"] == "fp32"
+    from specc.nn import to_torch
+
+    model = to_torch("tiny-gpt2")
+    q.dequantize_linears(model, "int8")
+    assert model.heads["logits"].tied_projection is None
