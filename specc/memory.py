@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from specc.errors import BuildError
-from specc.export.quantize import SCHEMES
+from specc.export.quantize import SCHEMES, TIED_HEAD
 from specc.export.stitch import KEEP, deep_stacks, streamable
 from specc.report import human_bytes
 from specc.spec.costs import inspect_spec, parameter_shapes
@@ -61,11 +61,8 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     """Bytes a streamed build needs at its peak (see the module's doc)."""
     precision = PRECISIONS[r.serving.precision]
     scheme = SCHEMES.get(precision.name)
-    # bytes a linear weight takes as written: integer codes, a float scale (and a code of zero point,
-    # where the scheme has them) per block; at a float precision, its dtype
-    linear = (scheme.bits / 8 + (4 + (scheme.bits / 8 if scheme.zero_points else 0)) / scheme.block
-              if scheme else precision.dtype_bytes)
-    stored = 0  # the written graph's weights: linear weights as above, tables and vectors in the dtype
+    linear = _packed_bytes(scheme) if scheme else precision.dtype_bytes
+    stored = 0  # the written graph's weights: linear weights as above, tables and vectors in the dtype (and a packed tied head)
     outside = 0  # of those, the ones in no layer (embeddings, heads, final norms)
     short = 0  # the short module's fp32 weights
     outside_fp32 = 0  # of those, the ones in no layer
@@ -89,6 +86,11 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
             outside += written
             outside_fp32 += 4 * n
         short += 4 * n
+    head = SCHEMES.get(TIED_HEAD.get(precision.name))
+    if head is not None and r.tie_output and any(o.kind in ("lm", "mlm") for o in r.outputs):
+        packed = math.ceil(r.output_vocab_size * r.d_model * _packed_bytes(head))  # beside the table it reads
+        stored += packed
+        outside += packed
     layer = max(per_layer.values(), default=0)  # the largest layer's fp32 weights
     # the exported graph's copy: cast to the export dtype, else (fp32) the tables outside the layers
     export_copy = short * precision.dtype_bytes // 4 if precision.dtype != "float32" else outside_fp32
@@ -102,6 +104,12 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     total = max(building, verifying) + LIBRARIES
     return {"bytes": total, "building": building, "verifying": verifying, "stored": stored, "layer": layer,
             "activations": activations, "whole": whole}
+
+
+def _packed_bytes(scheme) -> float:
+    """Bytes a weight takes per element as an integer scheme writes it: its code, and per block a
+    float scale (and a code of zero point, where the scheme has them)."""
+    return scheme.bits / 8 + (4 + (scheme.bits / 8 if scheme.zero_points else 0)) / scheme.block
 
 
 def verifies_whole(r: ResolvedSpec) -> bool:

@@ -351,21 +351,21 @@ class _Packs:
     """Each weight's Packed, made when first asked for and kept until another weight's is: the
     lazy codes, scales, zero points (and offsets) of one weight are written one after another."""
 
-    def __init__(self, scheme: Scheme):
-        self.scheme = scheme
-        self.offsets: dict[str, bool] = {}  # weight -> whether it takes the offset form
+    def __init__(self):
+        self.forms: dict[str, tuple[Scheme, bool]] = {}  # weight -> its scheme, and whether it takes the offset form
         self._last: tuple[str, Packed] | None = None
 
-    def choose(self, weight: _Weight) -> tuple[bool, dict[str, tuple]]:
-        """The weight's form, and the dtype and shape of each of its packed tensors."""
+    def choose(self, weight: _Weight, scheme: Scheme) -> tuple[bool, dict[str, tuple]]:
+        """The weight's form in `scheme`, and the dtype and shape of each of its packed tensors."""
         w = weight.numpy()
-        offsets = self.offsets[weight.name] = offset_form(w, self.scheme)
+        offsets = offset_form(w, scheme)
+        self.forms[weight.name] = (scheme, offsets)
         k, n = w.shape
-        blocks = -(-k // self.scheme.block)
-        shapes = {"codes": (np.uint8, (n, blocks, self.scheme.block * self.scheme.bits // 8)),
+        blocks = -(-k // scheme.block)
+        shapes = {"codes": (np.uint8, (n, blocks, scheme.block * scheme.bits // 8)),
                   "scales": (np.float32, (n * blocks,))}
-        if self.scheme.zero_points:
-            shapes["zero_points"] = (np.uint8, (n * -(-blocks * self.scheme.bits // 8),))
+        if scheme.zero_points:
+            shapes["zero_points"] = (np.uint8, (n * -(-blocks * scheme.bits // 8),))
         if offsets:
             shapes["offsets"] = (np.float32, (blocks, n))
         return offsets, shapes
@@ -373,7 +373,8 @@ class _Packs:
     def get(self, weight: _Weight) -> Packed:
         if self._last is None or self._last[0] != weight.name:
             self._last = None
-            self._last = (weight.name, pack(weight.numpy(), self.scheme, offsets=self.offsets[weight.name]))
+            scheme, offsets = self.forms[weight.name]
+            self._last = (weight.name, pack(weight.numpy(), scheme, offsets=offsets))
         return self._last[1]
 
 
@@ -393,7 +394,7 @@ def _rewrite(graph, scheme: Scheme, level: int, head: Scheme | None = None) -> t
     reads is dropped from the graph."""
     import onnx_ir as ir
 
-    packs = {s: _Packs(s) for s in (scheme, head) if s is not None}
+    packs = _Packs()
     count, offset_count, packed, summed = 0, 0, {}, {}
     for node in list(graph):
         weight = _matmul_weight(graph, node)
@@ -404,10 +405,10 @@ def _rewrite(graph, scheme: Scheme, level: int, head: Scheme | None = None) -> t
         read = node.inputs[1]  # the initializer, or the Transpose's output
         base = f"{weight.name}_q{own.bits}"
         if base not in packed:  # a weight two MatMuls read is packed once
-            _, shapes = packs[own].choose(weight)
+            _, shapes = packs.choose(weight, own)
             values = {}
             for field, (dtype, shape) in shapes.items():
-                values[field] = _lazy(packs[own], weight, field, dtype, shape, f"{base}.{field}")
+                values[field] = _lazy(packs, weight, field, dtype, shape, f"{base}.{field}")
                 graph.register_initializer(values[field])
             packed[base] = values
         values = packed[base]

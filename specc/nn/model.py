@@ -77,8 +77,9 @@ class Head(nn.Module):
         self.proj = None
         self.bias = None  # mlm's, or a tied lm head's with `bias`
         # a tied head's projection where it is not the embedding table itself: the table as an
-        # integer build's graph multiplies by it (quantize.dequantize_linears), for its reference
-        self.tied_projection: Tensor | None = None
+        # integer build's graph multiplies by it (quantize.dequantize_linears), for its reference;
+        # a buffer (not saved), so that releasing the module's tensors frees it too
+        self.register_buffer("tied_projection", None, persistent=False)
         self.softcap = getattr(out, "softcap", None)  # an lm head's
         self.scale = getattr(out, "scale", None) if out.kind == "lm" else None
         lm_bias = out.kind == "lm" and out.bias

@@ -263,6 +263,7 @@ def test_a_tied_head_is_packed_from_the_table_the_lookup_keeps_in_fp32(builds):
     import torch
 
     from specc.nn import to_torch
+    from specc.pipeline import _release
 
     res = builds("tiny-gpt2", "int4")
     graph = onnx.load(str(res.out_dir / "model.onnx")).graph
@@ -282,6 +283,9 @@ def test_a_tied_head_is_packed_from_the_table_the_lookup_keeps_in_fp32(builds):
     assert torch.equal(model.embeddings.tokens.weight, before)  # the lookup's table untouched
     assert projection.shape == before.shape and not torch.equal(projection, before)
     assert torch.equal(projection, q.dequantized(before, "int8"))
+    assert "heads.logits.tied_projection" not in model.state_dict()  # never saved
+    _release(model)  # what a build does with its reference once verified: the copy goes too
+    assert model.heads["logits"].tied_projection.numel() == 0
 
 
 def test_an_int8_build_keeps_a_tied_head_in_fp32(builds):

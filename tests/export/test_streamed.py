@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import weakref
 
 import onnx
@@ -239,6 +240,19 @@ def test_the_estimates_choose_streaming_only_where_the_whole_model_does_not_fit(
         specc.build(spec, tmp_path / "no", max_memory=limit, stream=False)
     with pytest.raises(BuildError, match="streamed needs about"):
         specc.build(spec, tmp_path / "tiny", max_memory=1024, stream=True)
+
+
+def test_the_estimate_counts_an_int4_builds_packed_tied_head(monkeypatch):
+    """gemma-2-9b's tied head, packed in 8-bit blocks of 16 beside its fp32 table (specc/export/
+    quantize.py): a code and, per block, a float scale and a code of zero point per entry, in the
+    written size that the disk check and the verification estimate read."""
+    import specc.memory as memory
+
+    r = _resolve(as_resolved("gemma-2-9b").spec, "int4", "onnx")
+    packed = estimate_streamed(r)["stored"]
+    monkeypatch.setitem(memory.TIED_HEAD, "int4", None)
+    plain = estimate_streamed(r)["stored"]
+    assert packed - plain == math.ceil(256000 * 3584 * (1 + (4 + 1) / 16))
 
 
 def _shard(weights, folder, parts: int = 2):
