@@ -61,7 +61,7 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     """Bytes a streamed build needs at its peak (see the module's doc)."""
     precision = PRECISIONS[r.serving.precision]
     scheme = SCHEMES.get(precision.name)
-    linear = _packed_bytes(scheme) if scheme else precision.dtype_bytes
+    linear = scheme.bytes_per_weight if scheme else precision.dtype_bytes
     stored = 0  # the written graph's weights: linear weights as above, tables and vectors in the dtype (and a packed tied head)
     outside = 0  # of those, the ones in no layer (embeddings, heads, final norms)
     short = 0  # the short module's fp32 weights
@@ -88,7 +88,7 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
         short += 4 * n
     head = SCHEMES.get(TIED_HEAD.get(precision.name))
     if head is not None and r.tie_output and any(o.kind in ("lm", "mlm") for o in r.outputs):
-        packed = math.ceil(r.output_vocab_size * r.d_model * _packed_bytes(head))  # beside the table it reads
+        packed = math.ceil(r.output_vocab_size * r.d_model * head.bytes_per_weight)  # beside the table it reads
         stored += packed
         outside += packed
     layer = max(per_layer.values(), default=0)  # the largest layer's fp32 weights
@@ -104,12 +104,6 @@ def estimate_streamed(r: ResolvedSpec) -> dict:
     total = max(building, verifying) + LIBRARIES
     return {"bytes": total, "building": building, "verifying": verifying, "stored": stored, "layer": layer,
             "activations": activations, "whole": whole}
-
-
-def _packed_bytes(scheme) -> float:
-    """Bytes a weight takes per element as an integer scheme writes it: its code, and per block a
-    float scale (and a code of zero point, where the scheme has them)."""
-    return scheme.bits / 8 + (4 + (scheme.bits / 8 if scheme.zero_points else 0)) / scheme.block
 
 
 def verifies_whole(r: ResolvedSpec) -> bool:

@@ -69,6 +69,13 @@ class Scheme:
         """The middle code: MatMulNBits' zero point where the graph gives none."""
         return (self.top + 1) // 2
 
+    @property
+    def bytes_per_weight(self) -> float:
+        """Bytes a weight takes as this scheme packs it (Packed): its code, and per block a float
+        scale (and a code of zero point, where the scheme has them). The offset form, where a
+        weight takes it, adds a float per block beside these."""
+        return self.bits / 8 + (4 + (self.bits / 8 if self.zero_points else 0)) / self.block
+
 
 SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4, zero_points=False)}
 # the scheme a tied output projection is packed in, by precision (None: it stays fp32). Measured on
@@ -263,10 +270,12 @@ def dequantize_linears(module, precision: str) -> None:
         if isinstance(sub, nn.Linear) and id(sub) not in pooled:
             sub.weight.data = dequantized(sub.weight, precision)
     if hasattr(module, "heads") and hasattr(module, "embeddings"):  # the whole model (a SpeccModel), not a layer
-        table = module.embeddings.table("decoder" if module.decoder is not None else "encoder").weight
-        for head in module.heads.values():
-            if head.kind in ("lm", "mlm") and head.proj is None and TIED_HEAD[precision]:
-                head.tied_projection = dequantized(table, TIED_HEAD[precision])
+        tied = [h for h in module.heads.values() if h.kind in ("lm", "mlm") and h.proj is None]
+        if tied and TIED_HEAD[precision]:
+            table = module.embeddings.table("decoder" if module.decoder is not None else "encoder").weight
+            projection = dequantized(table, TIED_HEAD[precision])  # one table, however many heads read it
+            for head in tied:
+                head.tied_projection = projection
 
 
 def quantize(model, precision: str, sig) -> dict:

@@ -77,6 +77,21 @@ def test_packing_is_the_layout_onnxruntime_reads(precision, k):
     np.testing.assert_allclose(y, x @ deq, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_bytes_per_weight_is_what_pack_writes(precision, offsets):
+    """The memory estimate's bytes a weight (Scheme.bytes_per_weight) are the packed arrays'
+    bytes over the weight's elements, the offset form's float a block beside them."""
+    scheme = q.SCHEMES[precision]
+    k, n = 4 * scheme.block, 24
+    p = q.pack(np.random.default_rng(1).standard_normal((k, n)).astype(np.float32), scheme, offsets=offsets)
+    arrays = [p.codes, p.scales, p.zero_points]
+    written = sum(a.nbytes for a in arrays if a is not None)
+    assert written == scheme.bytes_per_weight * k * n
+    if offsets:
+        assert p.offsets.nbytes == 4 * k * n / scheme.block
+
+
 def test_int4_symmetric_form_is_llama_cpp_q4_0():
     """int4's symmetric form rounds as llama.cpp's Q4_0 does (the reference: the gguf package's
     own Q4_0 quantizer, a port of llama.cpp's): the same codes, and the same weights up to Q4_0's
