@@ -14,6 +14,7 @@ import pytest
 import specc
 from specc.errors import VerificationError
 from specc.export import inplace
+from specc.spec import resolve
 from specc.spec.load import loads_spec
 
 ort = pytest.importorskip("onnxruntime")
@@ -117,13 +118,24 @@ def test_a_padded_batch_and_beams_use_the_model_graph(tmp_path):
     assert fast.generate([[5, 9]], max_new_tokens=4, beams=2).new_ids == plain.generate([[5, 9]], max_new_tokens=4, beams=2).new_ids
 
 
-@pytest.mark.parametrize("text,reason", [
+UNFIT = [
     ("extends: tiny-llama\ndecoder: {attention: {pattern: {kind: local, window: 8}}}", "local attention pattern"),
     ("extends: tiny-llama\nposition: {kind: alibi}", "alibi positions"),
     ("extends: tiny-llama\ndecoder: {attention: {softcap: 30.0}}", "soft cap"),
     ("extends: tiny-llama\ndecoder: {attention: {score: bilinear}}", "bilinear scores"),
-])
+]
+
+
+@pytest.mark.parametrize("text,reason", UNFIT)
+def test_attention_groupqueryattention_does_not_compute_is_unfit(text, reason):
+    assert reason in inplace.unfit(resolve(loads_spec(f"specc: 1\nname: d\n{text}\n")))
+    assert inplace.unfit(resolve(loads_spec("specc: 1\nname: d\nextends: tiny-llama\n"))) is None
+
+
+@pytest.mark.parametrize("text,reason", [UNFIT[0], *(pytest.param(*u, marks=pytest.mark.slow) for u in UNFIT[1:])])
 def test_attention_groupqueryattention_does_not_compute_gets_no_inplace_graph(tmp_path, text, reason):
+    """The build of an unfit spec (one in make test, each in make test-slow) says why in its manifest,
+    writes no in-place graph, and its Session generates through model.onnx."""
     result = _build(tmp_path, text)
     assert reason in result.manifest["inplace"]["reason"]
     assert not (result.out_dir / inplace.FILE).exists()

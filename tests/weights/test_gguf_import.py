@@ -1,12 +1,16 @@
 """`specc import gguf`: small random-weight models of every architecture specc reads from GGUF,
 written as llama.cpp's converter writes them (tests/ggufwrite.py: its names, metadata and tensor
-changes; fp32 or Q8_0 blocks), imported, built and run in onnxruntime. An fp32 file gives the
-Hugging Face model's logits (BERT: its last hidden state, pooled embedding or classifier logits)
-within 1e-4 and its greedy tokens; where transformers' own GGUF loading reads the architecture,
-the same file loaded by transformers gives the same logits and tokens too (for a Q8_0 file, that
-is the reference: the blocks are not the model's weights; for a BERT Q8_0 file, which
-transformers does not read, the Hugging Face model with its weights put through gguf's own Q8_0
-round trip is)."""
+changes; fp32 or Q8_0 blocks), imported and run. An fp32 file gives the Hugging Face model's
+logits (BERT: its last hidden state, pooled embedding or classifier logits) within 1e-4 and its
+greedy tokens; where transformers' own GGUF loading reads the architecture, the same file loaded by
+transformers gives the same logits and tokens too (for a Q8_0 file, that is the reference: the
+blocks are not the model's weights; for a BERT Q8_0 file, which transformers does not read, the
+Hugging Face model with its weights put through gguf's own Q8_0 round trip is).
+
+What an import decides (the spec and the weights) is run in specc's torch module. One file of each
+kind (a decoder at fp32 and Q8_0, a BERT, a T5) is also built and run in onnxruntime in make test,
+and every file is in make test-slow: a build holds its graphs to that torch module (verification),
+and each architecture's graphs are held to Hugging Face's model by tests/weights/test_hf_import.py."""
 from __future__ import annotations
 
 import sys
@@ -27,6 +31,7 @@ gguf = pytest.importorskip("gguf", reason="the gguf package (make install-real-m
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from ggufwrite import write_gguf  # noqa: E402  (a model as llama.cpp's converter writes it)
+from torchside import TorchModel  # noqa: E402
 
 PROMPT = [5, 7, 9, 11, 3]
 SMALL = dict(vocab_size=99, max_position_embeddings=64, initializer_range=0.5, bos_token_id=1, eos_token_id=2)
@@ -94,6 +99,40 @@ SLOW_F32 = ("gemma2-caps",)
 RUNS = [(label, "F32") if label not in SLOW_F32 else pytest.param(label, "F32", marks=pytest.mark.slow) for label in CASES] + [
     ("llama", "Q8_0")] + [
     pytest.param(label, "Q8_0", marks=SLOW_Q8) for label in ("gemma2", "falcon-7b-form", "gpt2")]
+TORCH, ONNX = "torch", "onnx"
+# the imports built and run in onnxruntime by make test (the others in torch; every one built in make test-slow)
+BUILT = {("llama", "F32"), ("llama", "Q8_0"), ("bert", "F32"), ("t5-gated", "F32")}
+
+
+def _paths(runs):
+    """Each run built where BUILT names it or where it is slow already; else in torch, and built
+    under the slow marker."""
+    out = []
+    for run in runs:
+        values, marks = (run.values, run.marks) if hasattr(run, "values") else (run, ())
+        if values in BUILT or marks:
+            out.append(pytest.param(*values, ONNX, marks=marks))
+        else:
+            out += [pytest.param(*values, TORCH), pytest.param(*values, ONNX, marks=pytest.mark.slow)]
+    return out
+
+
+class _Built:
+    """The imported spec built, and its Session."""
+
+    def __init__(self, spec, out: Path):
+        specc.build(spec, out, progress=None)
+        self.session = Session(out)
+
+    def run(self, **inputs) -> dict:
+        return self.session.run(**inputs)
+
+    def greedy(self, prompt: list[int], new: int) -> list[int]:
+        return self.session.generate(prompt, max_new_tokens=new).new_ids[0]
+
+
+def _model(spec, tmp_path: Path, path: str):
+    return _Built(spec, tmp_path / "build") if path == ONNX else TorchModel(spec)
 
 
 def hf_model(label: str):
@@ -129,21 +168,19 @@ def _greedy(model, ids: list[int], new: int = 8) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("label,qtype", RUNS)
-def test_a_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype):
+@pytest.mark.parametrize("label,qtype,path", _paths(RUNS))
+def test_a_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype, path):
     model = hf_model(label)
-    path = tmp_path / f"tiny-{label}-{qtype}.gguf"
-    write_gguf(model, path, qtype)
-    spec, _ = import_gguf(path, tmp_path / "m.yaml")
-    out = tmp_path / "build"
-    specc.build(spec, out, progress=None)
-    s = Session(out)
+    file = tmp_path / f"tiny-{label}-{qtype}.gguf"
+    write_gguf(model, file, qtype)
+    spec, _ = import_gguf(file, tmp_path / "m.yaml")
+    s = _model(spec, tmp_path, path)
     got = s.run(input_ids=[PROMPT])["logits"]
     refs = [] if qtype != "F32" else [model]
     if CASES[label][4]:  # transformers' own reading of the same file
-        refs.append(transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval())
+        refs.append(transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=file.name).eval())
     assert refs
-    new = s.generate(PROMPT, max_new_tokens=8).new_ids[0]
+    new = s.greedy(PROMPT, 8)
     for ref in refs:
         assert np.abs(got - _logits(ref, PROMPT)).max() <= 1e-4
         want = _greedy(ref, PROMPT)
@@ -189,18 +226,17 @@ def _q8_0_round_trip(model):
     return model
 
 
-@pytest.mark.parametrize("label,qtype", ENCODER_RUNS)
-def test_a_bert_family_gguf_file_imports_to_the_encoder_it_holds(tmp_path, label, qtype):
+@pytest.mark.parametrize("label,qtype,path", _paths(ENCODER_RUNS))
+def test_a_bert_family_gguf_file_imports_to_the_encoder_it_holds(tmp_path, label, qtype, path):
     model_cls, cfg_cls, kwargs, pooling, draws = ENCODERS[label]
     model = _drawn(model_cls, cfg_cls, kwargs, draws, 0).eval()
-    path = tmp_path / f"tiny-{label}-{qtype}.gguf"
-    write_gguf(model, path, qtype, pooling=pooling)
-    spec, _ = import_gguf(path, tmp_path / "m.yaml")
-    specc.build(spec, tmp_path / "build", progress=None)
+    file = tmp_path / f"tiny-{label}-{qtype}.gguf"
+    write_gguf(model, file, qtype, pooling=pooling)
+    spec, _ = import_gguf(file, tmp_path / "m.yaml")
     ids, mask = torch.tensor(IDS), torch.tensor(MASK)
     typed = {"token_type_ids": torch.tensor(TYPES)} if model.config.to_dict().get("type_vocab_size", 1) > 1 else {}
-    got = Session(tmp_path / "build").run(input_ids=ids.numpy(), attention_mask=mask.numpy(),
-                                          **{k: v.numpy() for k, v in typed.items()})
+    got = _model(spec, tmp_path, path).run(input_ids=ids.numpy(), attention_mask=mask.numpy(),
+                                           **{k: v.numpy() for k, v in typed.items()})
     ref = model if qtype == "F32" else _q8_0_round_trip(model)
     with torch.no_grad():
         want = ref(input_ids=ids, attention_mask=mask, output_hidden_states=True, **typed)
@@ -247,16 +283,15 @@ def _t5_greedy(model, ids: list[int], new: int = 8) -> list[int]:
     return out[0, 1:].tolist()  # after the decoder start token
 
 
-@pytest.mark.parametrize("label,qtype", T5_RUNS)
-def test_a_t5_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype):
+@pytest.mark.parametrize("label,qtype,path", _paths(T5_RUNS))
+def test_a_t5_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype, path):
     kwargs, seed, untie, head_copy, draws = T5_CASES[label]
     model = _drawn("T5ForConditionalGeneration", "T5Config", kwargs, draws, seed, untie=untie).eval()
-    path = tmp_path / f"tiny-{label}-{qtype}.gguf"
-    write_gguf(model, path, qtype, head_copy=head_copy)
-    spec, _ = import_gguf(path, tmp_path / "m.yaml")
+    file = tmp_path / f"tiny-{label}-{qtype}.gguf"
+    write_gguf(model, file, qtype, head_copy=head_copy)
+    spec, _ = import_gguf(file, tmp_path / "m.yaml")
     assert (tmp_path / "m.tokenizer" / "tokenizer.json").is_file()  # the file's T5 vocabulary, carried
-    specc.build(spec, tmp_path / "build", progress=None)
-    s = Session(tmp_path / "build")
+    s = _model(spec, tmp_path, path)
     dec = [0, 5, 6, 7]
     got = s.run(input_ids=[PROMPT], decoder_input_ids=[dec])["logits"]
     refs = [] if qtype != "F32" else [model]
@@ -264,10 +299,10 @@ def test_a_t5_gguf_file_imports_to_the_model_it_holds(tmp_path, label, qtype):
         # gate's activation (it sets is_gated_act, and computes the gate with ReLU where llama.cpp
         # computes GELU (tanh)) and decoder_block_count (it builds block_count decoder layers)
         refs.append(transformers.AutoModelForSeq2SeqLM.from_pretrained(
-            tmp_path, gguf_file=path.name, dense_act_fn="gelu_new",
+            tmp_path, gguf_file=file.name, dense_act_fn="gelu_new",
             num_decoder_layers=kwargs["num_decoder_layers"]).eval())
     assert refs
-    new = s.generate(PROMPT, max_new_tokens=8).new_ids[0]
+    new = s.greedy(PROMPT, 8)
     for ref in refs:
         with torch.no_grad():
             want = ref(input_ids=torch.tensor([PROMPT]), decoder_input_ids=torch.tensor([dec])).logits.numpy()

@@ -1,6 +1,8 @@
 """`specc import hf`: small random-weight Hugging Face models (built from configs, nothing from a
 hub) saved to folders, imported, built to ONNX, run in onnxruntime and compared with the Hugging
-Face model itself: hidden states / logits within 1e-4, greedy generations token for token."""
+Face model itself: hidden states / logits within 1e-4, greedy generations token for token. A few
+forms of a family whose graphs other cases build are run in specc's torch module by make test
+(IN_TORCH) and built by make test-slow."""
 from __future__ import annotations
 
 import json
@@ -26,6 +28,7 @@ from specc.runtime import Session  # noqa: E402
 from specc.importers.hf import CheckpointError, describe, import_hf  # noqa: E402
 
 from hfmodels import CASES, hf_model  # noqa: E402
+from torchside import TorchModel  # noqa: E402
 
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8, 15, 16, 23, 42, 17]]
 NEW = 8
@@ -33,7 +36,7 @@ NEW = 8
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    """label -> (HF model, checkpoint dir, spec path, build dir); built once per module."""
+    """label -> (HF model, checkpoint dir, spec path); imported once per module."""
     root = tmp_path_factory.mktemp("hf-import")
     cache: dict = {}
 
@@ -43,9 +46,23 @@ def imported(tmp_path_factory):
             ckpt = root / f"ckpt-{label}"
             model.save_pretrained(ckpt)
             spec, _ = import_hf(ckpt, root / f"{label}.yaml")
-            out = root / f"build-{label}"
-            specc.build(spec, out, progress=None)
-            cache[label] = (model, ckpt, spec, out)
+            cache[label] = (model, ckpt, spec)
+        return cache[label]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def built(imported, tmp_path_factory):
+    """label -> (HF model, the build dir of its import); built once per module."""
+    root = tmp_path_factory.mktemp("hf-build")
+    cache: dict = {}
+
+    def get(label: str):
+        if label not in cache:
+            model, _, spec = imported(label)
+            specc.build(spec, root / label, progress=None)
+            cache[label] = (model, root / label)
         return cache[label]
 
     return get
@@ -62,8 +79,8 @@ SCALED = ["llama-linear", "llama3-scaled", "qwen2-yarn", "gpt-neox-yarn", "phi3-
 
 
 @pytest.mark.parametrize("label", [k for k in CASES if k.startswith(("bert", "roberta", "electra", "distilbert"))])
-def test_bert_outputs_match_hugging_face(imported, label):
-    model, _, _, out = imported(label)
+def test_bert_outputs_match_hugging_face(built, label):
+    model, out = built(label)
     s = Session(out)
     ids = torch.tensor([[2, 5, 7, 9, 11, 3, 0], [2, 4, 8, 15, 16, 3, 1]])  # no real token is RoBERTa's padding id 1
     types = torch.tensor([[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]])
@@ -101,15 +118,33 @@ def _hf_greedy(model, prompt: list[int], encoder_decoder: bool) -> list[int]:
     return (seq[1:] if encoder_decoder else seq[len(prompt):])[:NEW]
 
 
-@pytest.mark.parametrize("label", ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "qwen3", "gemma",
-                                   "gemma2", "gemma3", pytest.param("phi3", marks=pytest.mark.slow),  # phi3-longrope: the same family
-                                   "stablelm", "stablelm-parallel",
-                                   "olmo2", "bloom", pytest.param("bloom-6", marks=pytest.mark.slow), "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new",
-                                   "falcon-7b-form", "falcon-sequential", "opt",
-                                   "opt-post", *SCALED])
-def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
-    model, _, _, out = imported(label)
-    s = Session(out)
+DECODERS = ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwen2", "qwen3", "gemma", "gemma2",
+            "gemma3", pytest.param("phi3", marks=pytest.mark.slow),  # phi3-longrope: the same family
+            "stablelm", "stablelm-parallel", "olmo2", "bloom", pytest.param("bloom-6", marks=pytest.mark.slow),
+            "gpt-neox", "gpt-neox-sequential", "gptj", "falcon-new", "falcon-7b-form", "falcon-sequential", "opt",
+            "opt-post", *SCALED]
+# Imports run in torch by make test and built by make test-slow: a form of a family whose graphs
+# another case here builds (the family's other form, a plain rope for its scaled one) or a kind of
+# tests/export/test_build_kinds.py does (rotary-linear, -llama3, -yarn; overrides-scaling). A
+# build holds its graphs to that same torch module (its verification).
+IN_TORCH = ("llama-tied", "mistral", "qwen2", "stablelm-parallel", "gpt-neox-sequential", "falcon-sequential",
+            "opt-post", "llama-linear", "llama3-scaled", "qwen2-yarn", "gpt-neox-yarn", "gemma3-scaled")
+DECODER_PATHS = [pytest.param(d, "onnx") if isinstance(d, str) and d not in IN_TORCH else
+                 pytest.param(d, "onnx", marks=pytest.mark.slow) if isinstance(d, str) else
+                 pytest.param(*d.values, "onnx", marks=d.marks) for d in DECODERS] + [
+    pytest.param(d, "torch") for d in IN_TORCH]
+
+
+@pytest.mark.parametrize("label,path", DECODER_PATHS)
+def test_decoder_logits_and_greedy_match_hugging_face(imported, built, label, path):
+    """Logits within 1e-4 and greedy tokens, built (and a left-padded batch generating what each
+    prompt does alone) or, for IN_TORCH, in specc's torch module."""
+    if path == "torch":
+        model, _, spec = imported(label)
+        s = TorchModel(spec)
+    else:
+        model, out = built(label)
+        s = Session(out)
     for prompt in PROMPTS:
         with torch.no_grad():
             ref = model(input_ids=torch.tensor([prompt])).logits
@@ -117,18 +152,19 @@ def test_decoder_logits_and_greedy_match_hugging_face(imported, label):
     wants = [_hf_greedy(model, p, False) for p in PROMPTS]
     assert len({t for w in wants for t in w}) > 2  # models that repeat one token would prove little
     for prompt, want in zip(PROMPTS, wants):
-        assert s.generate(prompt, max_new_tokens=NEW).new_ids[0] == want, (label, prompt)
-    # a left-padded batch generates what each prompt generates alone
-    assert s.generate(PROMPTS, max_new_tokens=NEW).new_ids == wants
+        got = s.greedy(prompt, NEW) if path == "torch" else s.generate(prompt, max_new_tokens=NEW).new_ids[0]
+        assert got == want, (label, prompt)
+    if path == "onnx":  # a left-padded batch generates what each prompt generates alone
+        assert s.generate(PROMPTS, max_new_tokens=NEW).new_ids == wants
 
 
 @pytest.mark.parametrize("label", ["mistral-window", "gemma2"])
-def test_sliding_layers_keep_a_window_cache_as_hugging_face_does(imported, label):
+def test_sliding_layers_keep_a_window_cache_as_hugging_face_does(built, label):
     """Hugging Face's sliding layers (every layer of Mistral's, every other of Gemma 2's) keep a
     window cache: so do the built graph's, sliding_window - 1 positions after the longer prompt
     (a token sees itself and those), the global layers' the whole prompt; the generations past
     the window are the ones test_decoder_logits_and_greedy_match_hugging_face checks."""
-    model, _, _, out = imported(label)
+    model, out = built(label)
     cfg = model.config
     kinds = getattr(cfg, "layer_types", None) or ["sliding_attention"] * cfg.num_hidden_layers
     prompt = PROMPTS[1]
@@ -141,8 +177,8 @@ def test_sliding_layers_keep_a_window_cache_as_hugging_face_does(imported, label
 
 
 @pytest.mark.parametrize("label", ["bart", "mbart", "marian", "pegasus", "t5", "t5-gated"])
-def test_encoder_decoder_outputs_and_greedy_match_hugging_face(imported, label):
-    model, _, _, out = imported(label)
+def test_encoder_decoder_outputs_and_greedy_match_hugging_face(built, label):
+    model, out = built(label)
     s = Session(out)
     start = model.config.decoder_start_token_id
     src = torch.tensor([PROMPTS[1], PROMPTS[0] + [0, 0]])
@@ -181,10 +217,10 @@ def test_scaled_rope_imports_as_the_spec_says(imported, label):
     assert scaling.model_dump(include=set(SCALINGS[label])) == SCALINGS[label]
 
 
-def test_longrope_within_the_original_length_turns_by_the_short_factors(imported):
+def test_longrope_within_the_original_length_turns_by_the_short_factors(built):
     """Prompts of 5 and 7 tokens pass Phi-3's original length 4 (the long factors); one of 3 stays
     within it, and its logits are Hugging Face's too (the short factors)."""
-    model, _, _, out = imported("phi3-longrope")
+    model, out = built("phi3-longrope")
     s = Session(out)
     for prompt in ([5, 7, 9], [5, 7, 9, 11]):
         with torch.no_grad():
@@ -202,7 +238,7 @@ def test_gemma3_scales_its_global_layers_alone(imported):
 
 
 def test_imported_spec_reads_like_the_config(imported):
-    _, _, spec_path, _ = imported("llama-gqa")
+    _, _, spec_path = imported("llama-gqa")
     r = specc.resolve(specc.load_spec(spec_path))
     assert r.position.kind == "rotary" and r.position.base == 500.0
     assert r.norm.kind == "rmsnorm" and r.norm.placement == "pre"
@@ -218,7 +254,7 @@ def test_imported_spec_reads_like_the_config(imported):
 
 
 def test_pytorch_model_bin_imports_to_the_same_weights(tmp_path, imported):
-    model, _, spec_path, _ = imported("gpt2")
+    model, _, spec_path = imported("gpt2")
     ckpt = tmp_path / "bin"
     ckpt.mkdir()
     # the older layout: config.json + a pickled state dict (with the tied lm_head.weight copy)
