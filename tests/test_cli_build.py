@@ -25,6 +25,8 @@ from specc.pipeline import STAGES
 from specc.report import human_bytes
 from specc.spec import load_spec, resolve
 
+pytestmark = pytest.mark.xdist_group("test_cli_build")  # one worker: the module's shared builds are made once
+
 SPEC = "tiny-gpt2"
 SPECC = Path(sys.executable).with_name("specc")
 MANIFEST_KEYS = {"artifacts", "parameters", "verification", "versions", "graphs", "cached"}

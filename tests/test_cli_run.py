@@ -24,6 +24,8 @@ from specc.runtime import Session
 sys.path.insert(0, str(Path(__file__).resolve().parent / "nn"))
 import speclib  # noqa: E402  (tests/nn/speclib.py)
 
+pytestmark = pytest.mark.xdist_group("test_cli_run")  # one worker: the module's shared builds are made once
+
 pytest.importorskip("onnxruntime")
 
 ROOT = Path(__file__).resolve().parents[1]

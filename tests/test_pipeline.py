@@ -30,6 +30,8 @@ from specc.pipeline import STAGES, BuildResult
 from specc.spec import load_spec, resolve
 from specc.weights import save_module
 
+pytestmark = pytest.mark.xdist_group("test_pipeline")  # one worker: the module's shared builds are made once
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "tiny-gpt2"
 CLIENT_FILES = [CONFIG, GENERATION_CONFIG, GENAI_CONFIG]  # what a decoder's build writes for other clients

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from specc.cli import main
 from specc.report import Table, build_report, fusions, inspect_report, render
 
+pytestmark = pytest.mark.xdist_group("test_report")  # one worker: the module's shared builds are made once
+
 ANSI = re.compile(r"\x1b\[")
 CELL = re.compile(r"\S+(?: \S+)*")  # cells are separated by two or more spaces
 

@@ -148,7 +148,12 @@ def _check_cases(r, verification: dict) -> None:
 # --- every tiny spec and every kind --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("source,name", TARGETS, ids=[f"{s}:{n}" for s, n in TARGETS])
+# the catalog's builds, which the tests after the first read again: on one worker, built once
+CATALOG_BUILDS = pytest.mark.xdist_group("build_kinds-catalog")
+
+
+@pytest.mark.parametrize("source,name", [pytest.param(s, n, marks=CATALOG_BUILDS if s == "catalog" else ()) for s, n in TARGETS],
+                         ids=[f"{s}:{n}" for s, n in TARGETS])
 def test_build_every_tiny_spec_and_kind(built, source, name):
     spec, result = built(source, name)
     r = resolve(spec)
@@ -190,6 +195,7 @@ def test_build_every_tiny_spec_and_kind(built, source, name):
     assert timings["total"] >= max(v for k, v in timings.items() if k != "total")
 
 
+@CATALOG_BUILDS
 def test_spec_hash_and_cache_key_tell_specs_apart(built):
     _, a = built("catalog", "tiny-gpt2")
     _, b = built("catalog", "tiny-llama")
@@ -197,6 +203,7 @@ def test_spec_hash_and_cache_key_tell_specs_apart(built):
     assert a.manifest["cache_key"] != b.manifest["cache_key"]
 
 
+@CATALOG_BUILDS
 def test_manifest_times_the_write_stage(built):
     _, result = built("catalog", "tiny-gpt2")
     assert set(STAGES) <= set(result.manifest["timings_s"])
@@ -309,6 +316,7 @@ def _ort_greedy_decoder(path: Path, ids: np.ndarray, mask: np.ndarray) -> tuple[
     return np.concatenate(out, 1), np.stack(last)
 
 
+@CATALOG_BUILDS
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
 def test_onnx_incremental_decoding_matches_torch_full_recompute(built, name):
     spec, result = built("catalog", name)
@@ -326,6 +334,7 @@ def test_onnx_incremental_decoding_matches_torch_full_recompute(built, name):
     _assert_close_logits(got_logits, want_logits)
 
 
+@CATALOG_BUILDS
 def test_onnx_encoder_decoder_incremental_decoding_matches_torch(built):
     spec, result = built("catalog", "tiny-transformer")
     r = resolve(spec)

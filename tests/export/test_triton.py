@@ -19,6 +19,8 @@ pytest.importorskip("onnxruntime")
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 text_format = pytest.importorskip("google.protobuf.text_format")
 
+pytestmark = pytest.mark.xdist_group("test_triton")  # one worker: the module's shared builds are made once
+
 # ONNX element type -> Triton DataType name (Triton's ONNX Runtime backend's correspondence)
 ONNX_TO_TRITON = {onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.INT32: "TYPE_INT32",
                   onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",

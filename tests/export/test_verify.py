@@ -27,6 +27,8 @@ import speclib  # noqa: E402  (tests/nn/speclib.py)
 
 ort = pytest.importorskip("onnxruntime")
 
+pytestmark = pytest.mark.xdist_group("test_verify")  # one worker: the module's shared builds are made once
+
 # output 'NAME' [d0, d1, ...] differs from torch by X
 DIFFERS = re.compile(r"output '(?P<name>[^']+)' \[(?P<shape>\d+(?:, \d+)*)\] differs from torch by (?P<diff>[-+0-9.e]+)")
 

@@ -21,6 +21,8 @@ from spectext import DEC
 import specc
 from specc.export.outdir import MANIFEST
 
+pytestmark = pytest.mark.xdist_group("test_artifact_identity")  # one worker: the module's shared builds are made once
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

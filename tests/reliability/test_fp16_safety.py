@@ -19,6 +19,8 @@ from onnx.reference import ReferenceEvaluator
 import specc
 from specc.export.verify import tolerance
 
+pytestmark = pytest.mark.xdist_group("test_fp16_safety")  # one worker: the module's shared builds are made once
+
 SPEC = """\
 specc: 1
 name: big-activations

@@ -25,6 +25,8 @@ import specc
 from specc.runtime import RunError, Session
 from specc.runtime.serve import REFUSAL, _infer_fn
 
+pytestmark = pytest.mark.xdist_group("test_fuzz_inputs")  # one worker: the module's shared builds are made once
+
 EXAMPLES = int(os.environ.get("SPECC_FUZZ_EXAMPLES", "4"))
 COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=True, max_examples=25 * EXAMPLES,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

@@ -13,6 +13,8 @@ import specc
 from specc.cli import main
 from specc.runtime import RunError, Session
 
+pytestmark = pytest.mark.xdist_group("test_hash_check")  # one worker: the module's shared builds are made once
+
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):

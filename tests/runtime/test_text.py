@@ -25,6 +25,8 @@ from specc.runtime.text import REPLACEMENT, Tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import realtokenizers as rt  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("test_text")  # one worker: the module's shared builds are made once
+
 pytest.importorskip("onnxruntime")
 pytest.importorskip("tokenizers")
 

@@ -129,7 +129,9 @@ DECODERS = ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwe
 # build holds its graphs to that same torch module (its verification).
 IN_TORCH = ("llama-tied", "mistral", "qwen2", "stablelm-parallel", "gpt-neox-sequential", "falcon-sequential",
             "opt-post", "llama-linear", "llama3-scaled", "qwen2-yarn", "gpt-neox-yarn", "gemma3-scaled")
-DECODER_PATHS = [pytest.param(d, "onnx") if isinstance(d, str) and d not in IN_TORCH else
+# the builds another test here reads too: each label's tests on one worker, so that it is built once
+SHARED = {label: pytest.mark.xdist_group(f"hf-{label}") for label in ("mistral-window", "gemma2", "phi3-longrope")}
+DECODER_PATHS = [pytest.param(d, "onnx", marks=SHARED.get(d, ())) if isinstance(d, str) and d not in IN_TORCH else
                  pytest.param(d, "onnx", marks=pytest.mark.slow) if isinstance(d, str) else
                  pytest.param(*d.values, "onnx", marks=d.marks) for d in DECODERS] + [
     pytest.param(d, "torch") for d in IN_TORCH]
@@ -158,7 +160,7 @@ def test_decoder_logits_and_greedy_match_hugging_face(imported, built, label, pa
         assert s.generate(PROMPTS, max_new_tokens=NEW).new_ids == wants
 
 
-@pytest.mark.parametrize("label", ["mistral-window", "gemma2"])
+@pytest.mark.parametrize("label", [pytest.param(label, marks=SHARED[label]) for label in ("mistral-window", "gemma2")])
 def test_sliding_layers_keep_a_window_cache_as_hugging_face_does(built, label):
     """Hugging Face's sliding layers (every layer of Mistral's, every other of Gemma 2's) keep a
     window cache: so do the built graph's, sliding_window - 1 positions after the longer prompt
@@ -217,6 +219,7 @@ def test_scaled_rope_imports_as_the_spec_says(imported, label):
     assert scaling.model_dump(include=set(SCALINGS[label])) == SCALINGS[label]
 
 
+@SHARED["phi3-longrope"]
 def test_longrope_within_the_original_length_turns_by_the_short_factors(built):
     """Prompts of 5 and 7 tokens pass Phi-3's original length 4 (the long factors); one of 3 stays
     within it, and its logits are Hugging Face's too (the short factors)."""
