@@ -7,6 +7,7 @@ import torch
 
 import specc
 from specc.nn import as_resolved
+from specc.spec.manifest import Tokens
 
 
 class TorchModel:
@@ -23,8 +24,8 @@ class TorchModel:
         return {k: v.numpy() for k, v in out.items()}
 
     def greedy(self, prompt: list[int], new: int) -> list[int]:
-        tokens = self.r.tokens
-        start = next(t for t in (tokens.decoder_start, tokens.bos, tokens.pad, 0) if t is not None)
+        tokens = Tokens(**self.r.tokens.model_dump(include={"bos", "eos", "pad", "decoder_start"}))
+        start = tokens.start_for(tokens.pad_for(tokens.eos))  # as a Session starts it
         ids: list[int] = []
         for _ in range(new):
             inputs = ({"input_ids": [prompt], "decoder_input_ids": [[start] + ids]}

@@ -20,8 +20,6 @@ from click.testing import CliRunner
 import specc
 from specc.cli import main
 
-pytestmark = pytest.mark.xdist_group("test_serve")  # one worker: the module's shared builds are made once
-
 pytest.importorskip("onnxruntime")
 
 ROOT = Path(__file__).resolve().parents[2]

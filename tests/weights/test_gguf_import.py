@@ -7,10 +7,11 @@ transformers gives the same logits and tokens too (for a Q8_0 file, that is the 
 blocks are not the model's weights; for a BERT Q8_0 file, which transformers does not read, the
 Hugging Face model with its weights put through gguf's own Q8_0 round trip is).
 
-What an import decides (the spec and the weights) is run in specc's torch module. One file of each
-kind (a decoder at fp32 and Q8_0, a BERT, a T5) is also built and run in onnxruntime in make test,
-and every file is in make test-slow: a build holds its graphs to that torch module (verification),
-and each architecture's graphs are held to Hugging Face's model by tests/weights/test_hf_import.py."""
+make test runs what an import decides (the spec and the weights) in specc's torch module, and
+builds and runs in onnxruntime instead one file of each kind (a decoder at fp32 and Q8_0, a BERT,
+a T5); make test-slow builds every other file: a build holds its graphs to that torch module
+(verification), and each architecture's graphs are held to Hugging Face's model by
+tests/weights/test_hf_import.py."""
 from __future__ import annotations
 
 import sys
@@ -100,7 +101,7 @@ RUNS = [(label, "F32") if label not in SLOW_F32 else pytest.param(label, "F32", 
     ("llama", "Q8_0")] + [
     pytest.param(label, "Q8_0", marks=SLOW_Q8) for label in ("gemma2", "falcon-7b-form", "gpt2")]
 TORCH, ONNX = "torch", "onnx"
-# the imports built and run in onnxruntime by make test (the others in torch; every one built in make test-slow)
+# the imports built and run in onnxruntime by make test (the others in torch there, built by make test-slow)
 BUILT = {("llama", "F32"), ("llama", "Q8_0"), ("bert", "F32"), ("t5-gated", "F32")}
 
 

@@ -127,7 +127,7 @@ DECODERS = ["gpt2", "llama-gqa", "llama-tied", "mistral", "mistral-window", "qwe
 # another case here builds (the family's other form, a plain rope for its scaled one) or a kind of
 # tests/export/test_build_kinds.py does (rotary-linear, -llama3, -yarn; overrides-scaling). A
 # build holds its graphs to that same torch module (its verification).
-IN_TORCH = ("llama-tied", "mistral", "qwen2", "stablelm-parallel", "gpt-neox-sequential", "falcon-sequential",
+IN_TORCH = ("llama-tied", "mistral", "stablelm-parallel", "gpt-neox-sequential", "falcon-sequential",
             "opt-post", "llama-linear", "llama3-scaled", "qwen2-yarn", "gpt-neox-yarn", "gemma3-scaled")
 # the builds another test here reads too: each label's tests on one worker, so that it is built once
 SHARED = {label: pytest.mark.xdist_group(f"hf-{label}") for label in ("mistral-window", "gemma2", "phi3-longrope")}
