@@ -3,6 +3,7 @@ holds an import (the spec and its weights) to Hugging Face's model without build
 holds its graphs to this same module: its verification)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import specc
@@ -34,3 +35,20 @@ class TorchModel:
             if ids[-1] == tokens.eos:
                 break
         return ids
+
+
+TORCH, ONNX = "torch", "onnx"
+
+
+def paths(runs, in_torch, marks=lambda values: ()) -> list:
+    """Each of `runs` (argument tuples or pytest.params) with the path it takes appended: ONNX
+    (built) where it is slow already or not in_torch(values); else TORCH in make test and ONNX
+    under the slow marker. marks(values): marks of a built run besides its own."""
+    out = []
+    for run in runs:
+        values, own = (tuple(run.values), tuple(run.marks)) if hasattr(run, "values") else (tuple(run), ())
+        if own or not in_torch(values):
+            out.append(pytest.param(*values, ONNX, marks=own + tuple(marks(values))))
+        else:
+            out += [pytest.param(*values, TORCH), pytest.param(*values, ONNX, marks=pytest.mark.slow)]
+    return out

@@ -32,7 +32,7 @@ gguf = pytest.importorskip("gguf", reason="the gguf package (make install-real-m
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from ggufwrite import write_gguf  # noqa: E402  (a model as llama.cpp's converter writes it)
-from torchside import TorchModel  # noqa: E402
+from torchside import ONNX, TorchModel, paths  # noqa: E402
 
 PROMPT = [5, 7, 9, 11, 3]
 SMALL = dict(vocab_size=99, max_position_embeddings=64, initializer_range=0.5, bos_token_id=1, eos_token_id=2)
@@ -100,22 +100,12 @@ SLOW_F32 = ("gemma2-caps",)
 RUNS = [(label, "F32") if label not in SLOW_F32 else pytest.param(label, "F32", marks=pytest.mark.slow) for label in CASES] + [
     ("llama", "Q8_0")] + [
     pytest.param(label, "Q8_0", marks=SLOW_Q8) for label in ("gemma2", "falcon-7b-form", "gpt2")]
-TORCH, ONNX = "torch", "onnx"
 # the imports built and run in onnxruntime by make test (the others in torch there, built by make test-slow)
 BUILT = {("llama", "F32"), ("llama", "Q8_0"), ("bert", "F32"), ("t5-gated", "F32")}
 
 
-def _paths(runs):
-    """Each run built where BUILT names it or where it is slow already; else in torch, and built
-    under the slow marker."""
-    out = []
-    for run in runs:
-        values, marks = (run.values, run.marks) if hasattr(run, "values") else (run, ())
-        if values in BUILT or marks:
-            out.append(pytest.param(*values, ONNX, marks=marks))
-        else:
-            out += [pytest.param(*values, TORCH), pytest.param(*values, ONNX, marks=pytest.mark.slow)]
-    return out
+def _paths(runs) -> list:
+    return paths(runs, lambda values: values not in BUILT)
 
 
 class _Built:

@@ -28,7 +28,7 @@ from specc.runtime import Session  # noqa: E402
 from specc.importers.hf import CheckpointError, describe, import_hf  # noqa: E402
 
 from hfmodels import CASES, hf_model  # noqa: E402
-from torchside import TorchModel  # noqa: E402
+from torchside import ONNX, TORCH, TorchModel, paths  # noqa: E402
 
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8, 15, 16, 23, 42, 17]]
 NEW = 8
@@ -131,17 +131,15 @@ IN_TORCH = ("llama-tied", "mistral", "stablelm-parallel", "gpt-neox-sequential",
             "opt-post", "llama-linear", "llama3-scaled", "qwen2-yarn", "gpt-neox-yarn", "gemma3-scaled")
 # the builds another test here reads too: each label's tests on one worker, so that it is built once
 SHARED = {label: pytest.mark.xdist_group(f"hf-{label}") for label in ("mistral-window", "gemma2", "phi3-longrope")}
-DECODER_PATHS = [pytest.param(d, "onnx", marks=SHARED.get(d, ())) if isinstance(d, str) and d not in IN_TORCH else
-                 pytest.param(d, "onnx", marks=pytest.mark.slow) if isinstance(d, str) else
-                 pytest.param(*d.values, "onnx", marks=d.marks) for d in DECODERS] + [
-    pytest.param(d, "torch") for d in IN_TORCH]
+DECODER_PATHS = paths([d if hasattr(d, "values") else (d,) for d in DECODERS], lambda v: v[0] in IN_TORCH,
+                      lambda v: [SHARED[v[0]]] if v[0] in SHARED else [])
 
 
 @pytest.mark.parametrize("label,path", DECODER_PATHS)
 def test_decoder_logits_and_greedy_match_hugging_face(imported, built, label, path):
     """Logits within 1e-4 and greedy tokens, built (and a left-padded batch generating what each
     prompt does alone) or, for IN_TORCH, in specc's torch module."""
-    if path == "torch":
+    if path == TORCH:
         model, _, spec = imported(label)
         s = TorchModel(spec)
     else:
@@ -154,9 +152,9 @@ def test_decoder_logits_and_greedy_match_hugging_face(imported, built, label, pa
     wants = [_hf_greedy(model, p, False) for p in PROMPTS]
     assert len({t for w in wants for t in w}) > 2  # models that repeat one token would prove little
     for prompt, want in zip(PROMPTS, wants):
-        got = s.greedy(prompt, NEW) if path == "torch" else s.generate(prompt, max_new_tokens=NEW).new_ids[0]
+        got = s.greedy(prompt, NEW) if path == TORCH else s.generate(prompt, max_new_tokens=NEW).new_ids[0]
         assert got == want, (label, prompt)
-    if path == "onnx":  # a left-padded batch generates what each prompt generates alone
+    if path == ONNX:  # a left-padded batch generates what each prompt generates alone
         assert s.generate(PROMPTS, max_new_tokens=NEW).new_ids == wants
 
 
