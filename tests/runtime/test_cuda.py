@@ -124,3 +124,47 @@ def test_cli_build_run_generate_on_cuda(tmp_path):
                                  "--json"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["new_ids"][0]) == 4
+
+
+@pytest.fixture(scope="module")
+def llama_fp16(tmp_path_factory):
+    """tiny-llama fp16, verified on CUDA: a build whose in-place graph the GPU decoder replays."""
+    d = tmp_path_factory.mktemp("cuda") / "tiny-llama-fp16"
+    specc.build("tiny-llama", d, precision="fp16", verify_provider="cuda", progress=None)
+    return d
+
+
+def test_captured_decoding_gives_the_uncaptured_tokens(llama_fp16):
+    """Each decode step one replayed CUDA graph (specc/runtime/captured.py): the same greedy tokens
+    as the same bound buffers run step by step without capture (the same kernels), and as
+    model.onnx on CUDA (its cache on the device, no in-place graph) over the first steps, where
+    fp16 near-ties of random weights have not yet parted the two graphs; a second generation
+    replays the same capture."""
+    prompts = [[5, 17, 33, 2, 9, 81], [7, 7, 1, 400, 3, 12]]
+    captured = Session(llama_fp16, provider="cuda")
+    assert captured.captured(2) is not None and captured.captured(2).replay.get_run_config_entry("gpu_graph_id") == "2"
+    plain = Session(llama_fp16, provider="cuda", cuda_graph=False)
+    model = Session(llama_fp16, provider="cuda", inplace=False)
+    assert model.captured(2) is None
+    want = plain.generate(prompts, max_new_tokens=24).new_ids
+    assert [r[:8] for r in model.generate(prompts, max_new_tokens=8).new_ids] == [r[:8] for r in want]
+    for _ in range(3):  # capture (after onnxruntime's warm-up runs), then replays
+        assert captured.generate(prompts, max_new_tokens=24).new_ids == want
+    one = captured.generate([prompts[0]], max_new_tokens=24).new_ids  # another row count: its own capture
+    assert one == plain.generate([prompts[0]], max_new_tokens=24).new_ids
+
+
+def test_captured_decoding_samples_as_the_uncaptured_steps(llama_fp16):
+    """Seeded sampling draws the same tokens through the replayed steps as through the same steps
+    run without capture."""
+    prompts = [[5, 17, 33, 2]]
+    options = dict(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=3)
+    got = Session(llama_fp16, provider="cuda").generate(prompts, **options)
+    want = Session(llama_fp16, provider="cuda", cuda_graph=False).generate(prompts, **options)
+    assert got.new_ids == want.new_ids
+
+
+def test_an_fp32_build_has_no_captured_decoder(builds):
+    """onnxruntime's CUDA GroupQueryAttention computes fp16 and bf16 alone: an fp32 build decodes
+    through model.onnx on the GPU."""
+    assert Session(builds[("tiny-gpt2", "fp32", "cuda")], provider="cuda").captured(1) is None
