@@ -30,7 +30,7 @@ CLIENTS_VENV ?= .venv-clients
 BENCH_VENV ?= .venv-bench
 BENCH_ARGS ?=
 
-.PHONY: install install-serve install-clients install-real-models lint test test-slow fuzz bench bench-quality llama-server clean
+.PHONY: install install-serve serve-requirements install-clients install-real-models lint test test-slow fuzz bench bench-quality llama-server clean
 
 install:
 	@echo "[install 1/6] $(VENV): a Python virtual environment"
@@ -47,15 +47,32 @@ install:
 	@$(MAKE) --no-print-directory install-serve
 	@$(MAKE) --no-print-directory install-clients
 
-# `specc serve`: its own environment, since PyTriton (the Triton server it bundles) needs numpy < 2
+# what a serving environment installs: specc's dependencies less those only building needs
+# (pyproject.toml's [tool.specc] build-only), the runtime extra (argv[1]) and the serve extra
+define SERVE_REQUIREMENTS
+import re, sys, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))
+skip, extras = set(p["tool"]["specc"]["build-only"]), p["project"]["optional-dependencies"]
+core = [d for d in p["project"]["dependencies"] if re.split(r"[^A-Za-z0-9._-]", d)[0] not in skip]
+print("\n".join(core + extras[sys.argv[1]] + extras["serve"]))
+endef
+export SERVE_REQUIREMENTS
+
+# `specc serve`: its own environment, since PyTriton (the Triton server it bundles) needs numpy < 2;
+# no PyTorch and no ONNX exporter: running and serving a build needs onnxruntime, not the compiler
 install-serve:
-	@echo "[install 5/6] $(SERVE_VENV): specc serve's environment (torch again, PyTriton and its Triton server: about 1.4 GB)"
+	@echo "[install 5/6] $(SERVE_VENV): specc serve's environment (onnxruntime, PyTriton and its Triton server, no PyTorch: about 0.6 GB)"
 	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
-	@$(SERVE_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	@$(call ORT_SWITCH,$(SERVE_VENV),$(RUNTIME))
-	@$(SERVE_VENV)/bin/python -m pip install --quiet -e '.[$(RUNTIME),serve]'
+	@$(SERVE_VENV)/bin/python -c "$$SERVE_REQUIREMENTS" $(RUNTIME) > $(SERVE_VENV)/serve-requirements.txt
+	@$(SERVE_VENV)/bin/python -m pip install --quiet -r $(SERVE_VENV)/serve-requirements.txt
+	@$(SERVE_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	@$(SERVE_VENV)/bin/specc --version
 	@$(call ORT_CHECK,$(SERVE_VENV),$(RUNTIME))
+
+# the list install-serve installs (RUNTIME=cpu|gpu), one requirement a line
+serve-requirements:
+	@$(PYTHON) -c "$$SERVE_REQUIREMENTS" $(RUNTIME)
 
 # the clients that open a build folder (Optimum, onnxruntime-genai; docs/runtime.md): their own
 # environment, since optimum-onnx pins transformers below 4.58 (tests/clients/ runs them there).

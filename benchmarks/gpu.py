@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 import specc
+from specc import errors
 from specc.deps import installed_runtimes
 from specc.spec.costs import inspect_spec
 from specc.runtime.cache import empty_cache
@@ -90,8 +91,8 @@ def log(msg: str) -> None:
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    """The exception's type and the first line of its message, as the report names a failure."""
+    return f"{type(exc).__name__}: {errors.first_line(exc)}".rstrip(": ")
 
 
 class Runner:
@@ -604,10 +605,10 @@ class Ort:
         self.dirs: dict[tuple[str, str], Path] = {}
         self.build_rows: list[dict] = []
 
-    def session(self, spec: str, precision: str):
+    def session(self, spec: str, precision: str, **options):
         from specc.runtime import Session
 
-        return Session(self.dirs[(spec, precision)], provider=self.provider)
+        return Session(self.dirs[(spec, precision)], provider=self.provider, **options)
 
 
 def onnxruntime_setup(sizes: Sizes, runner: Runner, clock: Clock, failures: list, debug_cpu: bool) -> Ort:
@@ -720,7 +721,7 @@ def ort_generation_variants(o: Ort, spec: str, prompt: list[int]) -> dict:
     cache kept on the device, IO binding) and the host-copy loop. name -> call(n) -> new ids."""
     if (spec, "fp16") not in o.dirs:
         return {}
-    sess = o.session(spec, "fp16")
+    sess = o.session(spec, "fp16", inplace=False)  # model.onnx; the in-place graph's routes: gpu_decode.py
     graph = sess.graphs["model"]
     return {ort_label(o, "fp16", "generate, cache on the device (IO binding)"):
             lambda n: sess.generate(prompt, max_new_tokens=n, eos_id=-1, pad_id=0).new_ids[0],

@@ -22,7 +22,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from specc.errors import SpeccError
+from specc.errors import SpeccError, first_line
 from specc.export import onnx as onnx_export
 from specc.export.verify import verify
 from specc.nn import as_resolved, to_torch
@@ -103,13 +103,13 @@ def probe(name: str, tmp: Path) -> list[list[str]]:
                 try:
                     sessions[sig.name] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
                 except Exception as exc:  # noqa: BLE001 - the probe records every failure
-                    raise RuntimeError("ORT load: " + str(exc).splitlines()[0][:90]) from None
+                    raise RuntimeError("ORT load: " + first_line(exc)[:90]) from None
             export_s = time.perf_counter() - t0
             report = verify(r, model, sessions)
             lat = sum(_latency(s, sig, r) for sig, s in zip(r.graphs, sessions.values()))
             rows.append([name, exporter, str(opset), ",".join(map(str, sorted(written))), "yes", f"{report.max_abs:.1e}", str(nodes), f"{export_s:.1f}", f"{lat:.2f}"])
         except (SpeccError, RuntimeError, Exception) as exc:  # noqa: BLE001
-            msg = str(exc).strip().splitlines()[0][:100] if str(exc).strip() else type(exc).__name__
+            msg = (first_line(exc) or type(exc).__name__)[:100]
             rows.append([name, exporter, str(opset), "", f"no: {msg}", "", "", "", ""])
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     return rows

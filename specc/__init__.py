@@ -4,10 +4,9 @@ Public API: load_spec, loads_spec, resolve, to_torch, build, import_hf, export_w
 save_weights. Heavy imports (torch, onnx) happen
 on first use.
 """
-__version__ = "0.1.0"
-
-from specc.errors import BuildError, SpecError, SpeccError, VerificationError, WeightsError  # noqa: E402
-from specc.spec import load_spec, loads_spec, resolve  # noqa: E402
+from specc.errors import BuildError, SpecError, SpeccError, VerificationError, WeightsError
+from specc.spec import load_spec, loads_spec, resolve
+from specc.version import __version__
 
 
 def to_torch(spec, *, weights=None, seed: int = 0):
@@ -18,8 +17,8 @@ def to_torch(spec, *, weights=None, seed: int = 0):
 
 
 def build(spec, out_dir, **options):
-    """Build, verify and write a spec's artifacts; returns a BuildResult (see specc.pipeline.build)."""
-    from specc.pipeline import build as _build
+    """Build, verify and write a spec's artifacts; returns a BuildResult (see specc.builder.pipeline.build)."""
+    from specc.builder.pipeline import build as _build
 
     return _build(spec, out_dir, **options)
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
-from specc import __version__
 from specc.errors import Issue, SpeccError, SpecError
 from specc.interrupts import Terminated, terminate_as_interrupt
 from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, TARGETS, VERIFY_PROVIDERS
+from specc.version import __version__
 
 
 # what torch's generator and numpy's seed sequence both take
@@ -60,6 +60,12 @@ class _Group(click.Group):
         except Exception as exc:  # a bug in specc: one line, never a traceback
             if os.environ.get("SPECC_DEBUG"):
                 raise
+            from specc.deps import missing_for_building
+
+            missing = missing_for_building(exc) if isinstance(exc, ModuleNotFoundError) else None
+            if missing is not None:  # building's dependencies, absent from a serving environment: not a bug
+                click.echo(f"specc: error: {missing}", err=True)
+                ctx.exit(1)
             click.echo(
                 f"specc: internal error: {type(exc).__name__}: {exc}\n"
                 "(this is a bug in specc; run with SPECC_DEBUG=1 for the traceback)",
@@ -326,7 +332,7 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
     from specc.malloc import one_arena
 
     one_arena()
-    from specc.pipeline import build as run_build
+    from specc.builder.pipeline import build as run_build
 
     display = _StageDisplay(enabled=not (quiet or as_json))
     try:
@@ -457,14 +463,17 @@ def export_weights_cmd(spec: str, out_file: str, seed: int) -> None:
               help="Decoders: positions the server's KV cache holds, rows x the longest (default: serving.generation.max_cache_tokens).")
 @click.option("--max-waiting", type=click.IntRange(min=0), default=None,
               help="Decoders: generate requests queued for a place; more answer 503 (default: serving.generation.max_waiting).")
+@click.option("--prefix-cache-tokens", type=click.IntRange(min=0), default=None,
+              help="Decoders: positions of recent prompts' KV cache kept, so that a request beginning with one prefills only the rest; 0 turns it off (default: serving.generation.prefix_cache_tokens, else --max-cache-tokens).")
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              help="At Ctrl-C / SIGTERM: seconds that running generate requests get to finish.")
+              help="At Ctrl-C / SIGTERM: seconds that running generate requests get to finish (a second Ctrl-C stops at once).")
 def serve(build_dir: str, host: str, http_port: int, grpc_port: int, metrics_port: int, providers: tuple[str, ...],
           verbose: bool, max_sequences: int | None, max_cache_tokens: int | None, max_waiting: int | None,
-          drain_timeout: float) -> None:
+          prefix_cache_tokens: int | None, drain_timeout: float) -> None:
     """Serve a build on a real Triton Inference Server (PyTriton), with dynamic batching from the
     spec's serving: shapes, until Ctrl-C. A decoder is also served for generation (POST
-    /v2/models/NAME/generate and generate_stream), its requests decoded together on the server.
+    /v2/models/NAME/generate and generate_stream, and the OpenAI-compatible /v1/chat/completions,
+    /v1/completions and /v1/models on the same port), its requests decoded together on the server.
     Needs the serve environment: `make install-serve`, then `.venv-serve/bin/specc serve DIR`."""
     from specc.runtime.serve import describe, serve as serve_build, summary
 
@@ -474,7 +483,8 @@ def serve(build_dir: str, host: str, http_port: int, grpc_port: int, metrics_por
     stats = serve_build(build_dir, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                         providers=list(providers) or None, on_ready=ready, verbose=verbose,
                         max_sequences=max_sequences, max_cache_tokens=max_cache_tokens, max_waiting=max_waiting,
-                        drain_timeout=drain_timeout)
+                        prefix_cache_tokens=prefix_cache_tokens, drain_timeout=drain_timeout,
+                        on_stop=lambda line: click.echo(line, err=True))
     click.echo("specc: server stopped" + (f"; {summary(stats)}" if stats is not None else ""), err=True)
 
 

@@ -41,6 +41,22 @@ def require_onnxruntime(purpose: str = "this command"):
     return onnxruntime
 
 
+# what building needs and running a build does not: PyTorch and the ONNX exporter. A serving
+# environment (`make install-serve`) has none of them; `specc run`, `generate` and `serve` import none.
+BUILD_MODULES = ("torch", "onnx", "onnxscript", "onnx_ir", "safetensors")
+
+
+def missing_for_building(exc: ImportError) -> str | None:
+    """The one line for a command that needs what only building needs, run where it is not
+    installed (a serving environment); None for any other missing module."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    if name not in BUILD_MODULES:
+        return None
+    return (f"this command needs {name}, which is not installed here: building (and anything that runs the "
+            "compiler or PyTorch) needs specc's own dependencies (pip install 'specc[cpu]', or `make install`); "
+            "an environment without them runs and serves builds only (specc run, generate, serve)")
+
+
 def require_tensorrt(purpose: str = "this command"):
     """The tensorrt module, or RuntimeMissingError saying where TensorRT comes from."""
     try:

@@ -58,3 +58,12 @@ class VerificationError(BuildError):
 
 class RuntimeMissingError(SpeccError):
     """A command needs an optional dependency (onnxruntime, tensorrt, ...) that is not installed."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, stripped; "" where it has none (a caller that
+    needs words then names the exception's type). specc/decoding/errors.py holds the same
+    function for the Triton repository that copies the engine without specc
+    (tests/test_house_rules.py holds the two alike)."""
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else ""

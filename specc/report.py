@@ -60,6 +60,10 @@ def inspect_report(facts: dict[str, Any]) -> list[Block]:
         [[c, f"{n:,}", f"{100 * n / total:.1f}%"] for c, n in facts["parameters_by_component"].items()],
     )]
     blocks += [f"  {note}" for note in facts.get("shared", [])]
+    active = facts.get("active_parameters", total)
+    if active != total:
+        blocks.append(f"Active parameters (what one token reads: the routed experts it is sent to, and the rest): "
+                      f"{active:,} ({100 * active / total:.1f}%)")
     blocks.append(f"FLOPs per token at length {facts['length']}: {facts['flops_per_token']:,}")
     cross = facts.get("cross_kv_cache_bytes_per_source_token") or 0
     blocks.append(f"KV cache per token: {facts['kv_cache_bytes_per_token']:,} bytes"
@@ -69,11 +73,14 @@ def inspect_report(facts: dict[str, Any]) -> list[Block]:
         blocks.append(f"KV cache of one sequence at length {facts['length']}: {at_length:,} bytes "
                       "(sliding-window layers keep their window)")
     blocks.append("Weights: " + ", ".join(f"{p} {b / 2**20:,.1f} MiB" for p, b in facts["weight_bytes"].items()))
+    routed = any(l.get("experts") for l in facts["layers"])  # an experts column where a layer has them
     blocks.append(Table(
         "layers",
-        ["layer", "parameters", "FLOPs/token", "heads", "kv", "d_k", "d_v", "pattern", "d_ff", "activation"],
+        ["layer", "parameters", "FLOPs/token", "heads", "kv", "d_k", "d_v", "pattern", "d_ff", "activation"]
+        + (["experts"] if routed else []),
         [[f"{l['stack']}.{l['index']}", f"{l['parameters']:,}", f"{l['flops_per_token']:,}", str(l["heads"]),
           str(l["kv_heads"]), str(l["d_k"]), str(l["d_v"]), str(l["pattern"]), str(l["d_ff"]), str(l["activation"])]
+         + ([f"{l['top_k']} of {l['experts']}" if l.get("experts") else "dense"] if routed else [])
          for l in facts["layers"]],
     ))
     return blocks

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from spectext import DEC
-
 from specc.cli import main
 from specc.export.outdir import MANIFEST
-from specc.memory import estimate_memory
-from specc.pipeline import STAGES
+from specc.builder.memory import estimate_memory
+from specc.builder.pipeline import STAGES
 from specc.report import human_bytes
 from specc.spec import load_spec, resolve
+
+from tests.helpers.spectext import DEC
 
 pytestmark = pytest.mark.xdist_group("test_cli_build")  # one worker: the module's shared builds are made once
 
@@ -210,12 +210,12 @@ def test_verifying_on_a_gpu_that_is_not_here_is_refused_before_work(tmp_path):
 def test_verify_provider_is_recorded_and_cuda_is_another_build(first):
     """The manifest says where the graphs were verified; a CUDA verification has its own cache key
     (a CPU build's key is what it was before the option existed)."""
-    from specc import build_manifest
+    from specc.builder import manifest as build_manifest
 
     _, out = first
     assert json.loads((out / MANIFEST).read_text())["verification"]["provider"] == "cpu"
     r = resolve(load_spec(SPEC))
-    args = dict(target="onnx", precision="fp32", opset=18, weights=None, seed=0, passes=[])
+    args = dict(target="onnx", opset=18, weights=None, seed=0, passes=[])  # the precision: the spec's, fp32
     plain = build_manifest.inputs(r, **args)
     assert build_manifest.inputs(r, **args, verify_provider="cpu").cache_key == plain.cache_key
     assert "verify_provider" not in plain.options

@@ -14,15 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hostile import npz_bomb
 from click.testing import CliRunner
 
 import specc
 from specc.cli import main
 from specc.runtime import Session
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "nn"))
-import speclib  # noqa: E402  (tests/nn/speclib.py)
+from tests.helpers.hostile import npz_bomb
+from tests.helpers import speclib
 
 pytestmark = pytest.mark.xdist_group("test_cli_run")  # one worker: the module's shared builds are made once
 

@@ -16,7 +16,8 @@ from specc.cli import main
 from specc.spec import load_spec, loads_spec
 from specc.spec.dump import spec_to_data
 from specc.spec.resolve import explicit
-from spectext import DEC
+
+from tests.helpers.spectext import DEC
 
 VALID = DEC
 

@@ -54,6 +54,8 @@ CASES: dict[str, tuple[dict[str, str], str, int]] = {
                      "validate bad.yaml", 1),
     "rule-linformer-decoder": ({"bad.yaml": GPT + "decoder:\n  attention:\n    pattern: {kind: linformer, k: 32}\n"},
                                "validate bad.yaml", 1),
+    "rule-experts": ({"bad.yaml": "specc: 1\nname: bad\nextends: tiny-llama\n"
+                                  "decoder:\n  ffn: {kind: moe, experts: 4, top_k: 8, d_ff: 32}\n"}, "validate bad.yaml", 1),
     "rule-learned-length": ({"bad.yaml": GPT + "serving:\n  length: {min: 1, opt: 32, max: 512}\n"},
                             "validate bad.yaml", 1),
     "rule-outputs": ({"bad.yaml": BERT + "outputs:\n  - {kind: hidden}\n  - {kind: classifier, classes: 2, name: last_hidden_state}\n"},

@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-import conftest
+from tests import conftest
 import pytest
 import specc
 from specc.export import onnx as onnx_export
 from specc.nn import to_torch
-from specc.pipeline import _load, _resolve
+from specc.builder.pipeline import _load, _resolve
 
 
 @pytest.mark.skipif(bool(os.environ.get("SPECC_TESTS_NO_EXPORT_MEMO")), reason="the export memo is off")

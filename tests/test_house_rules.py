@@ -7,7 +7,12 @@
   (specc/cli.py, where each command imports what it alone needs, and the package's own
   specc/__init__.py, which `import specc` runs), or one of LAZY_FOR_A_REASON;
 - nothing in the repository links to a path outside it;
-- no top-level module of specc is named after a standard-library module.
+- no top-level module of specc is named after a standard-library module;
+- the decoding engine (specc/decoding/), which `--target triton` copies into a repository beside
+  specc/spec/io.py, imports of specc its own modules and the IO contract alone, relatively, and
+  of the rest the standard library and numpy; spec/io.py the standard library alone;
+- no test changes the import path: tests import their helpers from the tests package
+  (tests.helpers.NAME) and the benchmarks they check as benchmarks.NAME.
 
 Static checks read the source with ast, so a lazy import counts as much as a top-level one.
 """
@@ -15,11 +20,13 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from functools import cache
 from pathlib import Path
 
@@ -30,14 +37,15 @@ PACKAGE = ROOT / "specc"
 # third-party modules that are slow to import, or that only some environments have
 HEAVY = {"torch", "onnx", "onnxscript", "onnx_ir", "onnxruntime", "transformers", "tensorrt", "tritonclient",
          "pytriton", "safetensors", "matplotlib", "graphviz", "gguf",
-         "tokenizers", "jinja2"}  # optional: text (specc/runtime/text.py)
+         "tokenizers", "jinja2",  # optional: text (specc/runtime/text.py)
+         "sh"}  # PyTriton's, in the serve environment only (specc/runtime/pytriton_patch.py)
 LAZY_ANYWHERE = {"specc/cli.py", "specc/__init__.py"}
 # (file, module): why it is imported inside a function
 LAZY_FOR_A_REASON = {
     ("specc/spec/schema.py", "specc.spec.rules"): "the rule table is written against the schema; "
                                                    "ModelSpec's validator runs it once both exist",
 }
-RUNTIME_MAY_NOT_REACH = ("specc.nn", "specc.export", "specc.pipeline", "specc.importers.hf")
+RUNTIME_MAY_NOT_REACH = ("specc.nn", "specc.export", "specc.builder", "specc.importers.hf")
 
 
 def module_name(path: Path) -> str:
@@ -152,7 +160,7 @@ def test_opening_the_runtime_loads_no_torch():
 
 def test_the_reach_check_can_fail():
     """pipeline.py does import export/: the same walk finds it."""
-    assert any(m.startswith("specc.export") for m in reach("specc.pipeline"))
+    assert any(m.startswith("specc.export") for m in reach("specc.builder.pipeline"))
 
 
 # --- the IO contract is spelled in one place -----------------------------------------------------
@@ -178,6 +186,67 @@ def test_only_spec_io_spells_the_io_contract():
                if CONTRACT.search(text)]
     assert spelled == []
     assert any(CONTRACT.search(text) for _, text in literals(owner))  # the check sees a spelling
+
+
+# --- the decoding engine travels -----------------------------------------------------------------
+
+DECODING = PACKAGE / "decoding"
+DECODING_MAY_IMPORT = {"numpy"}  # beside the standard library: what a Triton Python backend has
+
+
+def _outside(name: str) -> bool:
+    """Whether a module outside specc is neither the standard library's nor one decoding may import."""
+    top = name.split(".")[0]
+    return top not in sys.stdlib_module_names and top not in DECODING_MAY_IMPORT
+
+
+def decoding_imports_wrong(files: dict[str, str], contract: str) -> list[str]:
+    """The imports of decoding's files (name -> text) and of the IO contract (its text) that break
+    the rule of the test below, one line each."""
+    own = {name.removesuffix(".py") for name in files}
+    wrong = []
+    for name, text in sorted(files.items()):
+        for node in ast.walk(ast.parse(text)):
+            where = f"specc/decoding/{name}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                wrong += [f"{where}: import {a.name}" for a in node.names if _outside(a.name)]
+            elif isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names]
+                shown = f"{where}: from {'.' * node.level}{node.module or ''} import {', '.join(names)}"
+                if node.level == 0:
+                    wrong += [shown] if _outside(node.module or "") else []
+                elif node.level == 1:
+                    wrong += [shown] if (node.module or "") not in own else []
+                elif (node.level, node.module, names) != (2, "spec", ["io"]):
+                    wrong.append(shown)
+    for node in ast.walk(ast.parse(contract)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or "."]
+            wrong += [f"specc/spec/io.py:{node.lineno}: {m}" for m in modules
+                      if getattr(node, "level", 0) or m.split(".")[0] not in sys.stdlib_module_names]
+    return wrong
+
+
+def test_decoding_imports_only_the_io_contract_and_itself_relatively():
+    """specc/decoding/ runs in two places: inside specc, and copied into a Triton repository as
+    the package specc_decoding beside its own spec/io.py (specc/export/triton.py's engine_files).
+    So each of its imports of specc is relative and names one of its own modules (`from .graphs
+    import ...`) or the IO contract (`from ..spec import io`), and every other import is the
+    standard library's or numpy; the IO contract imports the standard library alone."""
+    files = {p.name: p.read_text() for p in DECODING.glob("*.py")}
+    assert {"engine.py", "stores.py", "request.py", "sampling.py", "graphs.py", "facts.py"} <= set(files)
+    assert decoding_imports_wrong(files, (PACKAGE / "spec" / "io.py").read_text()) == []
+
+
+def test_the_decoding_check_can_fail():
+    files = {"a.py": "import numpy\nfrom .b import x\n", "b.py": "from ..spec import io\nimport json\n"}
+    assert decoding_imports_wrong(files, "import re\n") == []
+    bad = {"a.py": "from specc.spec import io\nfrom .c import x\nimport onnxruntime\n",
+           "b.py": "from ..spec import manifest\nfrom ...runtime import graph\n"}
+    assert decoding_imports_wrong(bad, "import numpy\n") == [
+        "specc/decoding/a.py:1: from specc.spec import io", "specc/decoding/a.py:2: from .c import x",
+        "specc/decoding/a.py:3: import onnxruntime", "specc/decoding/b.py:1: from ..spec import manifest",
+        "specc/decoding/b.py:2: from ...runtime import graph", "specc/spec/io.py:1: numpy"]
 
 
 # --- the layers of docs/architecture.md ---------------------------------------------------------
@@ -286,3 +355,43 @@ def test_no_top_level_module_is_named_after_the_standard_library():
 @pytest.mark.parametrize("name", ["inspect", "io"])
 def test_the_stdlib_check_knows_the_names(name):
     assert name in sys.stdlib_module_names
+
+
+# --- tests import their helpers from the tests package ------------------------------------------
+
+# code that changes the import path: sys.path's mutators, an item or slice set, an assignment
+SYS_PATH = re.compile(r"\bsys\.path\s*(\.\s*(insert|append|extend|remove|pop|clear)\b|\[|\+?=)")
+
+
+def test_no_test_changes_the_import_path():
+    """tests/ is a package (tests/__init__.py): pytest puts the repository root on the path, and a
+    test imports its helpers as tests.helpers.NAME, a benchmark as benchmarks.NAME, a sibling test's
+    helpers as tests.FOLDER.test_NAME. So does the code a test runs in a child process (started
+    from the repository root), which this text scan reads too."""
+    changed = [f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+               for path in sorted((ROOT / "tests").rglob("*.py"))
+               for i, line in enumerate(path.read_text().splitlines(), 1) if SYS_PATH.search(line)]
+    assert changed == []
+
+
+def test_the_import_path_check_can_fail():
+    path = "sys" + ".path"  # spelled so this file does not match
+    changes = [f"{path}.insert(0, str(EXAMPLES))", f"    {path}.append(here)", f"{path}[:0] = [d]",
+               f"{path} = [d, *{path}]", f"{path} += [d]", f"{path}.pop(0)"]
+    assert all(SYS_PATH.search(line) for line in changes)
+    assert not SYS_PATH.search("pytest puts that root first on sys.path, as it does")
+    assert not any(SYS_PATH.search(line) for line in ("parts = sys.path_hooks", "x = sys.path_importer_cache"))
+
+
+def test_the_engines_first_line_is_specc_errors_own():
+    """specc/decoding/errors.py's first_line, which a Triton repository runs without specc, is
+    specc.errors.first_line to the statement (docstrings apart): one behaviour, two copies."""
+    from specc import errors
+    from specc.decoding import errors as engine
+
+    def body(fn) -> str:
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+        return ast.dump(ast.Module(body=node.body[1:], type_ignores=[]))
+
+    assert body(errors.first_line) == body(engine.first_line)
+    assert body(errors.first_line) != body(errors.SpecError.__init__)  # the comparison can tell them apart

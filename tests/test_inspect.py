@@ -188,3 +188,90 @@ def test_inspect_is_linear_in_the_number_of_layers(tmp_path):
     assert big["layers"][-1]["parameters"] == small["layers"][0]["parameters"]
     assert big["flops_per_token"] - small["flops_per_token"] == 1750 * small["layers"][0]["flops_per_token"]
     assert t_big < 20 * max(t_small, 1e-3)  # linear: about 8x; a quadratic count: 64x (no wall-clock bound)
+
+
+# the mixtures of experts in the catalog, each against its family's Hugging Face model at the config
+# its spec cites, and their active parameters against the model cards' figures
+MOE = {
+    "mixtral-8x7b": ("MixtralForCausalLM", "MixtralConfig", dict(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+        num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, rope_theta=1e6, tie_word_embeddings=False)),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(
+        hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936, tie_word_embeddings=False)),
+    "gpt-oss-20b": ("GptOssForCausalLM", "GptOssConfig", dict(
+        hidden_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+        intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088, sliding_window=128,
+        tie_word_embeddings=False)),
+}
+
+
+@pytest.mark.parametrize("name", list(MOE))
+def test_mixtures_of_experts_match_hugging_face(name):
+    model_cls, cfg_cls, kwargs = MOE[name]
+    facts = inspect_spec(resolve(load_spec(name)))
+    assert facts["parameters"] == _hf_count(getattr(transformers, model_cls), getattr(transformers, cfg_cls)(**kwargs))
+    assert sum(facts["parameters_by_component"].values()) == facts["parameters"]
+
+
+def test_active_parameters_are_what_one_token_reads():
+    """Every parameter but the routed experts a token's router does not choose: Mixtral 8x7B's
+    46.7B and 12.9B (Jiang et al. 2024, section 2), Qwen3-30B-A3B's 30.5B and 3.3B (its model card),
+    gpt-oss-20b's 20.91B and, leaving out the input embedding as its model card does, 3.61B
+    (arXiv:2508.10925, Table 1). A dense model has them all active."""
+    mixtral = inspect_spec(resolve(load_spec("mixtral-8x7b")))
+    experts = mixtral["parameters_by_component"]["decoder.experts"]
+    assert experts == 32 * 8 * 3 * 4096 * 14336
+    assert mixtral["active_parameters"] == mixtral["parameters"] - experts // 8 * 6
+    assert (round(mixtral["parameters"] / 1e8), round(mixtral["active_parameters"] / 1e8)) == (467, 129)
+    qwen = inspect_spec(resolve(load_spec("qwen3-30b-a3b")))
+    assert (round(qwen["parameters"] / 1e8), int(qwen["active_parameters"] / 1e8)) == (305, 33)
+    oss = inspect_spec(resolve(load_spec("gpt-oss-20b")))
+    assert round(oss["parameters"] / 1e7) == 2091
+    assert round((oss["active_parameters"] - oss["parameters_by_component"]["embeddings"]) / 1e7) == 361
+    assert [layer["active_parameters"] for layer in oss["layers"]][:2] == [oss["layers"][0]["active_parameters"]] * 2
+    dense = inspect_spec(resolve(load_spec("mistral-7b")))
+    assert dense["active_parameters"] == dense["parameters"]
+
+
+def test_flops_of_a_mixture_follow_the_chosen_experts():
+    """2 x the matrices a token passes through: the router's and its top_k experts', not all of
+    them; the rest of the layer as a dense one's."""
+    r = resolve(load_spec("mixtral-8x7b"))
+    d, f, n = 4096, 14336, 128
+    layer = inspect_spec(r, n)["layers"][0]
+    attention = 2 * (4096 * 4096 * 2 + 4096 * 1024 * 2) + 2 * 32 * (128 + 128) * n
+    assert layer["flops_per_token"] == attention + 2 * d * 8 + 2 * 2 * 3 * d * f
+    assert (layer["experts"], layer["top_k"], layer["d_ff"]) == (8, 2, f)
+
+
+def test_latent_attention_caches_its_latent_and_counts_its_projections(tmp_path):
+    """DeepSeek-V3's attention shape (arXiv:2412.19437, section 4.2: 128 heads, q rank 1536, kv
+    rank 512, 128 + 64 query / key dims, 128 value dims): a cache of 512 + 64 values per token and
+    layer, not 128 x (192 + 128); its projections counted as transformers' DeepseekV3Attention holds them."""
+    path = tmp_path / "mla.yaml"
+    path.write_text("""\
+specc: 1
+name: mla
+architecture: decoder
+d_model: 7168
+vocab: {size: 1000}
+position: {kind: rotary, layout: interleaved}
+norm: {kind: rmsnorm, placement: pre}
+decoder:
+  layers: 1
+  attention: {kind: latent, heads: 128, d_k: 192, d_v: 128, rope_dims: 64, q_rank: 1536, kv_rank: 512}
+  ffn: {d_ff: 64, activation: swiglu, bias: false}
+serving: {precision: fp16}
+""")
+    facts = inspect_spec(resolve(load_spec(path)))
+    assert facts["kv_cache_bytes_per_token"] == (512 + 64) * 2
+    cfg = transformers.DeepseekV3Config(hidden_size=7168, num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+                                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    import torch
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+    with torch.device("meta"):
+        hf = DeepseekV3Attention(cfg, 0)
+    assert facts["parameters_by_component"]["decoder.attention"] == sum(p.numel() for p in hf.parameters())

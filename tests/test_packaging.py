@@ -29,3 +29,20 @@ def test_wheel_ships_the_catalog_and_extends_finds_it(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["child", "32", "1000"]
+
+
+def test_a_serving_environment_installs_no_compiler():
+    """`make install-serve`'s requirements: specc's own less what only building needs
+    ([tool.specc] build-only in pyproject.toml), with onnxruntime and the serve extra."""
+    import re
+    import shutil
+
+    import pytest
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    got = subprocess.run(["make", "-s", "serve-requirements", f"PYTHON={sys.executable}"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+    names = {re.split(r"[^A-Za-z0-9._-]", r)[0] for r in got}
+    assert not names & {"torch", "onnx", "onnxscript", "safetensors", "graphviz"}, got
+    assert {"onnxruntime", "numpy", "tokenizers", "nvidia-pytriton", "jinja2", "click", "pydantic"} <= names, got

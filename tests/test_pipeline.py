@@ -1,4 +1,4 @@
-"""specc.build() (specc/pipeline.py) on tiny-gpt2: the cache, reproducible artifacts across
+"""specc.build() (specc/builder/pipeline.py) on tiny-gpt2: the cache, reproducible artifacts across
 processes, trained weights, the memory check, external data, and the Python API.
 
 Builds are expensive (~3-4 s each): the seed-0 build and the weights build are module-scoped and
@@ -20,13 +20,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import specc
-from specc.clients import CONFIG, GENAI_CONFIG, GENERATION_CONFIG
+from specc.builder.clients import CONFIG, GENAI_CONFIG, GENERATION_CONFIG
 from specc.errors import BuildError, WeightsError
 from specc.export import inplace
 from specc.export.outdir import MANIFEST
-from specc.memory import estimate_memory
+from specc.builder.memory import estimate_memory
 from specc.spec.costs import inspect_spec
-from specc.pipeline import STAGES, BuildResult
+from specc.builder.pipeline import STAGES, BuildResult
 from specc.spec import load_spec, resolve
 from specc.weights import save_module
 
@@ -153,11 +153,11 @@ def test_verification_session_computes_what_the_runtime_session_does(built):
     with every optimization, up to float rounding."""
     import onnxruntime as ort
 
-    from specc.pipeline import _session
+    from specc.export.verify import verification_session
     from specc.runtime.session import session_options
 
     _, out, _ = built
-    lean = _session(out / "model.onnx", "model")
+    lean = verification_session(out / "model.onnx", "model")
     full = ort.InferenceSession(str(out / "model.onnx"), session_options(ort), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feed = {}
@@ -448,9 +448,9 @@ def test_max_memory_refuses_before_any_directory(tmp_path):
 
 
 def test_default_limit_is_available_memory(tmp_path, monkeypatch):
-    import specc.memory
+    import specc.builder.memory
 
-    monkeypatch.setattr(specc.memory, "available_memory", lambda: 64 * 1024**2)
+    monkeypatch.setattr(specc.builder.memory, "available_memory", lambda: 64 * 1024**2)
     with pytest.raises(BuildError, match="but 64.0 MiB is available"):
         specc.build(SPEC, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
@@ -538,3 +538,29 @@ def test_refused_options_create_nothing(tmp_path, options, message):
     with pytest.raises(BuildError, match=message):
         specc.build(SPEC, tmp_path / "out", **options)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- the write stage ------------------------------------------------------------------------------
+
+
+def test_every_layout_and_extra_of_the_targets_table_has_its_writer():
+    """The write stage is the targets table read (specc/builder/write.py): each target's layout and
+    extras name a writer, and every writer is named by a row's type."""
+    import typing
+
+    from specc.builder import write
+    from specc.spec.targets import TARGETS, Target
+
+    hints = typing.get_type_hints(Target)
+    assert set(typing.get_args(hints["write"])) == set(write.LAYOUTS)
+    assert set(typing.get_args(typing.get_args(hints["extras"])[0])) == set(write.EXTRAS)
+    assert all(t.write in write.LAYOUTS and set(t.extras) <= set(write.EXTRAS) for t in TARGETS.values())
+    assert TARGETS["onnx"].extras == ("clients", "inplace") and TARGETS["triton"].extras == ()
+
+
+def test_the_manifest_lists_the_extras_of_the_target(built):
+    """An onnx build of a decoder writes both of its target's extras, in the row's order, and
+    records each in the manifest."""
+    m = manifest(built[1])
+    assert [k for k in m if k in ("clients", "inplace")] == ["clients", "inplace"]
+    assert m["inplace"]["file"] in {a["path"] for a in m["artifacts"]}

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from specc.deps import require_onnxruntime
-from specc.errors import BuildError
+from specc.errors import BuildError, first_line
 from specc.export.external import referenced
 from specc.spec import io
 from specc.spec.resolve import ResolvedSpec
@@ -165,17 +165,13 @@ def rewrite(model, r: ResolvedSpec) -> None:
             raise Unfit(f"the attention's output {o.name} is a graph output")
     flat = helper.make_tensor("inplace/flat", TensorProto.INT64, [3], [0, 0, -1])
     dropped |= _roots_as_divisions(g.node, consumers, producer)
-    added += _last_position_logits(g, producer, constants, _lm_output(r))
+    added += _last_position_logits(g, producer, constants, r.lm_output) if r.lm_output else []
     kept = [n for n in g.node if id(n) not in dropped] + added
     g.initializer.append(flat)
     _set_nodes(g, _live(_sorted(kept, g), g))
     _set_inputs(g, r)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-
-
-def _lm_output(r: ResolvedSpec) -> str:
-    return next(o.name for o in r.graph(GRAPH).outputs if not io.is_present(o.name))
 
 
 def _last_position_logits(g, producer, constants, lm: str) -> list:
@@ -312,7 +308,8 @@ def _rotary_tables(model, producer, pair: tuple[str, str], r: ResolvedSpec, pref
     nodes = [n for n in g.node if any(o in seen for o in n.output)]
     sub = helper.make_model(helper.make_graph(nodes, "rotary", [inputs[io.POSITION_IDS]],
                                               [helper.ValueInfoProto(name=cos), helper.ValueInfoProto(name=sin)],
-                                              initializer=used), opset_imports=model.opset_import)
+                                              initializer=used), opset_imports=model.opset_import,
+                          ir_version=model.ir_version)  # not onnx's newest: the runtime may read older ones only
     ort = require_onnxruntime("making the in-place graph's rotary tables")
     session = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])
     positions = r.serving.length.max
@@ -513,7 +510,7 @@ def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session
     prompt = min(prompt, longest - steps)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, r.input_vocab_size("decoder"), (1, prompt), dtype=np.int64)
-    lm = _lm_output(r)
+    lm = r.lm_output or next(o.name for o in r.graph(GRAPH).outputs if not io.is_present(o.name))  # what is compared
 
     session = open_session(root / graph_files[GRAPH], GRAPH)
     names = {t.name: t for t in session.get_inputs()}
@@ -547,7 +544,7 @@ def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session
             got = _run_inplace(session, binding_names, feeds(names, tokens, start, caches))
         except Exception as exc:  # onnxruntime's own exception types
             raise BuildError(f"{FILE} (the in-place cache graph): onnxruntime cannot run it: "
-                             f"{str(exc).strip().splitlines()[0][:300]}") from None
+                             f"{first_line(exc)[:300]}") from None
         figures = compare(f"{lm} ({'prompt' if step == 0 else f'decode step {step}'})", got[lm], want[step])
         for k, v in figures.items():
             if not isinstance(v, (int, float)):

@@ -13,7 +13,10 @@ onnxruntime infers them again on load.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
+import logging
 import sys
 import threading
 import warnings
@@ -23,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specc.errors import BuildError
+from specc.errors import BuildError, first_line
 from specc.export import stitch as st
 from specc.export.external import INLINE_BYTES
 from specc.spec.io import BATCH, ENC_SEQ, INPUT_IDS, PAST, POSITION_IDS, SEQ, TOKEN_TYPE_IDS, TOTAL, concrete_dims
@@ -84,8 +87,26 @@ def preload() -> threading.Thread:
     return thread
 
 
+@contextlib.contextmanager
+def quiet():
+    """The exporter prints progress to stdout and logs warnings, onnxruntime's quantizers log a
+    line per node through the root logger; `specc build --json` owns stdout and a build reports
+    through its own progress. Inside, stdout goes nowhere, warnings are ignored and log records up
+    to WARNING are dropped."""
+    sink = io.StringIO()
+    disabled = logging.root.manager.disable
+    logging.disable(max(disabled, logging.WARNING))
+    try:
+        with contextlib.redirect_stdout(sink), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(disabled)
+
+
 def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch.Tensor],
-                    opset: int = DEFAULT_OPSET, prefolded: bool = True, source=None):
+                    opset: int = DEFAULT_OPSET, prefolded: bool = True, source=None,
+                    plan: dict[str, st.Plan] | None = None):
     """The graph as export_graph gives it, traced with the first layers of each deep stack whose
     layers repeat and the rest written in as copies (specc/export/stitch.py), or traced whole where
     that cannot be done. Returns (program, facts): facts is the manifest's optimization entry
@@ -94,9 +115,10 @@ def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch
     traced layers are prefolded before they are copied (facts["prefolded"]; see prefold), unless
     `prefolded` is False. `source`: where the copies' weights come from, read when written (a
     streamed build's StreamedWeights, specc/nn/streamed.py; `model` is then its short module and
-    the graph must stitch); by default `model` itself, read now."""
+    the graph must stitch); by default `model` itself, read now. `plan`: the graph's
+    stitch.stitch_plan, where the build has it (its plan, specc/builder/plan.py)."""
 
-    plan = st.stitch_plan(r, sig)
+    plan = st.stitch_plan(r, sig) if plan is None else plan
     if not plan:
         return export_graph(model, sig, example, opset), None
     short_sig = st.truncated_sig(sig, plan)
@@ -145,7 +167,7 @@ def export_graph(model: nn.Module, sig: GraphSig, example: dict[str, torch.Tenso
         interrupt = _interrupt(exc)  # Ctrl-C or SIGTERM inside torch.export comes back wrapped in its own error
         if interrupt is not None:
             raise interrupt from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc) or type(exc).__name__
         raise BuildError(f"export of the {sig.name} graph failed: {type(exc).__name__}: {first}") from exc
 
 

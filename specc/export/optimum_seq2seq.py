@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specc.errors import BuildError
+from specc.errors import BuildError, first_line
 from specc.export.external import referenced
 from specc.spec import io
 from specc.spec.resolve import ResolvedSpec
@@ -224,7 +224,7 @@ def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session
         except Exception as exc:  # onnxruntime raises its own exception types
             raise BuildError(f"{MERGED} (Optimum's decoder) differs from the build's decoder graph: onnxruntime cannot "
                              f"run its {'with-past' if use_cache else 'first'} step: "
-                             f"{str(exc).strip().splitlines()[0][:300]}") from None
+                             f"{first_line(exc)[:300]}") from None
         expected = {**want, **({} if use_cache else {s.present: crosses[s.past] for s in io.cache_slots(layers, io.CROSS)})}
         for name, value in expected.items():
             a, b = got[name].astype(np.float64), value.astype(np.float64)

@@ -36,11 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specc.errors import BuildError
-from specc.spec.targets import PRECISIONS
+from specc.errors import BuildError, first_line
 from specc.spec.io import is_past
 
-INT_PRECISIONS = tuple(name for name, p in PRECISIONS.items() if p.quantized)  # int8, int4
 BLOCK = 32  # rows of one column that share a scale and a zero point, unless a scheme says otherwise
 ACCURACY_LEVEL = 4  # MatMulNBits computes in int8 (0: dequantizes the weight at every call, 30x slower)
 # a graph that takes no KV cache runs whole sequences, never one token at a time (an encoder, an
@@ -291,7 +289,7 @@ def quantize(model, precision: str, sig) -> dict:
     except BuildError:
         raise
     except Exception as exc:  # onnx_ir's and numpy's own errors on a graph this module does not expect
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc) or type(exc).__name__
         raise BuildError(f"quantizing the {sig.name} graph to {precision} failed: {first}") from None
     model.opset_imports.setdefault("com.microsoft", 1)
     ops: dict[str, int] = {}

@@ -12,7 +12,7 @@ verification reads it back a chunk at a time (verify.Spilled).
 The fork is taken only on Linux, only where the reference run is long enough to repay it
 (FORK_MIN_WORK), and only from a process with no other Python thread (forks()); elsewhere the job runs in the build's own process when its result is asked for,
 as builds did before. SPECC_REFERENCE_PROCESS=fork|inline overrides the choice (tests, debugging);
-a streamed build never forks (specc/pipeline.py).
+a streamed build never forks (specc/builder/pipeline.py).
 
 The child never outlives the build: it is killed if the build stops before asking for the result
 (an error, Ctrl-C) and, through PR_SET_PDEATHSIG, if the build's process dies (kill -9). It ignores

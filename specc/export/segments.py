@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specc.errors import BuildError
+from specc.errors import BuildError, first_line
 from specc.export import verify
 from specc.spec.io import is_present, numpy_dtype
 from specc.spec.targets import PRECISIONS
@@ -185,7 +185,7 @@ def verify_segments(r, refs: dict, graph: Path, layers: list[tuple[str, int, str
             try:
                 got = dict(zip(seg.outputs, session.run(seg.outputs, feed)))
             except Exception as exc:  # onnxruntime's own exception types
-                msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                msg = first_line(exc) or type(exc).__name__
                 raise verify.VerificationError(f"{where}: onnxruntime failed to run the segment: {msg}") from None
             figures = {}
             for name in seg.outputs:

@@ -96,24 +96,31 @@ def deep_stacks(r) -> list[str]:
     return [s.role for s in (r.encoder, r.decoder) if s is not None and len(s.layers) > KEEP]
 
 
-def streamable(r) -> dict[str, Plan] | str:
+def stitch_plans(r) -> dict[str, dict[str, Plan]]:
+    """stitch_plan of each of the spec's graphs: {graph: {stack role: Plan}}."""
+    return {sig.name: stitch_plan(r, sig) for sig in r.graphs}
+
+
+def streamable(r, plans: dict[str, dict[str, Plan]] | None = None) -> dict[str, Plan] | str:
     """{role: Plan} of the stacks a streamed build makes one layer at a time, or why the spec
     cannot be built streamed: every stack deeper than KEEP layers must be stitched in every graph
-    that runs it (stitch_plan), which an encoder-decoder's encoder graph is not."""
+    that runs it (stitch_plan), which an encoder-decoder's encoder graph is not. `plans`: the
+    graphs' stitch_plans, where the caller has them."""
     if r.architecture == "encoder-decoder":
         return "an encoder-decoder's encoder graph makes the decoder layers' cross-attention keys and values"
     deep = deep_stacks(r)
     if not deep:
         return f"no stack has more than {KEEP} layers"
-    plans = {}
+    graphs = stitch_plans(r) if plans is None else plans
+    stacks = {}
     for sig in r.graphs:
-        plan = stitch_plan(r, sig)
+        plan = graphs[sig.name]
         missing = [role for role in deep if role not in plan]
         if missing:
             return (f"the layers of the {missing[0]} stack do not repeat in a period of less than half its "
                     f"depth (a per-layer pattern)")
-        plans.update(plan)
-    return plans
+        stacks.update(plan)
+    return stacks
 
 
 def truncated(model, plan: dict[str, Plan]):

@@ -7,13 +7,16 @@ Layout, written inside the build's staging directory (so a failed build leaves n
     REPO/MODEL/1/model.onnx (+ model.onnx's external data, under its original file name)
     REPO/MODEL/1/model.plan                         when a TensorRT engine was built
     REPO/NAME/config.pbtxt, REPO/NAME/1/model.py,   a decoder's generation model (Python backend)
-    REPO/NAME/1/generation.json
+    REPO/NAME/1/generation.json, REPO/NAME/specc_decoding/   and the engine it runs
+    REPO/NAME_openai/config.pbtxt, REPO/NAME_openai/1/model.py   the same model.py, as Triton's
+                                                    OpenAI-compatible frontend calls it: relayed to NAME
 
 An encoder gives one model named after the spec; an encoder-decoder gives two, `NAME_encoder`
 and `NAME_decoder`. A decoder with an lm output gives its graph as `NAME_model` and, under the
 spec's name, the generation model: Triton's generate endpoint, its loop run in Triton's Python
-backend (specc/export/triton_generate.py, copied as model.py; it imports nothing of specc) over
-the graph model by BLS, the KV cache kept inside the server. Names, dims and dynamic batching
+backend (specc/export/triton_generate.py, copied as model.py; it imports nothing of specc but
+the copy of specc/decoding/ beside it, the engine `specc serve` runs too) over the graph model
+by BLS, the KV cache kept inside the server. Names, dims and dynamic batching
 follow specc/spec/triton.py, the rule `specc serve` follows too. The graph models are
 stateless: the KV cache is an explicit input (`past_key_values.*`) and output (`present.*`)
 that the caller passes back each step, which works with the ONNX Runtime backend as it is.
@@ -28,39 +31,32 @@ import os
 import shutil
 from pathlib import Path
 
+from specc import decoding
+from specc.decoding.errors import DecodingError
+from specc.decoding.facts import FACTS_FILE, Endpoint, Generation, Limits, Model, to_json
+from specc.decoding.graphs import GraphFacts
+from specc.decoding.stores import store_kind
 from specc.errors import BuildError
-from specc.export import triton_generate
+from specc.spec import io
 from specc.spec import triton as rule
-from specc.spec.io import (
-    ATTENTION_MASK,
-    INPUT_IDS,
-    POSITION_IDS,
-    TOKEN_TYPE_IDS,
-    is_growing,
-    is_past,
-    parse_cache,
-)
 from specc.spec.resolve import GraphSig, ResolvedSpec, TensorSig
 
 # IO signature dtype -> Triton's DataType enum name
 TRITON_DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32",
-                 "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
+                 "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "uint64": "TYPE_UINT64"}
 # the generate endpoint's field dtypes (specc/spec/triton.py) -> Triton's
 FIELD_DTYPES = {"bytes": "TYPE_STRING", "bool": "TYPE_BOOL", **TRITON_DTYPES}
 GENERATE_MODEL_FILE = "model.py"  # the Python backend's file name
-
-
-def lm_output(r: ResolvedSpec) -> str | None:
-    """The main graph's output of kind lm (what generation reads), as the manifest records it."""
-    main = r.graph("decoder" if r.architecture == "encoder-decoder" else "model")
-    names = {t.name for t in main.outputs}
-    return next((o.name for o in r.outputs if o.kind == "lm" and o.name in names), None)
+FRONTEND_OF = "specc_frontend_of"  # NAME_openai's config parameter (triton_generate.py reads it)
+ENGINE_PACKAGE = "specc_decoding"  # the engine's package beside the generation model (triton_generate.py imports it)
+ENGINE_INIT = ('"""specc\'s generation engine (specc/decoding/ and the IO contract specc/spec/io.py), copied by\n'
+               '`specc build --target triton` for the generation model beside it (1/model.py)."""\n')
 
 
 def generates(r: ResolvedSpec) -> bool:
     """Whether the repository gets a generation model (specc/spec/triton.py's rule). Its model.py
     holds the cache as numpy arrays, which have no bfloat16; the triton target builds no bf16."""
-    return rule.generates(r.architecture, lm_output(r))
+    return rule.generates(r.architecture, r.lm_output)
 
 
 def model_names(r: ResolvedSpec) -> dict[str, str]:
@@ -112,14 +108,21 @@ def _field(f: rule.Field, optional: bool) -> list[str]:
             f"    dims: [ {', '.join(map(str, f.shape))} ]"] + (["    optional: true"] if optional else []) + ["  }"]
 
 
-def generate_config_text(name: str) -> str:
+def generate_config_text(name: str, fronted: str | None = None) -> str:
     """config.pbtxt of the generation model: the Python backend, decoupled (a response per token
     when a request streams), no batching of its own (it batches the decode steps itself), the
-    generate endpoint's fields, every input optional (a request gives the ones it needs)."""
-    lines = [f"name: {json.dumps(name)}", 'backend: "python"', "max_batch_size: 0",
+    generate endpoint's fields, every input optional (a request gives the ones it needs). With
+    `fronted`: NAME_openai's, which relays Triton's OpenAI frontend to that generation model: the
+    frontend's fields, a batch dim of 1 on each (max_batch_size 1, no batcher), text_input required."""
+    lines = [f"name: {json.dumps(name)}", 'backend: "python"', f"max_batch_size: {1 if fronted else 0}",
              "model_transaction_policy {", "  decoupled: true", "}"]
-    for key, fields, optional in (("input", rule.GENERATE_INPUTS, True), ("output", rule.GENERATE_OUTPUTS, False)):
-        blocks = [_field(f, optional) for f in fields]
+    tables = (("input", rule.GENERATE_INPUTS, True), ("output", rule.GENERATE_OUTPUTS, False))
+    if fronted:
+        lines += ["parameters {", f"  key: {json.dumps(FRONTEND_OF)}", f"  value: {{ string_value: {json.dumps(fronted)} }}",
+                  "}"]
+        tables = (("input", rule.FRONTEND_INPUTS, True), ("output", rule.FRONTEND_OUTPUTS, False))
+    for key, fields, optional in tables:
+        blocks = [_field(f, optional and not (fronted and f.name == "text_input")) for f in fields]
         lines.append(f"{key} [")
         for i, block in enumerate(blocks):
             lines += block[:-1] + (["  },"] if i < len(blocks) - 1 else ["  }"])
@@ -129,60 +132,72 @@ def generate_config_text(name: str) -> str:
 
 
 def generation_facts(r: ResolvedSpec, graph_model: str) -> dict:
-    """generation.json: what the generation model's model.py knows of the build (it reads nothing
-    else of specc): the graph model and its tensors, the vocabulary, the context, eos, the
-    limits of serving.generation, and the endpoint's fields."""
+    """generation.json: what the generation model knows of the build (it reads nothing else of
+    specc; specc/decoding/facts.py writes and reads it): the graph model and what the engine reads
+    of its signature, the vocabulary, the context, eos, the limits of serving.generation, and the
+    endpoint's fields. The model graph decodes (no in-place graph: docs/serving.md)."""
     graph = r.graph("model")
-    inputs = {t.name: t for t in graph.inputs}
-    outputs = {t.name for t in graph.outputs}
-    cache = []
-    for t in graph.inputs:
-        if is_past(t.name) and is_growing(t.name):
-            present = parse_cache(t.name)[1].present
-            if present not in outputs:
-                raise BuildError(f"{t.name}: the graph has no {present} output; it cannot generate")
-            _, heads, _, head_dim = t.dims
-            cache.append({"input": t.name, "output": present, "heads": heads, "head_dim": head_dim, "dtype": t.dtype})
-    if ATTENTION_MASK not in inputs:
-        raise BuildError(f"{r.name}: the decoder graph takes no {ATTENTION_MASK}; sequences cannot share a step")
+    try:
+        facts = GraphFacts.of(graph.inputs, graph.outputs, r.lm_output)
+        store_kind(None, lambda: facts)
+    except DecodingError as exc:
+        raise BuildError(f"{r.name}: {exc}") from None
     g = r.serving.generation
     sequences, tokens = rule.generation_limits(r.serving.batch.max, r.serving.length.max, g.max_sequences,
                                                g.max_cache_tokens)
-    return {
-        "format": triton_generate.FORMAT,
-        "name": r.name,
-        "graph_model": graph_model,
-        "ids": INPUT_IDS, "mask": ATTENTION_MASK,
-        "positions": POSITION_IDS if POSITION_IDS in inputs else None,
-        "token_types": TOKEN_TYPE_IDS if TOKEN_TYPE_IDS in inputs else None,
-        "logits": lm_output(r),
-        "cache": cache,
-        "vocab": r.vocab.size,
-        "length_max": r.serving.length.max,
+    return to_json(Generation(
+        name=r.name, graph_model=graph_model, graph=facts,
         # learned positions cover at least serving.length.max (the lengths_fit rule)
-        "context": r.serving.length.max, "context_source": "serving.length.max",
-        "eos": r.tokens.eos,
-        "max_sequences": sequences, "max_cache_tokens": tokens, "max_waiting": g.max_waiting,
-        "default_max_tokens": rule.DEFAULT_MAX_TOKENS, "max_stops": rule.MAX_STOPS,
-        "max_stop_bytes": rule.MAX_STOP_BYTES, "reserved_parameters": list(rule.RESERVED_PARAMETERS),
-        "fields": [{"name": f.name, "dtype": f.dtype, "shape": list(f.shape), "kind": f.kind}
-                   for f in rule.GENERATE_INPUTS],
-    }
+        model=Model(vocab=r.vocab.size, length_max=r.serving.length.max, context=r.serving.length.max,
+                    context_source="serving.length.max", eos=r.tokens.eos),
+        limits=Limits(max_sequences=sequences, max_cache_tokens=tokens, max_waiting=g.max_waiting,
+                      prefix_cache_tokens=g.prefix_cache_tokens),
+        endpoint=Endpoint.of(rule.GENERATE_INPUTS, rule.RESERVED_PARAMETERS, rule.DEFAULT_MAX_TOKENS, rule.MAX_STOPS,
+                             rule.MAX_STOP_BYTES)))
+
+
+def engine_files() -> dict[str, Path]:
+    """The engine the generation model imports, as the files of its package `specc_decoding`
+    (path inside it -> the specc file it copies): specc/decoding/*.py and the IO contract
+    specc/spec/io.py, with __init__ files of their own between (None: written empty)."""
+    files: dict[str, Path | None] = {"__init__.py": None, "spec/__init__.py": None, "spec/io.py": Path(io.__file__)}
+    for path in sorted(Path(decoding.__file__).parent.glob("*.py")):
+        files[f"decoding/{path.name}"] = path
+    return files
 
 
 def write_generation_model(root: Path, r: ResolvedSpec, graph_model: str) -> list[Path]:
-    """root/NAME/config.pbtxt, root/NAME/1/model.py (specc/export/triton_generate.py, as it is)
-    and root/NAME/1/generation.json. Returns the files written."""
+    """root/NAME/config.pbtxt, root/NAME/1/model.py (specc/export/triton_generate.py, as it is),
+    root/NAME/1/generation.json, and the engine model.py imports, root/NAME/specc_decoding/
+    (engine_files; Triton's Python backend puts the model's folder on sys.path, and a folder
+    whose name is not a number is no version of the model). Returns the files written."""
     model_dir = root / r.name
     version = model_dir / "1"
     version.mkdir(parents=True)
-    code = version / GENERATE_MODEL_FILE
-    shutil.copyfile(triton_generate.__file__, code)
-    facts = version / triton_generate.FACTS_FILE
+    facts = version / FACTS_FILE
     facts.write_text(json.dumps(generation_facts(r, graph_model), indent=1) + "\n")
+    code = version / GENERATE_MODEL_FILE
+    shutil.copyfile(Path(__file__).with_name("triton_generate.py"), code)
+    written = [code, facts]
+    for name, source in engine_files().items():
+        path = model_dir / ENGINE_PACKAGE / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if source is None:
+            path.write_text(ENGINE_INIT)
+        else:
+            shutil.copyfile(source, path)
+        written.append(path)
     config = model_dir / "config.pbtxt"
     config.write_text(generate_config_text(r.name))
-    return [config, code, facts]
+    # NAME_openai: the same model.py, relaying Triton's OpenAI frontend to NAME
+    front_dir = root / rule.frontend_model_name(r.name)
+    (front_dir / "1").mkdir(parents=True)
+    shutil.copyfile(code, front_dir / "1" / GENERATE_MODEL_FILE)
+    shutil.copytree(model_dir / ENGINE_PACKAGE, front_dir / ENGINE_PACKAGE)  # what model.py imports at its top
+    (front_dir / "config.pbtxt").write_text(generate_config_text(rule.frontend_model_name(r.name), fronted=r.name))
+    written += [front_dir / "1" / GENERATE_MODEL_FILE, front_dir / "config.pbtxt"]
+    written += sorted(p for p in (front_dir / ENGINE_PACKAGE).rglob("*") if p.is_file())
+    return [config] + written
 
 
 def write_repository(root: Path, r: ResolvedSpec, files: dict[str, list[Path]],

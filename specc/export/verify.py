@@ -12,9 +12,12 @@ max_rel in the figures is max|ort - torch| / max|torch|.
 An integer build's graph differs from its fp32 model by its quantization noise: with trained
 weights it is compared with the fp32 model within the precision's QUALITY_BARS; with seeded ones
 with torch computing with the graph's own dequantized weights (the reference run's `prepare`,
-specc/pipeline.py) within DEQUANTIZED_BAR. Both judge by what the outputs mean: the cosine similarity of
+specc/builder/pipeline.py) within DEQUANTIZED_BAR. Both judge by what the outputs mean: the cosine similarity of
 each row (a token's hidden state, a cache entry, a logit vector centered) with torch's, and for
 scores the KL divergence of their softmax and the argmax agreement (a figure, not a bar).
+
+The graphs are run by verification_session(): onnxruntime with the options specc runs a build
+with (specc/runtime/graph.py), on the provider `--verify-provider` names.
 """
 from __future__ import annotations
 
@@ -26,8 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specc.errors import VerificationError
+from specc.deps import require_onnxruntime
+from specc.errors import BuildError, VerificationError, first_line
 from specc.malloc import trim
+from specc.runtime.graph import provider_entries, session_options
 from specc.spec.io import (
     ATTENTION_MASK,
     BATCH,
@@ -44,7 +49,7 @@ from specc.spec.io import (
     positions_from_mask,
 )
 from specc.spec.resolve import GraphSig, ResolvedSpec
-from specc.spec.targets import DEQUANTIZED_BAR, PRECISIONS, QUALITY_BARS, QualityBar
+from specc.spec.targets import DEQUANTIZED_BAR, PRECISIONS, QUALITY_BARS, VERIFY_PROVIDERS, QualityBar
 # (target, precision) -> (atol, rtol), from the targets table: on onnxruntime's CPU and CUDA providers
 from specc.spec.targets import CUDA_TOLERANCES, TOLERANCES
 
@@ -79,7 +84,7 @@ class Case:
 def cases(r: ResolvedSpec, longest: int | None = None) -> list[Case]:
     """The verification cases for the spec's graphs, in the order they must run. No case runs
     past serving.length.max (a prefill and its decode step together included), nor past
-    `longest` where given (a streamed build's cap, specc/pipeline.py)."""
+    `longest` where given (a streamed build's cap, specc/builder/pipeline.py)."""
     longest = r.serving.length.max if longest is None else min(longest, r.serving.length.max)
     short = min(9, longest)
     pad = min(3, short - 1)  # the padded row keeps at least one real token
@@ -482,7 +487,7 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
         try:
             got = dict(zip(names, sessions[step.case.graph].run(names, feed)))
         except Exception as exc:  # onnxruntime's own exception types
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = first_line(exc) or type(exc).__name__
             raise VerificationError(f"{step.where}: onnxruntime failed to run the graph: {msg}") from None
         want = refs[step.key]
         figures = {n: report.compare(n, n in scores, got[n], want[n], step.where) for n in names}
@@ -493,4 +498,34 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
     return report
 
 
-__all__ = ["CUDA_TOLERANCES", "QUALITY_BARS", "SCORE_KINDS", "TOLERANCES", "Case", "Report", "Spilled", "cases", "reference_outputs", "tolerance", "verify"]
+# --- the session a build verifies a graph with --------------------------------------------------
+
+VERIFY_DISABLED_OPTIMIZERS = ["ConstantFolding"]
+
+
+def verification_session(path: Path, graph: str, provider: str = "cpu"):
+    """The onnxruntime session a build verifies `graph` with: on `provider` (cpu, or cuda with the
+    options specc runs it with, specc/runtime/graph.py), every graph optimization but constant
+    folding, no weight prepacking. BuildError where onnxruntime cannot load the graph, or would
+    run it on another provider."""
+    ort = require_onnxruntime("verifying a build")
+    opts = session_options(ort)
+    # Neither of these changes what the graph computes (beyond float rounding), only where its
+    # weights lie: prepacking keeps a packed copy of a weight beside the one a Gather still reads
+    # (a tied embedding), and constant folding turns a tied LM head's Transpose into a transposed
+    # copy of the embedding (what that costs: docs/build.md). tests/test_pipeline.py checks that
+    # a graph gives the same outputs with them and without.
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    try:
+        session = ort.InferenceSession(str(path), opts, providers=provider_entries([VERIFY_PROVIDERS[provider]]),
+                                       disabled_optimizers=VERIFY_DISABLED_OPTIMIZERS)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise BuildError(f"onnxruntime cannot load the exported {graph} graph: {first_line(exc)}") from None
+    if session.get_providers()[0] != VERIFY_PROVIDERS[provider]:  # onnxruntime fell back without a word
+        raise BuildError(f"onnxruntime ran the {graph} graph on {session.get_providers()[0]}, not the "
+                         f"{VERIFY_PROVIDERS[provider]} --verify-provider {provider} asked for")
+    return session
+
+
+__all__ = ["CUDA_TOLERANCES", "QUALITY_BARS", "SCORE_KINDS", "TOLERANCES", "Case", "Report", "Spilled", "cases",
+           "reference_outputs", "tolerance", "verification_session", "verify"]

@@ -7,6 +7,7 @@ Shapes: B batch, T new (query) tokens, P cached tokens, S = P + T keys (self) or
     x or memory --k,v--> [B,Hkv,T,Dk|Dv] --rotary(k)--> cat(past) = present --repeat to H--.
                                                                                         v
     scores [B,H,T,S] = score(q, k) (+ Shaw a^K) (scaled) (+ ALiBi) --mask--> softmax (fp32)
+                       (sinks: softmax over [scores | s_h], the sink's column dropped after)
     out = probs @ v (+ Shaw a^V)  [B,H,T,Dv] --merge: project (W_o) | concat | mean--> [B,T,D]
 
 Masks are boolean "may attend" [B,1,T,S] from the caller (padding, causal), combined here with the
@@ -42,7 +43,8 @@ class Attention(nn.Module):
     """Parameters: q, k, v (absent with share_kv: k serves both), o (merge: project),
     score_w (bilinear [H,Dk,Dk]; additive [H,Dk]), rel_k / rel_v (relative positions, per layer),
     proj_k / proj_v (linformer [k, max_length], shared by the heads), q_norm / k_norm (qk_norm:
-    made by `norm(width)`, the model's norm; over each head's Dk, or over all heads' at once).
+    made by `norm(width)`, the model's norm; over each head's Dk, or over all heads' at once),
+    sinks [H] (sinks: a logit per head that joins each row's softmax and takes no value, gpt-oss).
     With share_kv, k_norm normalises the keys only (the values are k's projection as it was)."""
 
     def __init__(self, spec: ResolvedAttention, d_model: int, position: PositionSpec, dropout: float, norm=None):
@@ -82,6 +84,7 @@ class Attention(nn.Module):
             self.proj_v = nn.Parameter(torch.empty(spec.pattern.k, position.max_length))
         if spec.pattern.kind == "bigbird":
             self.register_buffer("random_table", _bigbird_table(spec), persistent=False)
+        self.sinks = nn.Parameter(torch.empty(h)) if spec.sinks else None
         self.drop = Dropout(dropout)
 
     # --- pieces ------------------------------------------------------------------------------
@@ -191,7 +194,16 @@ class Attention(nn.Module):
                 q, k = apply_rotary(q, cos, sin, self.interleaved), apply_rotary(k, cos, sin, self.interleaved)
             if past is not None:
                 k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
-        present = (k, v)
+        return self._attend(x, q, k, v, (k, v), allowed, q_idx, key_keep, position_bias)
+
+    def _attend(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, present: KV,
+                allowed: torch.Tensor, q_idx: torch.Tensor, key_keep: torch.Tensor | None,
+                position_bias: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
+        """Attention of the queries q [B,H,T,Dk] over the keys and values k, v [B,Hkv,S,Dk|Dv] (every
+        key the call sees, the past's first), merged into [B,T,D]; `present`: the caches after the
+        call, of the whole sequence (a window cache keeps their last W positions). Returns the
+        output and the present."""
+        s = self.spec
         n_keys = k.shape[2]
         first_key = 0  # sequence index of the first key
         if s.cache_window is not None:
@@ -202,7 +214,7 @@ class Attention(nn.Module):
             allowed = allowed[..., first_key:]
             if position_bias is not None:
                 position_bias = position_bias[..., first_key:]
-            present = (k[:, :, -s.cache_window:], v[:, :, -s.cache_window:])
+            present = (present[0][:, :, -s.cache_window:], present[1][:, :, -s.cache_window:])
         # key positions, only where something reads them (else a dead op in every traced layer)
         k_idx = (torch.arange(n_keys, device=x.device) + first_key
                  if self.rel_k is not None or self.alibi or s.pattern.kind in ("local", "bigbird") else None)
@@ -240,7 +252,7 @@ class Attention(nn.Module):
         fp32, in eval mode (no dropout on the weights), with a dot-product score and nothing added
         to it but the mask."""
         return (self.spec.score in ("dot", "scaled_dot", "bilinear") and rel_k is None and not self.alibi
-                and self.spec.softcap is None
+                and self.spec.softcap is None and self.sinks is None
                 and not (self.training and self.drop.p > 0) and q.dtype == torch.float32
                 and not torch.compiler.is_compiling())
 
@@ -291,7 +303,7 @@ class Attention(nn.Module):
         if allowed is not None:
             allowed = self._with_pattern(allowed, q_idx, k_idx)
             scores = torch.where(allowed, scores, torch.finfo(scores.dtype).min)
-        probs = self.drop(cast(torch.softmax(cast(scores, torch.float32), dim=-1), q.dtype))
+        probs = self.drop(cast(self._softmax(cast(scores, torch.float32)), q.dtype))
         if grouped:
             out = (probs.unflatten(1, (k.shape[1], g)) @ v[:, :, None]).flatten(1, 2)
         else:
@@ -299,3 +311,12 @@ class Attention(nn.Module):
         if rel_v is not None:
             out = out + torch.einsum("bhts,tsd->bhtd", probs, rel_v)
         return out
+
+    def _softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        """softmax over the keys of fp32 scores [B,H,T,S]; with sinks, over [scores | s_h] (the
+        head's sink logit as one more column), that column dropped after: each row's weights sum
+        to less than one, what the sink took (transformers' GptOssAttention)."""
+        if self.sinks is None:
+            return torch.softmax(scores, dim=-1)
+        sink = self.sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        return torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]

@@ -20,56 +20,15 @@ import math
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from specc.nn.attention import KV, Attention
-from specc.nn.ops import Dropout, cast
+from specc.nn.experts import MoE
+from specc.nn.latent import LatentAttention
+from specc.nn.norms import RMSNorm, make_norm
+from specc.nn.ops import ACTIVATIONS, GATED, Dropout
 from specc.nn.positions import distance_buckets, relative_bucket, rotary_cos_sin, sinusoidal
 from specc.spec.resolve import ResolvedLayer, ResolvedSpec, ResolvedStack
-from specc.spec.schema import GATED_ACTIVATIONS, FFNSpec, NormSpec
-
-
-class RMSNorm(nn.Module):
-    """Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * g, computed in fp32. With `unit_offset`
-    the gain g is 1 + weight (Gemma's form: its checkpoints store the gain less one)."""
-
-    def __init__(self, d: int, eps: float, unit_offset: bool = False):
-        super().__init__()
-        self.eps, self.unit_offset = eps, unit_offset
-        self.weight = nn.Parameter(torch.zeros(d) if unit_offset else torch.ones(d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = cast(x, torch.float32)
-        gain = self.weight + 1.0 if self.unit_offset else self.weight
-        return cast(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps), x.dtype) * gain
-
-
-class LayerNorm(nn.LayerNorm):
-    """torch's LayerNorm (weight, and bias unless made with bias=False), computed in fp32 whatever
-    the input dtype."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return super().forward(x)
-        bias = None if self.bias is None else self.bias.float()
-        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), bias, self.eps).to(x.dtype)
-
-
-def make_norm(spec: NormSpec, d: int) -> nn.Module:
-    if spec.kind == "rmsnorm":
-        return RMSNorm(d, spec.eps, spec.unit_offset)
-    return LayerNorm(d, eps=spec.eps, bias=spec.bias)
-
-
-ACTIVATIONS = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-}
-# gated: act(gate(x)) * up(x) (Shazeer 2020), act the one each gates with
-ACTIVATIONS.update({gated: ACTIVATIONS[act] for gated, act in GATED_ACTIVATIONS.items()})
-GATED = tuple(GATED_ACTIVATIONS)
+from specc.spec.schema import FFNSpec
 
 
 class FFN(nn.Module):
@@ -98,13 +57,16 @@ class Layer(nn.Module):
         d, norm = r.d_model, r.norm
         self.placement = norm.placement
         made = lambda width: make_norm(norm, width)  # noqa: E731  (qk_norm's, the model's kind)
-        self.attention = Attention(layer.attention, d, r.position, r.dropout.attention, made)
+        if layer.attention.kind == "latent":
+            self.attention = LatentAttention(layer.attention, d, r.position, r.dropout.attention)
+        else:
+            self.attention = Attention(layer.attention, d, r.position, r.dropout.attention, made)
         self.attention_norm = make_norm(norm, d)
         self.cross_attention = None
         if layer.cross_attention is not None:
             self.cross_attention = Attention(layer.cross_attention, d, r.position, r.dropout.attention, made)
             self.cross_attention_norm = make_norm(norm, d)
-        self.ffn = FFN(layer.ffn, d)
+        self.ffn = FFN(layer.ffn, d) if layer.ffn.kind == "dense" else MoE(layer.ffn, d)
         self.parallel = layer.parallel
         if layer.parallel != "one_norm":
             self.ffn_norm = make_norm(norm, d)
@@ -212,7 +174,9 @@ class Stack(nn.Module):
         return x, presents, cross_presents
 
 
-RESIDUAL_OUTPUTS = ("attention.o.weight", "cross_attention.o.weight", "ffn.down.weight")  # what a sublayer adds to the stream
+# what a sublayer adds to the stream
+RESIDUAL_OUTPUTS = ("attention.o.weight", "cross_attention.o.weight", "ffn.down.weight", "ffn.experts.down",
+                    "ffn.shared.down.weight")
 
 
 def init_weights(module: nn.Module, seed: int, prefix: str = "", depth: dict[str, int] | None = None) -> None:
@@ -240,7 +204,7 @@ def init_parameter(p: torch.Tensor, name: str, owner: nn.Module, seed: int, dept
     with torch.no_grad():
         if isinstance(owner, (nn.LayerNorm, RMSNorm)):
             p.fill_(1.0 if leaf == "weight" and not getattr(owner, "unit_offset", False) else 0.0)
-        elif leaf == "bias":
+        elif leaf == "bias" or leaf.endswith("_bias"):  # experts' gate_bias ..., a router's selection_bias
             p.zero_()
         elif leaf in ("proj_k", "proj_v"):
             _randn_into(p, gen).div_(math.sqrt(p.shape[0]))

@@ -3,6 +3,7 @@
     input_ids --tokens (* sqrt(D))--+ positions (+ types) --norm--> encoder/decoder stack --> heads
                                                                                      |
     outputs: {name: tensor} (+ present.N.key/.value where a cache is used)          <-'
+             (latent attention: present.N.latent/.rope_key, spec/io.py)
 
 Parameter names (docs/weights.md) are module paths: embeddings.tokens.weight,
 decoder.layers.0.attention.q.weight, heads.logits.proj.weight, ...
@@ -227,7 +228,7 @@ class SpeccModel(nn.Module):
         ids = inputs[INPUT_IDS]
         b, t = ids.shape
         n = len(self.decoder.layers)
-        past, cross = layer_pasts(inputs, n, OWN), layer_pasts(inputs, n, CROSS)
+        past, cross = layer_pasts(inputs, n, OWN, self.resolved.cache_pair), layer_pasts(inputs, n, CROSS)
         memory = inputs.get("encoder_hidden_states")
         if cross is None and memory is None:
             raise TypeError("decode() needs past_key_values.N.encoder.* or encoder_hidden_states")
@@ -245,7 +246,7 @@ class SpeccModel(nn.Module):
         )
         out = self._outputs(h, torch.ones_like(ids), "decoder")
         if use_cache:
-            out.update(layer_presents(presents, OWN))
+            out.update(layer_presents(presents, OWN, self.resolved.cache_pair))
             if cross is None:
                 out.update(layer_presents(cross_presents, CROSS))
         return out
@@ -267,7 +268,7 @@ class SpeccModel(nn.Module):
         self._check(inputs, {INPUT_IDS, ATTENTION_MASK, POSITION_IDS, TOKEN_TYPE_IDS, "use_cache"}, "decoder")
         ids = inputs[INPUT_IDS]
         b, t = ids.shape
-        past = layer_pasts(inputs, len(self.decoder.layers))
+        past = layer_pasts(inputs, len(self.decoder.layers), pair=self.resolved.cache_pair)
         use_cache = bool(inputs.get("use_cache", past is not None))
         mask = inputs.get(ATTENTION_MASK)
         # a model with window caches reads the past's length off the mask (its caches may be cut);
@@ -286,7 +287,7 @@ class SpeccModel(nn.Module):
         h, presents, _ = self.decoder(x, allowed, q_idx, position_ids, past=past)
         out = self._outputs(h, mask[:, -t:], "decoder")
         if use_cache:
-            out.update(layer_presents(presents))
+            out.update(layer_presents(presents, pair=self.resolved.cache_pair))
         return out
 
     def forward(self, **inputs: Tensor) -> dict[str, Tensor]:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
+
+from specc.spec.schema import GATED_ACTIVATIONS
 
 
 class Dropout(nn.Dropout):
@@ -20,3 +23,25 @@ class Dropout(nn.Dropout):
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x in `dtype`; x itself (no op) where it has it already."""
     return x if x.dtype == dtype else x.to(dtype)
+
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}
+# gated: act(gate(x)) * up(x) (Shazeer 2020), act the one each gates with
+ACTIVATIONS.update({gated: ACTIVATIONS[act] for gated, act in GATED_ACTIVATIONS.items()})
+GATED = tuple(GATED_ACTIVATIONS)
+
+
+def gated(activation: str, gate: torch.Tensor, up: torch.Tensor, alpha: float | None = None,
+          limit: float | None = None) -> torch.Tensor:
+    """A gated activation of the gate and up projections: act(gate) * up, or gpt-oss's
+    clamped_swiglu (transformers' GptOssExperts._apply_gate): gate clamped above at `limit`, up
+    to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)."""
+    if activation == "clamped_swiglu":
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    return ACTIVATIONS[activation](gate) * up

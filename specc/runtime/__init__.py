@@ -3,7 +3,7 @@
 Never imports specc.nn or specc.export: a build directory stands alone. The modules, each
 importing only those before it:
 
-    errors    RunError
+    errors    RunError; ServeError (`specc serve` cannot start)
     graph     one onnxruntime session with IO binding; execution providers, session options
     inputs    the one validation of inputs (feeds, prompts and generation options, input files)
     cache     the KV cache: empty caches, CPU cache buffers, present.* -> past_key_values.*
@@ -12,9 +12,14 @@ importing only those before it:
     text      the build's tokenizer: texts encoded with its padding and mask, whole characters
               streamed, chat templates rendered
     session   Session: a build directory opened, run(), generate()
-    scheduler server-side generation: one cache block, one batched decode step for every sequence
-    endpoint  the generate endpoint's fields, checked into a scheduler request
-    serve     `specc serve` on Triton (PyTriton, in its own environment)
+    scheduler server-side generation: specc/decoding's engine (one store, one batched decode step
+              for every sequence) over a Session's graphs
+    endpoint  the generate endpoint's fields, read by decoding's parse; the build's tokenizer
+    front     `specc serve`'s HTTP port
+    pytriton_patch   what `specc serve` changes in PyTriton (one place), and what it relies on
+    graph_models     each graph served as a stateless Triton model
+    generation_model the generate endpoint, bound to the scheduler
+    serve     `specc serve` on Triton (PyTriton, in its own environment): its lifecycle
 """
 from specc.runtime.errors import RunError
 from specc.runtime.generate import Generated

@@ -1,6 +1,8 @@
 """The KV cache between a decoder graph's calls: empty caches for a prompt, the CPU cache buffers
 of one generation, and running a graph so that its present.* become the next call's
-past_key_values.* (names, dims and the present -> past rule: specc/spec/io.py).
+past_key_values.* (names, dims and the present -> past rule: specc/spec/io.py). An in-place cache
+graph's feeds are specc/decoding/stores.py's inplace_feeds (Session.generate's and the serving
+engine's), named here too for the build's check of that graph.
 
 On CPU a generation allocates its cache once (CacheBuffers: two buffers per cache output, used in
 turn, sized for prompt + max_new_tokens, or for its window where a layer keeps a window cache)
@@ -10,13 +12,13 @@ the next step's inputs. Neither copies the cache through numpy.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
+from specc.decoding.stores import inplace_feeds  # noqa: F401 - the in-place graph's feeds, for this module's users
 from specc.runtime.errors import RunError
 from specc.runtime.graph import Graph, shape_of
-from specc.spec import io
 from specc.spec.io import (
     ATTENTION_MASK,
     cache_length,
@@ -116,25 +118,3 @@ def reorder_cache(graph: Graph, kv: CacheBuffers | None, cache: dict[str, Any], 
     if kv:
         return kv.reorder(rows)
     return {k: graph.value(k, v.numpy()[rows]) for k, v in cache.items()}
-
-
-def inplace_feeds(inputs: Iterable[str], ids, start, caches: Mapping[str, Any]) -> dict[str, Any]:
-    """An in-place cache graph's feeds for `ids` [batch, sequence] (numpy int64) at positions
-    start.. (an int, or one per row [batch]: rows of different lengths, each left-aligned in its
-    cache), nothing padded, with its cache buffers `caches` (past_key_values.* -> [batch,
-    kv_heads, max_sequence, head_dim]); `inputs`: the graph's input names (position_ids,
-    attention_mask and token_type_ids (zeros) where it takes them; attention_mask only for rows of
-    one length)."""
-    b, t = ids.shape
-    starts = np.broadcast_to(np.asarray(start, dtype=np.int64), (b,))
-    out = {io.INPUT_IDS: ids, io.SEQLENS_K: (starts + t - 1).astype(np.int32),
-           io.TOTAL_SEQUENCE_LENGTH: np.array(starts.max() + t, dtype=np.int32), **caches}
-    if io.POSITION_IDS in inputs:
-        out[io.POSITION_IDS] = starts[:, None] + np.arange(t, dtype=np.int64)[None, :]
-    if io.ATTENTION_MASK in inputs:
-        if (starts != starts[0]).any():
-            raise RunError("an in-place graph that takes attention_mask runs rows of one length only")
-        out[io.ATTENTION_MASK] = np.ones((b, int(starts[0]) + t), dtype=np.int64)
-    if io.TOKEN_TYPE_IDS in inputs:
-        out[io.TOKEN_TYPE_IDS] = np.zeros((b, t), dtype=np.int64)
-    return out

@@ -1,6 +1,9 @@
-"""The generate endpoint's contract: what a request to `specc serve`'s generation model holds,
-checked into a GenerationRequest, and the responses it gets. Numpy only (PyTriton and Triton
-stay in serve.py), so the tests check it without a server.
+"""The generate endpoint's contract as `specc serve` keeps it: the fields a request holds and the
+responses it gets (the table below; specc/spec/triton.py's, shared with `--target triton`), read
+and answered by specc/decoding/request.py (parse, Answer: the same code the Triton model runs),
+the build's tokenizer for text (hash-checked as Session checks it), and the JSON checks of
+specc serve's HTTP front (check_body). Numpy only (PyTriton stays in the serve modules), so the
+tests check it without a server.
 
 Triton's generate extension (POST /v2/models/NAME/generate and /generate_stream) turns each
 top-level key of the JSON body that names a model input into that input's tensor, and every
@@ -19,6 +22,8 @@ other parameter is refused, naming it (a misspelt `max_token` would otherwise be
     stop             BYTES   [-1]   strings that end the text (not included); needs the tokenizer
     eos              INT64   [1]    the token id that ends it (default: the spec's tokens.eos; -1: none)
     stream           BOOL    [1]    one response per token (generate_stream, gRPC streaming)
+    chat             BOOL    [1]    text_input is a user's message, put in the build's chat template
+                                    with the assistant's turn opened (as `specc generate --chat`)
 
     output              dtype  shape  meaning
     text_output         BYTES  [1]    the new text (builds with a tokenizer)
@@ -34,15 +39,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-
-from specc.fileio import NotARegularFile, read_bounded
+from specc.decoding import request as decoding
+from specc.decoding.errors import DecodingError
+from specc.decoding.facts import Endpoint
+from specc.decoding.request import Parsed, response
+from specc.decoding.text import Codec, TextStream
 from specc.runtime.errors import RunError
-from specc.runtime.scheduler import GenerationRequest
+from specc.runtime.session import Session, check_files
+from specc.spec.manifest import TOKENIZER_JSON
 from specc.spec.triton import (
     DEFAULT_MAX_TOKENS,
     GENERATE_INPUTS,
@@ -50,54 +56,37 @@ from specc.spec.triton import (
     MAX_STOP_BYTES,
     MAX_STOPS,
     RESERVED_PARAMETERS,
-    Field,
 )
 
-TOKENIZER_FILE = "tokenizer.json"  # at a build's root: Hugging Face tokenizers' file
-MAX_TOKENIZER_BYTES = 256 << 20
+__all__ = ["ENDPOINT", "INPUTS", "NAMES", "OUTPUTS", "Codec", "Parsed", "TextStream", "check_body", "parse",
+           "response", "text_codec"]
+
 INPUTS, OUTPUTS = GENERATE_INPUTS, GENERATE_OUTPUTS  # the table, shared with --target triton's model
 NAMES = tuple(f.name for f in INPUTS)
-RESERVED = RESERVED_PARAMETERS
+ENDPOINT = Endpoint.of(INPUTS, RESERVED_PARAMETERS, DEFAULT_MAX_TOKENS, MAX_STOPS, MAX_STOP_BYTES)
 
 
-@dataclass(frozen=True)
-class Parsed:
-    """A request read: what the scheduler runs, its stop strings and whether it streams."""
+def text_codec(session: Session) -> Codec | None:
+    """The build's tokenizer for text in and out, with its chat template where it has one
+    (Session.tokenizer's: its files checked against the manifest's sha256 first, unless the
+    session skips the check), or None where the build carries none. A tokenizer.json the
+    manifest does not list is refused, as any file of a build that is not the one it verified:
+    RunError naming it."""
+    if session.has_tokenizer:
+        return Codec(session.tokenizer.backend, session.tokenizer.chat_template)
+    if (session.dir / TOKENIZER_JSON).exists():
+        check_files(session.dir, session.manifest, [TOKENIZER_JSON])
+    return None
 
-    request: GenerationRequest
-    stop: tuple[str, ...]
-    stream: bool
-    text: bool  # the prompt came as text: answer text_output too
 
-
-class TextCodec:
-    """A build's tokenizer.json, for text in and out (Hugging Face tokenizers)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    @classmethod
-    def of_build(cls, build_dir: str | Path) -> TextCodec | None:
-        """The build's tokenizer.json, or None where it has none; RunError if it cannot be read."""
-        path = Path(build_dir) / TOKENIZER_FILE
-        if not path.exists():
-            return None
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise RunError(f"{path}: reading it needs the `tokenizers` package: pip install tokenizers") from None
-        try:
-            return cls(Tokenizer.from_str(read_bounded(path, MAX_TOKENIZER_BYTES).decode("utf-8")))
-        except (NotARegularFile, OSError, UnicodeDecodeError) as exc:
-            raise RunError(f"{path}: cannot load the tokenizer ({exc})") from None
-        except Exception as exc:  # tokenizers raises its own exception type
-            raise RunError(f"{path}: cannot load the tokenizer ({str(exc).splitlines()[0] or type(exc).__name__})") from None
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text).ids)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+def parse(data: Mapping[str, Any], parameters: Mapping[str, Any], codec: Codec | None) -> Parsed:
+    """A generate request's inputs (tensors by name) and parameters, read by decoding's parse:
+    RunError with its one line naming the field for anything wrong. The options' ranges and the
+    prompt's ids are checked when the scheduler takes the request."""
+    try:
+        return decoding.parse(ENDPOINT, data, parameters, codec)
+    except DecodingError as exc:
+        raise RunError(str(exc)) from None
 
 
 _JSON_WORDS = {"text": "a string", "texts": "a string or an array of strings", "ids": "an array of token ids "
@@ -106,12 +95,13 @@ _JSON_NAMES = {str: "a string", list: "an array", dict: "an object", bool: "a bo
                float: "a number", type(None): "null"}
 
 
-def check_body(body: bytes) -> None:
+def check_body(body: bytes) -> dict:
     """A generate request's JSON body (Triton's generate extension), checked as far as Triton's HTTP
     frontend reads it before the model does: UTF-8 JSON, an object, each field's value of its JSON
-    type (a scalar field's value alone or in an array of one, as Triton takes it). RunError with
-    one line where not (Triton would answer those 500); unknown keys and values out of range are
-    parse()'s."""
+    type (a scalar field's value alone or in an array of one, as Triton takes it); returns it.
+    RunError with one line where not (Triton would answer those 500), and for `messages`, which
+    the generate endpoint does not take (Triton's words: "parameter 'messages' has invalid
+    type"); other unknown keys and values out of range are parse()'s."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -125,11 +115,15 @@ def check_body(body: bytes) -> None:
     if not isinstance(request, dict):
         raise RunError(f"the request body is {_JSON_NAMES.get(type(request), 'a value')}; the generate endpoint takes a "
                        "JSON object of its fields")
+    if "messages" in request:
+        raise RunError("messages: the generate endpoint takes one text_input (\"chat\": true puts it in the "
+                       "build's chat template as a user's message); a conversation goes to POST /v1/chat/completions")
     fields = {f.name: f for f in INPUTS}
     for key, value in request.items():
         field = fields.get(key)
         if field is not None and not _json_fits(field.kind, value):
             raise RunError(f"{key}: expected {_JSON_WORDS[field.kind]}, got {_json_shown(value)}")
+    return request
 
 
 def _no_constant(name: str) -> None:
@@ -152,156 +146,3 @@ def _json_fits(kind: str, value: Any) -> bool:
 def _json_shown(value: Any) -> str:
     text = json.dumps(value)
     return f"{_JSON_NAMES.get(type(value), 'a value')} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-def _values(name: str, value: Any) -> np.ndarray:
-    """A tensor's or a parameter's value as a flat array."""
-    arr = np.asarray(value)
-    if arr.dtype == object and arr.size and not all(isinstance(v, (bytes, str)) for v in arr.reshape(-1)):
-        raise RunError(f"{name}: not a value of this field's type")
-    return arr.reshape(-1)
-
-
-def _scalar(field: Field, value: Any):
-    arr = _values(field.name, value)
-    if arr.size != 1:
-        raise RunError(f"{field.name}: expected one value, got {arr.size}")
-    x = arr[0]
-    if field.kind == "bool":
-        if not isinstance(x, (bool, np.bool_)):
-            raise RunError(f"{field.name}: expected true or false, got {x!r}")
-        return bool(x)
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise RunError(f"{field.name}: expected a number, got {_shown(x)}")
-    if field.kind == "int":
-        if isinstance(x, (float, np.floating)) and not float(x).is_integer():
-            raise RunError(f"{field.name}: expected an integer, got {x!r}")
-        return int(x)
-    if not math.isfinite(float(x)):
-        raise RunError(f"{field.name}: expected a finite number, got {x!r}")
-    return float(x)
-
-
-def _shown(x: Any) -> str:
-    if isinstance(x, bytes):
-        x = x.decode("utf-8", "replace")
-    text = repr(x)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _text(name: str, x: Any) -> str:
-    if isinstance(x, str):
-        return x
-    if not isinstance(x, (bytes, np.bytes_)):
-        raise RunError(f"{name}: expected text, got {_shown(x)}")
-    try:
-        return bytes(x).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RunError(f"{name}: not UTF-8 text (byte {exc.start}: {bytes(x)[exc.start:exc.start + 1]!r})") from None
-
-
-def parse(data: Mapping[str, np.ndarray], parameters: Mapping[str, Any], codec: TextCodec | None) -> Parsed:
-    """A generate request's inputs (tensors by name) and parameters, checked: RunError with one
-    line naming the field for anything wrong. The options' ranges and the prompt's ids are
-    checked later, with the build's limits (Scheduler.check)."""
-    given = dict(data)
-    for key, value in parameters.items():
-        if key in RESERVED or key.startswith("triton_"):
-            continue
-        if key not in NAMES:
-            raise RunError(f"unknown field {key!r}; the generate endpoint takes {', '.join(NAMES)}")
-        if key in given:
-            raise RunError(f"{key}: given twice (as an input and as a parameter)")
-        given[key] = value
-    fields = {f.name: f for f in INPUTS}
-    unknown = sorted(set(given) - set(fields))
-    if unknown:  # Triton refuses unknown inputs itself; a direct caller may not
-        raise RunError(f"unknown field {unknown[0]!r}; the generate endpoint takes {', '.join(NAMES)}")
-    opts = {k: _scalar(fields[k], v) for k, v in given.items() if fields[k].kind in ("int", "float", "bool")}
-    if ("text_input" in given) == ("input_ids" in given):
-        raise RunError("give the prompt as text_input or as input_ids (one of them)")
-    if "text_input" in given:
-        if codec is None:
-            raise RunError("text_input: this build has no tokenizer.json; send input_ids")
-        texts = _values("text_input", given["text_input"])
-        if texts.size != 1:
-            raise RunError(f"text_input: expected one text, got {texts.size}")
-        text = _text("text_input", texts[0])
-        if not text:
-            raise RunError("text_input: empty; give at least one token")
-        ids = codec.encode(text)
-        if not ids:
-            raise RunError("text_input: encodes to no tokens")
-    else:
-        arr = _values("input_ids", given["input_ids"])
-        if arr.dtype.kind not in "iu" or arr.dtype == object:
-            raise RunError(f"input_ids: expected integers, got {arr.dtype}")
-        ids = [int(x) for x in arr]
-        if not ids:
-            raise RunError("input_ids: empty; give at least one token")
-    stops: tuple[str, ...] = ()
-    if "stop" in given:
-        values = _values("stop", given["stop"])
-        stops = tuple(_text("stop", s) for s in values)
-        if stops and codec is None:
-            raise RunError("stop: stop strings need the build's tokenizer.json; use eos for a stop token")
-        if len(stops) > MAX_STOPS or any(not s or len(s.encode()) > MAX_STOP_BYTES for s in stops):
-            raise RunError(f"stop: at most {MAX_STOPS} strings of 1..{MAX_STOP_BYTES} bytes")
-    request = GenerationRequest(ids=tuple(ids), max_tokens=opts.get("max_tokens", DEFAULT_MAX_TOKENS),
-                                temperature=opts.get("temperature"), top_k=opts.get("top_k"), top_p=opts.get("top_p"),
-                                seed=opts.get("seed"), eos=opts.get("eos"))
-    if request.temperature is not None and request.temperature < 0:
-        raise RunError(f"temperature must be >= 0 (0 is greedy), got {request.temperature!r}")
-    return Parsed(request=request, stop=stops, stream=bool(opts.get("stream", False)), text="text_input" in given)
-
-
-class TextStream:
-    """The new text of a sequence, piece by piece as its tokens come: each piece is what the
-    decoded text grew by, held back while it ends in an incomplete UTF-8 character (the
-    tokenizer's U+FFFD) or could be the start of a stop string. feed() returns (piece, stopped):
-    at a stop string the text ends before it."""
-
-    def __init__(self, codec: TextCodec, stops: tuple[str, ...]):
-        self.codec, self.stops = codec, stops
-        self.ids: list[int] = []
-        self.sent = 0  # characters of the text handed out
-
-    def feed(self, token: int) -> tuple[str, bool]:
-        self.ids.append(token)
-        text = self.codec.decode(self.ids)
-        for stop in self.stops:
-            at = text.find(stop, max(self.sent - len(stop), 0))
-            if at >= 0:
-                piece, self.sent = text[self.sent:at], max(at, self.sent)
-                return piece, True
-        end = len(text)
-        if text.endswith("\ufffd"):
-            end -= 1
-        for stop in self.stops:  # a suffix that may grow into a stop string waits
-            for k in range(min(len(stop) - 1, end - self.sent), 0, -1):
-                if text[end - k:end] == stop[:k]:
-                    end -= k
-                    break
-        piece = text[self.sent:end] if end > self.sent else ""
-        self.sent = max(self.sent, end)
-        return piece, False
-
-    def rest(self) -> str:
-        """What is held back, once the sequence has ended without a stop string."""
-        text = self.codec.decode(self.ids)
-        piece, self.sent = text[self.sent:], len(text)
-        return piece
-
-
-def response(ids: list[int], text: str | None, reason: str | None = None,
-             usage: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
-    """One response's outputs: new ids (and text), and at the end the finish reason and usage."""
-    out = {"output_ids": np.asarray(ids, dtype=np.int64)}
-    if text is not None:
-        out["text_output"] = np.array([text.encode("utf-8")], dtype=np.bytes_)
-    if reason is not None:
-        out["finish_reason"] = np.array([reason.encode()], dtype=np.bytes_)
-    if usage is not None:
-        out["prompt_tokens"] = np.array([usage[0]], dtype=np.int32)
-        out["completion_tokens"] = np.array([usage[1]], dtype=np.int32)
-    return out

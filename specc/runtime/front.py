@@ -1,17 +1,28 @@
-"""The HTTP front of `specc serve`: it owns the HTTP port and hands every request to Triton's own
-HTTP frontend, listening on a loopback port of its own, unchanged; it checks one thing first.
+"""The HTTP front of `specc serve`: it owns the HTTP port, answers the OpenAI-compatible API
+(/v1/*, specc/runtime/openai_api.py, on the generate endpoint's engine) itself, and hands every
+other request to Triton's own HTTP frontend, listening on a loopback port of its own, unchanged
+but for what it checks first and the status of a busy refusal.
+
+    client --> front (HOST:PORT) --+-- /v1/*            --> openai_api.OpenAIApi (answered here)
+                                   +-- POST .../generate --> check_body (400 here), then Triton
+                                   +-- the rest          --> Triton's HTTP frontend (127.0.0.1:UPSTREAM)
 
 Triton's HTTP frontend converts a generate request's JSON body into tensors before the model sees
 it, and answers 500 where the body is not JSON or a field's value is not of its input's JSON type
 ("max_tokens": "four", "input_ids": [1.5]): a client's mistake reported as the server's. So a POST
 to the generation model's generate / generate_stream has its body read here and checked
 (endpoint.check_body); a body that fails gets 400 and `{"error": "..."}`, one line, and never
-reaches Triton. Everything else (the other endpoints, the graph models, health, metadata, the
-binary tensor extension) passes through as it came (method, path, body, headers but those of one
-hop), and so do the answers, streamed as they come (server-sent events, chunk by chunk). A client
-that hangs up while its answer is awaited or streamed shuts the front's connection to Triton, so
-Triton cancels the request as it would its own client's. A body refused before it is read whole
-ends its connection (what is left of it is never read).
+reaches Triton; so does `"stream": true` on /generate (which answers once: the stream is
+generate_stream's), and `messages` (a conversation is /v1/chat/completions'). Everything else
+(the other endpoints, the graph models, health, metadata, the binary tensor extension) passes
+through as it came (method, path, body, headers but those of one hop), and so do the answers,
+streamed as they come (server-sent events, chunk by chunk), but one: a generate request the
+engine refuses as busy (a full queue, a draining server: decoding's Busy, Triton's UNAVAILABLE)
+is answered 503 with Retry-After, where the Python backend of the Triton that PyTriton bundles
+answers it 400 (clients retry on 503). A client that hangs up while its answer is awaited or
+streamed shuts the front's connection to Triton, so Triton cancels the request as it would its
+own client's; on /v1 the engine cancels it. A body refused before it is read whole ends its
+connection (what is left of it is never read).
 """
 from __future__ import annotations
 
@@ -23,9 +34,13 @@ import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 
+from specc.decoding.errors import is_busy
+from specc.errors import first_line
 from specc.runtime.endpoint import check_body
 from specc.runtime.errors import RunError
+from specc.runtime.openai_api import RETRY_AFTER_S, OpenAIApi, Refusal, Reply, refusal_line
 
 # headers of one hop (RFC 9110 7.6.1): each side of the front has its own
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "content-length",
@@ -36,15 +51,20 @@ _TIMEOUT_S = 3600.0  # a stream may run for long; Triton's own limits apply
 
 class Front:
     """Serve HOST:PORT, forwarding to Triton's HTTP frontend on 127.0.0.1:UPSTREAM; generate bodies
-    for the model GENERATION (None: no generation model) are checked first."""
+    for the model GENERATION (None: no generation model) are checked first; /v1/* is OPENAI's
+    (None: answered 404 in OpenAI's error form)."""
 
-    def __init__(self, host: str, port: int, upstream: int, generation: str | None):
+    def __init__(self, host: str, port: int, upstream: int, generation: str | None, openai: OpenAIApi | None = None):
         pattern = re.compile(rf"^/v2/models/{re.escape(generation)}(/versions/\d+)?/generate(_stream)?/?$") \
             if generation else None
+
+        self.stopping = threading.Event()  # set while the server stops: Triton gone is then 503, not 502
 
         class Handler(_Forward):
             upstream_port = upstream
             generate_path = pattern
+            openai_api = openai
+            stopping = self.stopping
 
         class Server(_Server):
             address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -71,15 +91,16 @@ class _Server(ThreadingHTTPServer):
         exc = sys.exc_info()[1]
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(f"specc serve: the HTTP front dropped a request from {client_address[0]}: "
-              f"{type(exc).__name__}: {first}".rstrip(": "), file=sys.stderr)
+              f"{type(exc).__name__}: {first_line(exc)}".rstrip(": "), file=sys.stderr)
 
 
 class _Forward(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as Triton's own frontend
     upstream_port: int
     generate_path: re.Pattern | None
+    openai_api: OpenAIApi | None
+    stopping: threading.Event
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's names)
         self._forward()
@@ -93,17 +114,80 @@ class _Forward(BaseHTTPRequestHandler):
         body, why = self._body()
         if why is not None:
             self.close_connection = True  # what is left of the body is not read: the connection ends
+            if self._is_openai():
+                return self._reply(Reply.refusal(Refusal(why[0], why[1])))
             return self._refuse(*why)
+        if self._is_openai():
+            return self._openai(body)
         if self._is_generate():
             try:
-                check_body(body)
+                fields = check_body(body)
+                if fields.get("stream") is True and not self._path().rstrip("/").endswith("_stream"):
+                    raise RunError("stream: true answers one response per token, which /generate cannot hold: "
+                                   "POST .../generate_stream (server-sent events) or gRPC streaming")
             except RunError as exc:
                 return self._refuse(400, str(exc))
         self._relay(body)
 
+    def _kind(self) -> str:
+        return "generate request" if self._is_generate() else "request"
+
+    def _path(self) -> str:
+        return self.path.split("?", 1)[0]
+
+    def _is_openai(self) -> bool:
+        path = self._path()
+        return path == "/v1" or path.startswith("/v1/")
+
+    def _openai(self, body: bytes) -> None:
+        """A /v1 request, answered by the OpenAI API; a client that hangs up cancels its request."""
+        if self.openai_api is None:
+            return self._reply(Reply.refusal(Refusal(404, "this server has no OpenAI-compatible endpoints",
+                                                     code="not_found")))
+        gone = threading.Event()
+        watching = _watch_for_hangup(self.connection, gone.set)
+        try:
+            try:
+                reply = self.openai_api.handle(self.command, self.path, body, gone)
+            except Exception as exc:  # a bug of the API: one line to the client, never a traceback
+                reply = Reply.refusal(Refusal(500, refusal_line(exc)))
+            self._reply(reply)
+        finally:
+            watching.set()
+
+    def _reply(self, reply: Reply) -> None:
+        """An OpenAI API answer to the client: one body, or events written as they come (chunked;
+        HTTP/1.0 clients: as they come, then the connection ends). A client gone mid-stream ends
+        its request (reply.close)."""
+        self.send_response(reply.status)
+        for k, v in reply.headers.items():
+            self.send_header(k, v)
+        if reply.chunks is None:
+            data = reply.data or b""
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+            return
+        chunked = self.request_version != "HTTP/1.0"
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.close_connection = True
+        self.end_headers()
+        try:
+            for data in reply.chunks:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+                self.wfile.flush()
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client went away mid-stream: its request ends, its place comes free
+            self.close_connection = True
+            reply.close()
+
     def _body(self) -> tuple[bytes, tuple[int, str] | None]:
         """The request's body, or why it is refused (status, message) before it is all read."""
-        limit = MAX_BODY if self._is_generate() else None
+        limit = MAX_BODY if self._is_generate() or self._is_openai() else None
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             return self._read_chunked(limit)
         length = self.headers.get("Content-Length")
@@ -116,7 +200,7 @@ class _Forward(BaseHTTPRequestHandler):
         if n < 0:
             return b"", (400, f"Content-Length {length!r} is not a size")
         if limit is not None and n > limit:
-            return b"", (413, f"a generate request of {n} bytes is past the {limit} bytes this server reads")
+            return b"", (413, f"a {self._kind()} of {n} bytes is past the {limit} bytes this server reads")
         body = self.rfile.read(n)
         return body, (None if len(body) == n else (400, f"the body ended after {len(body)} of {n} bytes"))
 
@@ -134,17 +218,19 @@ class _Forward(BaseHTTPRequestHandler):
                 return b"".join(parts), None
             size += n
             if limit is not None and size > limit:
-                return b"", (413, f"a generate request past the {limit} bytes this server reads")
+                return b"", (413, f"a {self._kind()} past the {limit} bytes this server reads")
             parts.append(self.rfile.read(n))
             self.rfile.readline(1024)
 
     def _is_generate(self) -> bool:
         return self.command == "POST" and self.generate_path is not None \
-            and self.generate_path.match(self.path.split("?", 1)[0]) is not None
+            and self.generate_path.match(self._path()) is not None
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _refuse(self, status: int, message: str, headers: dict | None = None) -> None:
         data = json.dumps({"error": message}).encode()
         self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -169,6 +255,8 @@ class _Forward(BaseHTTPRequestHandler):
         except (OSError, http.client.HTTPException) as exc:
             if gone.is_set() or started:  # the client went away, or the answer broke off: nothing to say
                 self.close_connection = True
+            elif self.stopping.is_set():
+                self._refuse(503, "server shutting down; retry on another server", {"Retry-After": str(RETRY_AFTER_S)})
             else:
                 self._refuse(502, f"the Triton server behind this port does not answer ({exc})")
         finally:
@@ -179,6 +267,19 @@ class _Forward(BaseHTTPRequestHandler):
         """Triton's answer to the client: status and headers, then the body, whole where its size is
         known and chunk by chunk as it comes where not (HTTP/1.0 clients: as it comes, then the
         connection ends)."""
+        if answer.status == 400 and self._is_generate():  # a busy refusal is 503 (the module's doc)
+            data = answer.read()
+            busy = _is_busy_answer(data)
+            self.send_response_only(503 if busy else 400)
+            for k, v in answer.getheaders():
+                if k.lower() not in _HOP:
+                    self.send_header(k, v)
+            if busy:
+                self.send_header("Retry-After", str(RETRY_AFTER_S))
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         self.send_response_only(answer.status, answer.reason)
         for k, v in answer.getheaders():
             if k.lower() not in _HOP:
@@ -211,10 +312,34 @@ class _Forward(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
 
 
-def _watch_for_hangup(client: socket.socket, upstream: http.client.HTTPConnection) -> threading.Event:
-    """Close UPSTREAM as soon as CLIENT hangs up while its answer is awaited (Triton then cancels the
-    request, as it would for its own client). Set the returned event to stop watching."""
+def _shut(upstream: http.client.HTTPConnection) -> None:
+    """Wake the relay's read and tell Triton the client went away."""
+    sock = upstream.sock  # the handler may close it meanwhile (its answer complete)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _is_busy_answer(data: bytes) -> bool:
+    """Whether Triton's answer to a generate request (JSON, or a server-sent event) is a busy refusal."""
+    text = data.decode("utf-8", "replace").strip()
+    if text.startswith("data:"):
+        text = text.splitlines()[0][5:]
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, str) and is_busy(error)
+
+
+def _watch_for_hangup(client: socket.socket, then: http.client.HTTPConnection | Callable[[], None]) -> threading.Event:
+    """As soon as CLIENT hangs up while its answer is awaited: shut THEN, the relay's connection to
+    Triton (Triton then cancels the request, as it would for its own client), or call it (the
+    OpenAI API cancels the request in the engine). Set the returned event to stop watching."""
     done = threading.Event()
+    on_hangup = then if callable(then) else lambda: _shut(then)
 
     def watch() -> None:
         poller = select.poll()  # not select(): a server with many connections has descriptors past 1024
@@ -236,12 +361,7 @@ def _watch_for_hangup(client: socket.socket, upstream: http.client.HTTPConnectio
                 pass
             if not done.is_set():
                 done.set()
-                sock = upstream.sock  # the handler may close it meanwhile (its answer complete)
-                if sock is not None:  # wakes the handler's read and tells Triton
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+                on_hangup()
             return
 
     threading.Thread(target=watch, name="specc-http-front-watch", daemon=True).start()

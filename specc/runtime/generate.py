@@ -12,6 +12,9 @@ Beam search reorders the cache rows after each step.
 The loops read a model through three attributes, `graphs`, `info` and `limits` (a Session has
 them), and never import the Session: session.py imports this module, not the other way.
 
+Greedy and sampled tokens are chosen by specc/decoding/sampling.py's Sampler, the one the serving
+engine chooses each request's with, so a request's seeded draws are Session.generate's.
+
 Beam scores use the length penalty of Wu et al. 2016, which the Transformer paper used for
 translation (beam 4, alpha 0.6): score = sum(log p) / lp(n), lp(n) = ((5 + n) / 6) ** alpha.
 """
@@ -22,8 +25,11 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
+from specc.decoding.sampling import Sampler, log_softmax, sample, samples  # noqa: F401 - sample: this module's API too
+from specc.decoding.stores import inplace_feeds
 from specc.runtime.arrays import pad_rows
-from specc.runtime.cache import CacheBuffers, empty_cache, inplace_feeds, reorder_cache, run_cached
+from specc.runtime.cache import CacheBuffers, empty_cache, reorder_cache, run_cached
+from specc.runtime.captured import CapturedDecoder, CapturedRunner
 from specc.runtime.errors import RunError
 from specc.runtime.graph import Graph
 from specc.runtime.inputs import Limits, check_generation
@@ -52,9 +58,13 @@ class Model(Protocol):
     what it takes as input."""
 
     graphs: Mapping[str, Graph]
-    inplace: Graph | None  # a decoder's in-place cache graph, where generation runs it
+    inplace: Graph | None  # a decoder's in-place cache graph, where generation runs it on the CPU
     info: BuildInfo
     limits: Limits
+
+    def captured(self, rows: int) -> CapturedDecoder | None:
+        """The in-place graph's device state for `rows` rows on a GPU (specc/runtime/captured.py),
+        or None where generation does not run it."""
 
 
 @dataclass
@@ -181,34 +191,7 @@ def last_logits(outputs: dict, name: str) -> np.ndarray:
     return outputs[name].numpy()[:, -1, :]
 
 
-# --- choosing tokens ------------------------------------------------------------------------------
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
-
-
-def sample(logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int | None,
-           top_p: float | None) -> np.ndarray:
-    """One token per row from softmax(logits / temperature), restricted to the top_k most likely
-    and to the smallest set whose probability reaches top_p."""
-    x = logits.astype(np.float64) / max(temperature, 1e-6)
-    if top_k:
-        kth = np.sort(x, axis=-1)[:, -min(top_k, x.shape[-1])][:, None]
-        x = np.where(x < kth, -np.inf, x)
-    p = np.exp(log_softmax(x))
-    if top_p is not None and top_p < 1.0:
-        order = np.argsort(-p, axis=-1)
-        sorted_p = np.take_along_axis(p, order, axis=-1)
-        keep_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p < top_p  # always keeps the first
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, axis=-1)
-        p = np.where(keep, p, 0.0)
-        p /= p.sum(axis=-1, keepdims=True)
-    u = rng.random((len(p), 1))
-    return np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)
+# --- choosing tokens: specc/decoding/sampling.py's Sampler (log_softmax and sample re-exported) ---
 
 
 def _lp(n: int, alpha: float) -> float:
@@ -232,13 +215,16 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
     rows = check_generation(model.limits, info.architecture, input_ids, max_new_tokens, beams=beams,
                             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, do_sample=do_sample,
                             length_penalty=length_penalty, eos_id=eos_id, pad_id=pad_id)
-    sampling = do_sample or temperature is not None or top_k is not None or top_p is not None
+    sampling = do_sample or samples(temperature, top_k, top_p)
     eos = eos_id if eos_id is not None else info.tokens.eos
     pad = pad_id if pad_id is not None else info.pad_for(eos)
     if info.architecture == "encoder-decoder":
         start = info.start_for(pad)
         make = lambda rs: EncoderDecoderRunner(model, rs, pad, start, max_new_tokens)  # noqa: E731
         prefixes = [[start] for _ in rows]
+    elif beams == 1 and len({len(r) for r in rows}) == 1 and (captured := model.captured(len(rows))) is not None:
+        make = lambda rs: CapturedRunner(captured, rs, max_new_tokens)  # noqa: E731
+        prefixes = rows
     elif model.inplace is not None and beams == 1 and len({len(r) for r in rows}) == 1:
         make = lambda rs: InplaceRunner(model, rs, max_new_tokens)  # noqa: E731
         prefixes = rows
@@ -251,8 +237,7 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
             for step in range(max(map(len, new), default=0)):
                 on_token(step, [r[step] if step < len(r) else None for r in new])
     else:
-        rng = np.random.default_rng(seed) if sampling else None
-        choose = (lambda lg: sample(lg, rng, temperature or 1.0, top_k, top_p)) if sampling else (lambda lg: lg.argmax(-1))
+        choose = Sampler(temperature, top_k, top_p, seed, sampling=sampling)
         new = _step_loop(make(rows), len(rows), max_new_tokens, choose, eos, pad, on_token)
     return Generated(ids=[p + n for p, n in zip(prefixes, new)], new_ids=new)
 

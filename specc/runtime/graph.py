@@ -13,10 +13,11 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from specc.errors import first_line
 from specc.runtime.errors import RunError
 from specc.spec.io import numpy_dtype
 from specc.spec.manifest import GraphInfo, TensorInfo
@@ -25,6 +26,7 @@ from specc.spec.manifest import GraphInfo, TensorInfo
 PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
 # the short names a provider may be given by (any case); full onnxruntime names are taken too
 SHORT_NAMES = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider",
                "trt": "TensorrtExecutionProvider", "cpu": CPU}
@@ -126,11 +128,17 @@ def unusable_provider(ort, provider: str) -> str | None:
 PROVIDER_OPTIONS = {"CUDAExecutionProvider": {"use_tf32": "0"}}
 
 
-def provider_entries(providers: Sequence[str]) -> list:
+def provider_entries(providers: Sequence[str], extra: Mapping[str, Mapping[str, str]] | None = None) -> list:
     """onnxruntime's `providers=` argument for providers given by short or full names: their full
-    names, in order, each once, with PROVIDER_OPTIONS where it has some ((name, options) pairs)."""
+    names, in order, each once, with PROVIDER_OPTIONS where it has some and `extra`'s options for
+    a provider (full name -> options) added to them ((name, options) pairs)."""
     names = dict.fromkeys(provider_name(p) for p in providers)
-    return [(n, dict(PROVIDER_OPTIONS[n])) if n in PROVIDER_OPTIONS else n for n in names]
+    extra = extra or {}
+    entries = []
+    for n in names:
+        options = {**PROVIDER_OPTIONS.get(n, {}), **extra.get(n, {})}
+        entries.append((n, options) if options else n)
+    return entries
 
 
 def usable_providers(ort, chosen: Sequence[str]) -> list[str]:
@@ -164,13 +172,17 @@ def session_options(ort, threads: int | None = None):
 
 class Graph:
     """One onnxruntime session with its IO signature from the manifest (`info`). inputs and
-    output_sig map names to their TensorInfo; outputs lists the output names in order."""
+    output_sig map names to their TensorInfo; outputs lists the output names in order.
+    provider_options: options added to a provider's (full name -> options), e.g. CUDA graph
+    capture for the in-place graph on a GPU (specc/runtime/captured.py)."""
 
-    def __init__(self, ort, path: Path, info: GraphInfo, providers: list[str], options):
+    def __init__(self, ort, path: Path, info: GraphInfo, providers: list[str], options,
+                 provider_options: Mapping[str, Mapping[str, str]] | None = None):
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=provider_entries(providers))
+            self.session = ort.InferenceSession(str(path), options,
+                                                providers=provider_entries(providers, provider_options))
         except Exception as exc:  # onnxruntime's own exception types
-            raise RunError(f"{path}: onnxruntime cannot load it: {str(exc).strip().splitlines()[0]}") from None
+            raise RunError(f"{path}: onnxruntime cannot load it: {first_line(exc)}") from None
         self.ort = ort
         self.info = info
         self.inputs: dict[str, TensorInfo] = {t.name: t for t in info.inputs}
@@ -205,7 +217,7 @@ class Graph:
         try:
             self.session.run_with_iobinding(binding)
         except Exception as exc:  # onnxruntime's own exception types
-            raise RunError(f"onnxruntime failed: {str(exc).strip().splitlines()[0]}") from None
+            raise RunError(f"onnxruntime failed: {first_line(exc)}") from None
         return dict(zip(self.outputs, binding.get_outputs()))
 
 

@@ -24,8 +24,9 @@ from specc.deps import require_onnxruntime
 from specc.fileio import sha256s
 from specc.runtime.cache import empty_cache, past_length
 from specc.runtime.errors import RunError
-from specc.runtime.generate import Generated, generate
-from specc.runtime.graph import CPU, Graph, choose_providers, session_options, usable_providers
+from specc.runtime.captured import CAPTURE_OPTIONS, CUDA_ATTENTION_DTYPES, CapturedDecoder
+from specc.runtime.generate import Generated, generate, lm_output
+from specc.runtime.graph import CPU, CUDA, Graph, choose_providers, session_options, usable_providers
 from specc.runtime.inputs import DECODER_INPUT_IDS, Limits, check_feeds
 from specc.runtime.text import Tokenizer
 from specc.spec import manifest as spec_manifest
@@ -36,6 +37,7 @@ from specc.spec.io import (
     LAST_HIDDEN_STATE,
     POSITION_IDS,
     TOKEN_TYPE_IDS,
+    is_past,
     is_present,
     positions_from_mask,
     present_to_past,
@@ -92,6 +94,11 @@ def check_files(build_dir: Path, manifest: dict, files: list[str]) -> None:
                            "manifest's); rebuild it, or open it unchecked (--no-hash-check, check_hashes=False)")
 
 
+def _cache_dtype(info: GraphInfo) -> str:
+    """The dtype of a graph's KV cache (its past_key_values.* inputs)."""
+    return next(t.dtype for t in info.inputs if is_past(t.name))
+
+
 class Graphs(Mapping):
     """A build's graphs by name (model | encoder | decoder), each a Graph opened with `open_graph`:
     all at once (eager), or each the first time it is asked for."""
@@ -129,12 +136,14 @@ class Session:
     limits: what the build takes as input (vocabularies, serving.batch.max and .length.max, learned
     positions); graphs: graph name -> Graph; inplace: the in-place cache graph generation runs
     on the CPU, where the build has one (each graph is then opened when first used; inplace=False:
-    generation runs the model graph, as on a GPU). check_hashes: the graphs are hashed and compared with
+    generation runs the model graph). On CUDA, an fp16 or bf16 build's in-place graph decodes with
+    each step one replayed CUDA graph (captured(); cuda_graph=False runs those steps without
+    capture). check_hashes: the graphs are hashed and compared with
     the manifest before they are loaded (check_graph_files); False skips it, for speed on a
     build that is known to be intact."""
 
     def __init__(self, build_dir: str | Path, providers: Sequence[str] | None = None, *, provider: str | None = None,
-                 threads: int | None = None, check_hashes: bool = True, inplace: bool = True):
+                 threads: int | None = None, check_hashes: bool = True, inplace: bool = True, cuda_graph: bool = True):
         if provider is not None and providers is not None:
             raise TypeError("Session takes provider= (one) or providers= (a list, in order), not both")
         if isinstance(providers, str):
@@ -160,6 +169,20 @@ class Session:
         # are held by the one session a command runs (generation: the in-place graph; run(): model)
         self._inplace_info = self.info.inplace if inplace and asked[0] == CPU else None
         self._inplace: Graph | None = None
+        # on CUDA, the same graph decodes with each step one replayed CUDA graph where onnxruntime
+        # computes its attention there (fp16, bf16: specc/runtime/captured.py); opened on first use
+        device_inplace = inplace and asked[0] == CUDA and self.info.inplace is not None \
+            and _cache_dtype(self.info.inplace) in CUDA_ATTENTION_DTYPES
+        self._device_inplace_info = self.info.inplace if device_inplace else None
+        self._device_inplace: Graph | None = None
+        self._cuda_graph = cuda_graph
+        self._captured: dict[int, CapturedDecoder] = {}
+
+        def open_device_inplace(g):
+            return Graph(ort, self.dir / g.file, g, asked, options,
+                         provider_options={CUDA: CAPTURE_OPTIONS} if cuda_graph else None)
+
+        self._open_device_inplace = open_device_inplace
         self.graphs = Graphs(self.info.graphs, open_graph, eager=self._inplace_info is None)
         if self._inplace_info is None:
             first = next(iter(self.graphs.values()))
@@ -179,6 +202,20 @@ class Session:
         if self._inplace is None and self._inplace_info is not None:
             self._inplace = self._open_graph(self._inplace_info)
         return self._inplace
+
+    def captured(self, rows: int) -> CapturedDecoder | None:
+        """The device state that decodes `rows` equal-length rows on the GPU, each step one replay
+        of a captured CUDA graph (specc/runtime/captured.py), made on first use and kept; None
+        where the session has none: not on CUDA, no in-place graph, a float32 cache, or made with
+        inplace=False. cuda_graph=False: the same device buffers, each step run without capture."""
+        if self._device_inplace_info is None:
+            return None
+        if self._device_inplace is None:
+            self._device_inplace = self._open_device_inplace(self._device_inplace_info)
+        if rows not in self._captured:
+            self._captured[rows] = CapturedDecoder(self._device_inplace, rows, self.info.length.max,
+                                                   lm_output(self.info), capture=self._cuda_graph)
+        return self._captured[rows]
 
     @property
     def tokens(self) -> dict:

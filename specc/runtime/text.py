@@ -34,19 +34,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from specc.errors import first_line
 from specc.fileio import NotARegularFile, read_bounded
+from specc.decoding.text import ChatTemplate, TemplateError, special_tokens_of
 from specc.runtime.arrays import pad_rows
 from specc.runtime.errors import RunError
 from specc.spec.manifest import CHAT_TEMPLATE, MAX_TOKENIZER_BYTES, TOKENIZER_CONFIG, TOKENIZER_JSON
 
 REPLACEMENT = "\ufffd"  # what a decoder gives for an incomplete UTF-8 sequence
-SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class Tokenizer:
         self.config = config  # tokenizer_config.json ({} where there is none)
         self.template = template  # the chat template, None where there is none
         self.where = where  # the tokenizer.json it was read from
+        self.chat_template = None if template is None else ChatTemplate(template, special_tokens_of(config), jinja)
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
@@ -82,8 +83,7 @@ class Tokenizer:
         try:
             backend = Backend.from_str(text)
         except Exception as exc:  # tokenizers raises its own exception type
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise RunError(f"{file}: cannot load the tokenizer ({first})") from None
+            raise RunError(f"{file}: cannot load the tokenizer ({first_line(exc) or type(exc).__name__})") from None
         config: dict = {}
         if (file.parent / TOKENIZER_CONFIG).exists():
             try:
@@ -134,45 +134,20 @@ class Tokenizer:
     # --- chat -----------------------------------------------------------------------------------
 
     def chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The chat template rendered for `messages` (see the module's doc)."""
-        if self.template is None:
+        """The chat template rendered for `messages` (see the module's doc; the renderer is
+        decoding's ChatTemplate, the one both serving hosts use)."""
+        if self.chat_template is None:
             raise RunError(f"{self.where.parent}: the tokenizer has no chat template (no {CHAT_TEMPLATE}, no "
                            f"chat_template in {TOKENIZER_CONFIG}); --chat needs one")
         try:
-            from jinja2 import TemplateError
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError:
-            raise RunError("a chat template needs the `jinja2` package: pip install jinja2") from None
-
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        def strftime_now(fmt):
-            return datetime.now().strftime(fmt)
-
-        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = tojson
-        env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
-        try:
-            return env.from_string(self.template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                         **self.special_tokens())
+            return self.chat_template.render(messages, add_generation_prompt)
         except TemplateError as exc:
             raise RunError(f"{self.where.parent}: the chat template fails: {exc}") from None
 
     def special_tokens(self) -> dict[str, str]:
         """bos_token, eos_token, ... as tokenizer_config.json names them (a string, or an added
         token's content)."""
-        out = {}
-        for key in SPECIAL_TOKENS:
-            value = self.config.get(key)
-            if isinstance(value, dict):
-                value = value.get("content")
-            if isinstance(value, str):
-                out[key] = value
-        return out
+        return special_tokens_of(self.config)
 
 
 class StreamDecoder:
@@ -224,10 +199,14 @@ def _read_text(path: Path) -> str:
 
 def _template(config: dict, folder: Path) -> str | None:
     """chat_template.jinja beside tokenizer.json, else tokenizer_config.json's chat_template (a
-    string, or a list of named templates: the one named "default")."""
-    if (folder / CHAT_TEMPLATE).exists():
-        return _read_text(folder / CHAT_TEMPLATE)
-    value = config.get("chat_template")
-    if isinstance(value, list):
-        value = next((t.get("template") for t in value if isinstance(t, dict) and t.get("name") == "default"), None)
-    return value if isinstance(value, str) else None
+    string, or a list of named templates: the one named "default"): ChatTemplate.of's rule."""
+    text = _read_text(folder / CHAT_TEMPLATE) if (folder / CHAT_TEMPLATE).exists() else None
+    found = ChatTemplate.of(config, text, jinja)
+    return None if found is None else found.source
+
+
+def jinja():
+    """The jinja2 package, for chat templates (an optional dependency; ImportError where missing)."""
+    import jinja2.sandbox
+
+    return jinja2

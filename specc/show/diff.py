@@ -2,7 +2,7 @@
 parameter count and FLOPs per token change (how Table 3's variants differ from the base model).
 
 Both specs are compared in their explicit form (what `specc resolve` prints: extends merged,
-every default written out), flattened to dotted keys (`decoder.attention.heads`,
+every default written out, keys new to the language included), flattened to dotted keys (`decoder.attention.heads`,
 `outputs[1].classes`); lists are compared by index. `name` and `description` identify the two
 specs and are not differences.
 """
@@ -33,7 +33,7 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 def differences(a: ResolvedSpec, b: ResolvedSpec) -> list[dict[str, Any]]:
     """[{"key", "a", "b"}] for every leaf that differs (None where one side lacks it), in the
     order the keys appear in A then B."""
-    fa, fb = flatten(spec_to_data(a.spec)), flatten(spec_to_data(b.spec))
+    fa, fb = flatten(spec_to_data(a.spec, every_key=True)), flatten(spec_to_data(b.spec, every_key=True))
     keys = list(fa) + [k for k in fb if k not in fa]
     return [{"key": k, "a": fa.get(k), "b": fb.get(k)} for k in keys
             if k.split(".")[0] not in IDENTITY and fa.get(k) != fb.get(k)]

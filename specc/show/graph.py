@@ -11,7 +11,6 @@ highlight them and tests can read the structure.
 """
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
@@ -28,7 +27,7 @@ INSTALL_HINT = ("install graphviz (its `dot` program): apt-get install graphviz 
 HIGHLIGHT = "#ffd27f"
 
 _ACT = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU", "swiglu": "SwiGLU", "geglu": "GeGLU",
-        "geglu_tanh": "GeGLU (tanh)"}
+        "geglu_tanh": "GeGLU (tanh)", "clamped_swiglu": "clamped SwiGLU"}
 _SCORE = {"scaled_dot": "scaled dot-product", "dot": "dot-product", "bilinear": "bilinear", "additive": "additive"}
 
 
@@ -49,6 +48,8 @@ def _pattern(p) -> str:
 
 
 def attention_label(a: ResolvedAttention, title: str) -> str:
+    if a.kind == "latent":
+        return _latent_label(a, title)
     heads = f"{a.heads} heads" + (f", {a.kv_heads} kv heads" if a.kv_heads != a.heads else "")
     lines = [
         title,
@@ -59,6 +60,44 @@ def attention_label(a: ResolvedAttention, title: str) -> str:
     ]
     if a.rotary_dims:
         lines.append(f"rotary on {a.rotary_dims} of {a.d_k} dims")
+    if a.sinks:
+        lines.append("learned sink logit per head")
+    return "\n".join(lines)
+
+
+def _latent_label(a: ResolvedAttention, title: str) -> str:
+    """Multi-head latent attention: its ranks, what it caches."""
+    lines = [
+        title.replace("multi-head", "multi-head latent"),
+        f"{a.heads} heads, d_k {a.d_k} (rotary {a.rotary_dims}), d_v {a.d_v}",
+        ("q direct" if a.q_rank is None else f"q rank {a.q_rank}") + f", kv rank {a.kv_rank}",
+        f"caches latent {a.kv_rank} + rotary key {a.rotary_dims} per token",
+        f"pattern: {_pattern(a.pattern)}" + (", causal" if a.causal else ""),
+    ]
+    if a.sinks:
+        lines.append("learned sink logit per head")
+    return "\n".join(lines)
+
+
+def ffn_label(f) -> str:
+    """A dense FFN's label, or a mixture of routed experts' (router, shared expert)."""
+    if f.kind == "dense":
+        return f"feed-forward\n{_ACT[f.activation]}, d_ff {f.d_ff}\n{'with' if f.bias else 'no'} bias"
+    r = f.router
+    router = {"softmax": "softmax, then top-k", "top_k_softmax": "top-k, then softmax", "sigmoid": "sigmoid scores",
+              "sparsemixer": "sparsemixer"}[r.kind]
+    extras = [x for x in (
+        "bias" if r.bias else "",
+        "selection bias" if getattr(r, "selection_bias", False) else "",
+        f"{r.top_groups} of {r.groups} groups" if getattr(r, "groups", None) else "",
+        "renormalised" if getattr(r, "normalize", False) else "",
+        f"x{r.scale:g}" if getattr(r, "scale", 1.0) != 1.0 else "",
+    ) if x]
+    lines = [f"mixture of experts: top-{f.top_k} of {f.experts}",
+             f"{_ACT[f.activation]}, d_ff {f.d_ff} each, {'with' if f.bias else 'no'} bias",
+             f"router: {router}" + (f" ({', '.join(extras)})" if extras else "")]
+    if f.shared is not None:
+        lines.append(f"+ shared expert d_ff {f.shared.d_ff}" + (", sigmoid gate" if f.shared.gate else ""))
     return "\n".join(lines)
 
 
@@ -89,16 +128,22 @@ def _scaling(sc) -> str:
 def _apart(st) -> str:
     """The stack's layers configured apart from its first (overrides), one line per kind:
     "layers 5, 11, 17: full attention, rotary base 1e+06"."""
-    first = st.layers[0].attention
+    first, first_ffn = st.layers[0].attention, st.layers[0].ffn
     kinds: dict[str, list[int]] = {}
     for layer in st.layers[1:]:
-        a = layer.attention
+        a, f = layer.attention, layer.ffn
         parts = ([f"{a.pattern.kind} attention"] if a.pattern != first.pattern else []) + (
             [f"rotary base {a.rotary_base:g}"] if a.rotary_base != first.rotary_base else []) + (
-            [_scaling(a.rotary_scaling).lstrip(", ")] if a.rotary_scaling != first.rotary_scaling else [])
+            [_scaling(a.rotary_scaling).lstrip(", ")] if a.rotary_scaling != first.rotary_scaling else []) + (
+            [_ffn_short(f)] if f != first_ffn else [])
         if parts:
             kinds.setdefault(", ".join(parts), []).append(layer.index)
     return "".join(f"\nlayers {', '.join(map(str, idx))}: {what}" for what, idx in kinds.items())
+
+
+def _ffn_short(f) -> str:
+    """"dense FFN d_ff 18432" or "top-8 of 256 experts" (a layer's FFN where it differs from the first's)."""
+    return f"dense FFN d_ff {f.d_ff}" if f.kind == "dense" else f"top-{f.top_k} of {f.experts} experts, d_ff {f.d_ff}"
 
 
 def _output_label(r: ResolvedSpec, o) -> str:
@@ -194,8 +239,7 @@ class _Builder:
                    fillcolor=HIGHLIGHT if hl else "#f7f7fb", color="#999999", penwidth="2" if hl else "1")
             title = "masked multi-head self-attention" if layer.attention.causal else "multi-head self-attention"
             attn = attention_label(layer.attention, title)
-            f = layer.ffn
-            ffn = f"feed-forward\n{_ACT[f.activation]}, d_ff {f.d_ff}\n{'with' if f.bias else 'no'} bias"
+            ffn = ffn_label(layer.ffn)
             if layer.parallel != "none":
                 cur = self.parallel(c, role, attn, ffn, layer.parallel, cur)
             else:
@@ -241,10 +285,6 @@ def build_diff_graph(a: ResolvedSpec, b: ResolvedSpec) -> graphviz.Digraph:
     lines = [f"{b.name} against {a.name}"]
     lines += [f"{d['key']}: {d['a']} → {d['b']}" for d in diffs] or ["no differences"]
     return build_graph(b, highlighted_nodes(diffs), title="\n".join(lines))
-
-
-def node_names(g: graphviz.Digraph) -> set[str]:
-    return set(re.findall(r"^\s*(\w+) \[", g.source, flags=re.M))
 
 
 def write(g: graphviz.Digraph, out: str) -> str:

@@ -11,6 +11,12 @@ forward pass over N tokens): 2 x every weight matrix a token passes through, plu
 2 x H x (Dk + Dv) per key seen (N for full attention, at most 2w+1 for local, the window plus the
 global and random blocks for BigBird, k for Linformer, the source length N for cross-attention).
 Embedding lookups, norms, activations and softmax are not counted (Kaplan et al. 2020's convention).
+A token passes through the top_k routed experts its router chooses, not the others: their FLOPs
+are top_k / experts of the experts' weights, twice.
+
+Active parameters: what one token reads, every parameter but the routed experts its router does
+not choose (top_k of each layer's experts are; the embedding tables count whole, as Mixtral's and
+Qwen's model cards count them). A model without routed experts has them all active.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from specc.spec.resolve import ResolvedAttention, ResolvedSpec
 from specc.spec.schema import GATED_ACTIVATIONS, NormSpec
 from specc.spec.targets import PRECISIONS
 
-BYTES = {name: p.weight_bytes for name, p in PRECISIONS.items()}  # bytes per weight, per precision
+BYTES = {name: p.weight_bytes for name, p in PRECISIONS.items()}  # bytes per weight, per precision (packed, for int8 and int4)
 
 
 def _linear(prefix: str, n_in: int, n_out: int, bias: bool) -> dict:
@@ -37,9 +43,30 @@ def _norm(prefix: str, norm: NormSpec, d: int) -> dict:
     return out
 
 
+def _latent_attention(prefix: str, a: ResolvedAttention, r: ResolvedSpec) -> dict:
+    d, h, dr = r.d_model, a.heads, a.rotary_dims
+    out = {}
+    if a.q_rank is None:
+        out.update(_linear(f"{prefix}.q", d, h * a.d_k, False))
+    else:
+        out.update(_linear(f"{prefix}.q_a", d, a.q_rank, a.bias))
+        out[f"{prefix}.q_a_norm.weight"] = (a.q_rank,)
+        out.update(_linear(f"{prefix}.q_b", a.q_rank, h * a.d_k, False))
+    out.update(_linear(f"{prefix}.kv_a", d, a.kv_rank + dr, a.bias))
+    out[f"{prefix}.kv_a_norm.weight"] = (a.kv_rank,)
+    out.update(_linear(f"{prefix}.kv_b", a.kv_rank, h * (a.d_k - dr + a.d_v), False))
+    out.update(_linear(f"{prefix}.o", h * a.d_v, d, a.output_bias))
+    return out
+
+
 def _attention(prefix: str, a: ResolvedAttention, r: ResolvedSpec) -> dict:
     d = r.d_model
     out = {}
+    if a.sinks:
+        out[f"{prefix}.sinks"] = (a.heads,)
+    if a.kind == "latent":
+        out.update(_latent_attention(prefix, a, r))
+        return out
     out.update(_linear(f"{prefix}.q", d, a.heads * a.d_k, a.bias))
     out.update(_linear(f"{prefix}.k", d, a.kv_heads * a.d_k, a.bias))
     if not a.share_kv:
@@ -93,11 +120,7 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
                 out.update(_norm(f"{p}.{name}_norm", norm, d))
                 if norm.placement == "sandwich":
                     out.update(_norm(f"{p}.{name}_post_norm", norm, d))
-            f = layer.ffn
-            if f.activation in GATED_ACTIVATIONS:
-                out.update(_linear(f"{p}.ffn.gate", d, f.d_ff, f.bias))
-            out.update(_linear(f"{p}.ffn.up", d, f.d_ff, f.bias))
-            out.update(_linear(f"{p}.ffn.down", f.d_ff, d, f.bias))
+            out.update(_ffn(f"{p}.ffn", layer.ffn, d))
             if layer.parallel != "one_norm":
                 out.update(_norm(f"{p}.ffn_norm", norm, d))
             if norm.placement == "sandwich":
@@ -119,6 +142,39 @@ def parameter_shapes(r: ResolvedSpec) -> "OrderedDict[str, tuple[int, ...]]":
             out.update(_linear(f"{h}.pooler", d, d, True))
         if o.kind in ("classifier", "token_classifier"):
             out.update(_linear(f"{h}.proj", d, o.classes, True))
+    return out
+
+
+def _ffn(prefix: str, f, d: int) -> dict:
+    """A dense FFN's parameters, or a mixture of experts' (specc/nn/experts.py)."""
+    if f.kind == "dense":
+        out = _linear(f"{prefix}.gate", d, f.d_ff, f.bias) if f.activation in GATED_ACTIVATIONS else {}
+        out.update(_linear(f"{prefix}.up", d, f.d_ff, f.bias))
+        out.update(_linear(f"{prefix}.down", f.d_ff, d, f.bias))
+        return out
+    e, gated = f.experts, f.activation in GATED_ACTIVATIONS
+    out = {f"{prefix}.router.weight": (e, d)}
+    if f.router.bias:
+        out[f"{prefix}.router.bias"] = (e,)
+    if f.router.kind == "sigmoid" and f.router.selection_bias:
+        out[f"{prefix}.router.selection_bias"] = (e,)
+    x = f"{prefix}.experts"
+    if gated:
+        out[f"{x}.gate"] = (e, f.d_ff, d)
+    out[f"{x}.up"] = (e, f.d_ff, d)
+    out[f"{x}.down"] = (e, d, f.d_ff)
+    if f.bias:
+        if gated:
+            out[f"{x}.gate_bias"] = (e, f.d_ff)
+        out[f"{x}.up_bias"] = (e, f.d_ff)
+        out[f"{x}.down_bias"] = (e, d)
+    if f.shared is not None:
+        if gated:
+            out.update(_linear(f"{prefix}.shared.gate", d, f.shared.d_ff, f.bias))
+        out.update(_linear(f"{prefix}.shared.up", d, f.shared.d_ff, f.bias))
+        out.update(_linear(f"{prefix}.shared.down", f.shared.d_ff, d, f.bias))
+        if f.shared.gate:
+            out[f"{prefix}.shared_gate.weight"] = (1, d)
     return out
 
 
@@ -146,6 +202,8 @@ def component(name: str) -> str:
     sub = parts[3]
     if sub.endswith("_norm"):
         return f"{stack}.norms"
+    if sub == "ffn" and parts[4] == "experts":  # the routed experts, apart from router and shared expert
+        return f"{stack}.experts"
     return f"{stack}.{sub}"
 
 
@@ -193,6 +251,7 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
 
     layers = []
     flops = 0
+    idle = 0  # routed experts' parameters a token does not read
     for stack in (r.encoder, r.decoder):
         if stack is None:
             continue
@@ -202,6 +261,14 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
             params = sum(_numel(shapes[k]) for k in names)
             lf = 2 * sum(matmul[k] for k in names if k in matmul and ".cross_attention." not in k)
             lf += _attention_flops(layer.attention, r, n)
+            f = layer.ffn
+            layer_idle = 0
+            if f.kind == "moe":
+                experts = sum(_numel(shapes[k]) for k in names if k.startswith(p + "ffn.experts."))
+                weights = sum(_numel(shapes[k]) for k in names if k.startswith(p + "ffn.experts.") and not k.endswith("_bias"))
+                lf += 2 * weights // f.experts * f.top_k  # the chosen experts' matrices
+                layer_idle = experts // f.experts * (f.experts - f.top_k)
+            idle += layer_idle
             if layer.cross_attention is not None:
                 a = layer.cross_attention
                 # the cross K/V projections run once per source token; the queries once per target token
@@ -209,10 +276,12 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
                 lf += _attention_flops(a, r, n)
             flops += lf
             layers.append({
-                "stack": stack.role, "index": layer.index, "parameters": params, "flops_per_token": lf,
-                "heads": layer.attention.heads, "kv_heads": layer.attention.kv_heads,
+                "stack": stack.role, "index": layer.index, "parameters": params,
+                "active_parameters": params - layer_idle, "flops_per_token": lf,
+                "attention": layer.attention.kind, "heads": layer.attention.heads, "kv_heads": layer.attention.kv_heads,
                 "d_k": layer.attention.d_k, "d_v": layer.attention.d_v,
-                "pattern": layer.attention.pattern.kind, "d_ff": layer.ffn.d_ff, "activation": layer.ffn.activation,
+                "pattern": layer.attention.pattern.kind, "d_ff": f.d_ff, "activation": f.activation,
+                "experts": f.experts if f.kind == "moe" else None, "top_k": f.top_k if f.kind == "moe" else None,
             })
     vocab = r.output_vocab_size
     for o in r.outputs:
@@ -225,7 +294,10 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
     cross_kv = 0
     if r.decoder is not None:
         for layer in r.decoder.layers:
-            position = layer.attention.kv_heads * (layer.attention.d_k + layer.attention.d_v) * cache_bytes
+            a = layer.attention
+            # latent attention caches one latent and one rotary key per position (spec/io.py)
+            widths = a.kv_rank + a.rotary_dims if a.kind == "latent" else a.kv_heads * (a.d_k + a.d_v)
+            position = widths * cache_bytes
             kv += position
             window = layer.attention.cache_window
             kv_at_length += position * (n if window is None else min(window, n))
@@ -242,6 +314,7 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
         "name": r.name,
         "length": n,
         "parameters": total,
+        "active_parameters": total - idle,
         "parameters_by_component": by_component,
         "shared": shared,
         "flops_per_token": int(flops),
@@ -255,4 +328,5 @@ def inspect_spec(r: ResolvedSpec, length: int | None = None) -> dict:
 
 def _is_matmul(name: str) -> bool:
     leaf = name.rsplit(".", 2)
-    return name.endswith(".weight") and leaf[-2] in ("q", "k", "v", "o", "gate", "up", "down", "transform", "pooler", "proj")
+    return name.endswith(".weight") and leaf[-2] in ("q", "k", "v", "o", "gate", "up", "down", "transform", "pooler", "proj",
+                                                     "q_a", "q_b", "kv_a", "kv_b", "router", "shared_gate")

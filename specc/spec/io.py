@@ -8,6 +8,12 @@ outputs, and the rules that connect one call to the next.
 `part` is "" in a decoder-only model, "decoder" for an encoder-decoder's own (growing) cache and
 "encoder" for its cross-attention K/V, which the encoder graph computes once.
 
+A layer of latent attention (DeepSeek's multi-head latent attention) caches, in place of key and
+value, its compressed latent and its rotary key, each one per position and shared by every head:
+past_key_values.N.latent [batch, 1, past_sequence, kv_rank] and past_key_values.N.rope_key
+[batch, 1, past_sequence, rope_dims] (present.N.* alike). `cache_pair` names the two tensors of
+an attention kind; every function below that takes a `pair` speaks of either alike.
+
 A decoder-only model's layer whose self-attention slides a window W over the past (pattern
 `local`: query t sees keys t-W .. t) keeps a window cache: its past holds the last min(W, P) of
 the P positions before the call, its present the last min(W, P + T) after it. Its cache dims are
@@ -41,9 +47,23 @@ LAST_HIDDEN_STATE = "last_hidden_state"
 PAST_PREFIX, PRESENT_PREFIX = "past_key_values", "present"
 SELF, OWN, CROSS = "", "decoder", "encoder"  # the cache parts
 KEY, VALUE = "key", "value"
+LATENT, ROPE_KEY = "latent", "rope_key"  # latent attention's two cache tensors
+WHICH = (KEY, VALUE, LATENT, ROPE_KEY)
 
 # the dtype names a signature uses that numpy has under the same name
 NUMPY_DTYPES = ("int64", "int32", "float32", "float16")
+
+
+def main_graph(graphs: Iterable[str]) -> str:
+    """The graph a build's outputs come from: an encoder-decoder's decoder, else its model."""
+    return "decoder" if "decoder" in graphs else "model"
+
+
+def lm_output(outputs: Iterable[tuple[str, str]], main_outputs: Iterable[str]) -> str | None:
+    """The output generation reads: the first of `outputs` ((name, kind) pairs, as the spec lists
+    them) of kind lm that the main graph has (`main_outputs`, its output names); None where none is."""
+    names = set(main_outputs)
+    return next((name for name, kind in outputs if kind == "lm" and name in names), None)
 
 
 def float_dtype(precision: str) -> str:
@@ -60,7 +80,8 @@ def numpy_dtype(name: str) -> str:
 
 @dataclass(frozen=True)
 class CacheSlot:
-    """One cache tensor: layer N, part ("" | "decoder" | "encoder"), key or value."""
+    """One cache tensor: layer N, part ("" | "decoder" | "encoder"), key or value (or a latent
+    attention's latent or rotary key)."""
 
     layer: int
     part: str
@@ -83,9 +104,16 @@ class CacheSlot:
         return self.name(PRESENT_PREFIX)
 
 
-def cache_slots(layers: int, part: str = SELF) -> list[CacheSlot]:
-    """The cache tensors of `layers` layers, in signature order (layer by layer, key then value)."""
-    return [CacheSlot(i, part, which) for i in range(layers) for which in (KEY, VALUE)]
+def cache_pair(attention_kind: str) -> tuple[str, str]:
+    """The two cache tensors a layer of this attention kind keeps: key and value, or a latent
+    attention's latent and rotary key."""
+    return (LATENT, ROPE_KEY) if attention_kind == "latent" else (KEY, VALUE)
+
+
+def cache_slots(layers: int, part: str = SELF, pair: tuple[str, str] = (KEY, VALUE)) -> list[CacheSlot]:
+    """The cache tensors of `layers` layers, in signature order (layer by layer, key then value,
+    or latent then rotary key)."""
+    return [CacheSlot(i, part, which) for i in range(layers) for which in pair]
 
 
 def parse_cache(name: str) -> tuple[str, CacheSlot] | None:
@@ -94,7 +122,7 @@ def parse_cache(name: str) -> tuple[str, CacheSlot] | None:
     if prefix not in (PAST_PREFIX, PRESENT_PREFIX):
         return None
     fields = rest.split(".")
-    if len(fields) not in (2, 3) or not fields[0].isdigit() or fields[-1] not in (KEY, VALUE):
+    if len(fields) not in (2, 3) or not fields[0].isdigit() or fields[-1] not in WHICH:
         return None
     part = fields[1] if len(fields) == 3 else SELF
     if part not in (SELF, OWN, CROSS) or (len(fields) == 3 and part == SELF):
@@ -129,19 +157,22 @@ def present_to_past(outputs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def layer_pasts(inputs: Mapping[str, Any], layers: int, part: str = SELF) -> list[tuple[Any, Any]] | None:
-    """Per layer (key, value) from past_key_values.N[.part].*, or None where none is given."""
-    slots = cache_slots(layers, part)
+def layer_pasts(inputs: Mapping[str, Any], layers: int, part: str = SELF,
+                pair: tuple[str, str] = (KEY, VALUE)) -> list[tuple[Any, Any]] | None:
+    """Per layer (key, value) from past_key_values.N[.part].* (or the `pair` a latent attention
+    keeps), or None where none is given."""
+    slots = cache_slots(layers, part, pair)
     if slots[0].past not in inputs:
         return None
     return [(inputs[k.past], inputs[v.past]) for k, v in zip(slots[::2], slots[1::2])]
 
 
-def layer_presents(pairs: Iterable[tuple[Any, Any]], part: str = SELF) -> dict[str, Any]:
-    """present.N[.part].key/.value of per-layer (key, value) pairs, in signature order (the
-    inverse of layer_pasts, on the output side)."""
+def layer_presents(pairs: Iterable[tuple[Any, Any]], part: str = SELF,
+                   pair: tuple[str, str] = (KEY, VALUE)) -> dict[str, Any]:
+    """present.N[.part].key/.value (or the `pair` a latent attention keeps) of per-layer pairs, in
+    signature order (the inverse of layer_pasts, on the output side)."""
     pairs = list(pairs)
-    slots = cache_slots(len(pairs), part)
+    slots = cache_slots(len(pairs), part, pair)
     out = {}
     for (key, value), k, v in zip(pairs, slots[::2], slots[1::2]):
         out[k.present], out[v.present] = key, value

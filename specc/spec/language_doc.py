@@ -84,6 +84,32 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
         (a, "tiny-gpt2", f"decoder:\n  ffn: {{activation: {a}}}\n")
         for a in ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
     ],
+    "attention": [
+        ("multi_head", "tiny-llama", "decoder:\n  attention: {kind: multi_head, heads: 4, kv_heads: 2, sinks: true}\n"),
+        ("latent", "tiny-llama",
+         "position: {kind: rotary, layout: interleaved}\n"
+         "decoder:\n  attention: {kind: latent, heads: 4, d_k: 24, d_v: 16, rope_dims: 8, q_rank: 32, kv_rank: 16}\n"),
+    ],
+    "ffn": [
+        ("dense", "tiny-llama", "decoder:\n  ffn: {kind: dense, d_ff: 128, activation: swiglu, bias: false}\n"),
+        ("moe", "tiny-llama",
+         "decoder:\n  layers: 4\n  ffn:\n    kind: moe\n    experts: 8\n    top_k: 2\n    d_ff: 32\n"
+         "    router: {kind: softmax, normalize: true}\n    shared: {d_ff: 64, gate: true}\n"
+         "  overrides:\n    - {indices: [0], ffn: {kind: dense, d_ff: 128, activation: swiglu, bias: false}}\n"),
+    ],
+    "router": [
+        ("softmax", "tiny-llama",
+         "decoder:\n  ffn: {kind: moe, experts: 8, top_k: 2, d_ff: 32,\n"
+         "        router: {kind: softmax, normalize: true, groups: 4, top_groups: 2, scale: 1.5}}\n"),
+        ("top_k_softmax", "tiny-llama",
+         "decoder:\n  ffn: {kind: moe, experts: 8, top_k: 2, d_ff: 32, activation: clamped_swiglu,\n"
+         "        swiglu_alpha: 1.702, swiglu_limit: 7.0, bias: true, router: {kind: top_k_softmax, bias: true}}\n"),
+        ("sigmoid", "tiny-llama",
+         "decoder:\n  ffn: {kind: moe, experts: 16, top_k: 4, d_ff: 32, shared: {d_ff: 32},\n"
+         "        router: {kind: sigmoid, normalize: true, scale: 2.5, groups: 4, top_groups: 2}}\n"),
+        ("sparsemixer", "tiny-llama",
+         "decoder:\n  ffn: {kind: moe, experts: 8, top_k: 2, d_ff: 32, router: {kind: sparsemixer, jitter_eps: 0.01}}\n"),
+    ],
     "outputs": [
         ("hidden", "tiny-bert", "outputs:\n  - {kind: hidden, name: last_hidden_state}\n"),
         ("lm", "tiny-gpt2", "outputs:\n  - {kind: lm, name: logits, bias: false}\n"),
@@ -93,6 +119,66 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
         ("pooled", "tiny-bert", "outputs:\n  - {kind: pooled, pool: first, pooler: tanh}\n"),
     ],
 }
+
+
+# How the language states today's mixtures of experts, attention sinks and latent attention, and
+# which keys a Hugging Face config's fields become (the importers read configs this way).
+GUIDE = """\
+## Mixtures of experts, latent attention and attention sinks
+
+**Routed experts** (`ffn: {kind: moe}`). A sparsely-gated mixture of experts (Shazeer et al. 2017,
+"Outrageously Large Neural Networks", arXiv:1701.06538) replaces a layer's FFN by `experts` FFNs
+of `d_ff` each and a router, a linear map to one logit per expert, that chooses `top_k` of them
+for each token and weighs their outputs; the Switch Transformer (Fedus et al. 2021,
+arXiv:2101.03961) routes each token to one expert. Only the chosen experts compute: a token
+reads and multiplies top_k / experts of the experts' weights (`specc inspect` counts the
+*active parameters*, every parameter but the experts a token's router does not choose, and
+FLOPs per token of the chosen experts alone). The experts' weights are stacked, one tensor per
+projection and layer (docs/weights.md). The [kinds of router](#kinds-of-router) say how logits
+become a choice and weights:
+
+| family (transformers' config) | `ffn:` |
+|---|---|
+| Mixtral (`num_local_experts`, `num_experts_per_tok`) | `{kind: moe, router: {kind: softmax, normalize: true}}` |
+| Qwen2-MoE, Qwen3-MoE, OLMoE (`norm_topk_prob`) | `router: {kind: softmax, normalize: <norm_topk_prob>}`; Qwen2-MoE's `shared_expert_intermediate_size` with its `shared_expert_gate`: `shared: {d_ff: ..., gate: true}` |
+| gpt-oss | `activation: clamped_swiglu, swiglu_alpha: 1.702, swiglu_limit: <swiglu_limit>, bias: true, router: {kind: top_k_softmax, bias: true}` |
+| GraniteMoE | `router: {kind: top_k_softmax}` |
+| PhiMoE (`router_jitter_noise`) | `router: {kind: sparsemixer, jitter_eps: <router_jitter_noise>}`, `top_k: 2` |
+| DeepSeek-V2 (`topk_method`, `n_group`, `topk_group`, `routed_scaling_factor`) | `router: {kind: softmax, scale: ..., groups: ..., top_groups: ..., group_score: max}` (groups with `group_limited_greedy` only), `shared: {d_ff: <n_shared_experts x moe_intermediate_size>}` |
+| DeepSeek-V3 (`noaux_tc`, `e_score_correction_bias`, `norm_topk_prob`) | `router: {kind: sigmoid, selection_bias: true, normalize: ..., scale: ..., groups: ..., top_groups: ..., group_score: top2_sum}`, `shared` as V2's |
+
+Which layers are dense: an override's `ffn` gives its layers a dense FFN of their own (or any FFN).
+DeepSeek's `first_k_dense_replace: k` is `overrides: [{indices: [0, ..., k-1], ffn: {kind: dense,
+d_ff: <intermediate_size>, activation: swiglu, bias: false}}]`; Qwen2-MoE's experts sit in the
+layers i with (i + 1) % `decoder_sparse_step` == 0 and not in `mlp_only_layers`: the other layers
+are overrides with the dense `intermediate_size` (with step 2, `{every: 2, first: 0, ffn: ...}`).
+An override may choose a layer for its `ffn` that another chooses for its attention.
+
+**Attention sinks** (`attention: {sinks: true}`): a learned logit per head that joins each row's
+softmax and takes no value (gpt-oss's model card, OpenAI 2025, arXiv:2508.10925). gpt-oss's layers
+are banded (`pattern: {kind: local, window: <sliding_window - 1>}`) and dense in turn
+(`overrides: [{every: 2, first: 1, pattern: {kind: full}}]`).
+
+**Multi-head latent attention** (`attention: {kind: latent}`; DeepSeek-V2, arXiv:2405.04434,
+section 2.1, and DeepSeek-V3, arXiv:2412.19437, section 2.1.1). Queries are projected from x
+directly (`q_rank: null`, V2-Lite's `q_lora_rank: null`) or through a rank-`q_rank` latent with
+its RMSNorm; keys and values come from one latent of `kv_rank` per token (`kv_lora_rank`), with
+its RMSNorm (eps `latent_eps`: transformers' DeepseekV2/V3RMSNorm default, 1e-6, whatever
+`rms_norm_eps` is), expanded for every head. Each query and key head has `d_k` = qk_nope_head_dim
++ qk_rope_head_dim dims, the last `rope_dims` (qk_rope_head_dim) rotated, the key's rotated part
+one per token shared by the heads; each value head has `d_v` (v_head_dim). The cache holds, per
+layer and token, the latent and the rotary key: `past_key_values.N.latent` [batch, 1, past,
+kv_rank] and `past_key_values.N.rope_key` [batch, 1, past, rope_dims] in place of `.key` /
+`.value` (512 + 64 values a token in DeepSeek-V3, against 128 x (192 + 128) for its expanded keys
+and values). Positions must be rotary: DeepSeek's pairs are `layout: interleaved` (V3's
+`rope_interleave: true`, and V2), else `halves`. Under DeepSeek's YaRN (`rope_scaling` with
+`mscale_all_dim`), transformers multiplies the softmax scale d_k^-1/2 by mscale^2, mscale = 0.1
+mscale_all_dim ln(factor) + 1 (yarn_apply_mscale): write the product in `scale`; the scaling's
+`attention_factor` is mscale(factor, mscale) / mscale(factor, mscale_all_dim), 1 where the two
+are equal. Latent attention has no `kv_heads`, `score`, `merge`, `share_kv` or `qk_norm`; its
+`bias` is DeepSeek's attention_bias, on the down projections (`q_a`, `kv_a`) and (through
+`output_bias`) the output projection.
+"""
 
 
 def example_text(base: str, snippet: str) -> str:
@@ -215,7 +301,12 @@ NOTES = {
                  "hold the last W positions (fewer while the sequence is shorter), with cache dims of "
                  "their own (`past_sequence_windowW`, `total_sequence_windowW`), while the other layers' "
                  "caches hold the whole sequence (docs/runtime.md, \"The KV cache\"); an encoder-decoder's "
-                 "decoder, which takes no mask over its own past, keeps whole caches in every layer.",
+                 "decoder, which takes no mask over its own past, keeps whole caches in every layer. "
+                 "`attention` is one of the [kinds of attention](#kinds-of-attention) (multi-head by default, "
+                 "or DeepSeek's latent attention), `ffn` one of the [kinds of ffn](#kinds-of-ffn) (dense by "
+                 "default, or a mixture of routed experts); an override's `ffn` gives its layers an FFN of their "
+                 "own in place of the stack's: see [Mixtures of experts, latent attention and attention sinks]"
+                 "(#mixtures-of-experts-latent-attention-and-attention-sinks).",
     "AttentionSpec": "`d_k` defaults to `d_model / heads` and `d_v` to `d_k`; `kv_heads` (grouped-query "
                      "attention) defaults to `heads`. `bias` gives the q, k, v and output projections "
                      "biases; `output_bias` (null: as `bias`) sets the output projection's alone, as Qwen2 "
@@ -228,7 +319,12 @@ NOTES = {
                      "1/sqrt(d_k) (Gemma 2 and 3 scale by query_pre_attn_scalar^-1/2); `softcap` caps the "
                      "scores smoothly, softcap * tanh(scores / softcap), after the scaling and before the "
                      "mask (Gemma 2, arXiv:2408.00118, section 2; an lm output's `softcap` does the same "
-                     "to the logits).",
+                     "to the logits). `sinks` gives each head a learned logit that joins every row of its "
+                     "softmax and takes no value, so that a query may attend to nothing in particular "
+                     "(gpt-oss, its model card arXiv:2508.10925, section 2.1; the attention sinks of Xiao et al. "
+                     "2023, arXiv:2309.17453, learned): the weights of the keys sum to less than one. It "
+                     "composes with every pattern (gpt-oss's banded layers are `local`), grouped-query heads, "
+                     "biases and scores, and latent attention has it too.",
 }
 
 
@@ -270,7 +366,8 @@ def _models() -> list[tuple[type[BaseModel], str | None]]:
     return [
         (s.ModelSpec, None), (s.VocabSpec, None), (s.NormSpec, "norm"), (s.DropoutSpec, None),
         (s.StackSpec, "stack"), (s.LayerOverride, None), (s.AttentionSpec, "score"), (s.FFNSpec, "activation"),
-        (s.TokensSpec, None), (s.ServingSpec, None), (s.RangeSpec, None), (s.GenerationServingSpec, None),
+        (s.SharedExpertSpec, None), (s.TokensSpec, None), (s.ServingSpec, None), (s.RangeSpec, None),
+        (s.GenerationServingSpec, None),
     ]
 
 
@@ -281,6 +378,9 @@ def _kinds() -> list[tuple[str, str, Any, str]]:
         ("rotary scaling", "`position.scaling:` (rotary positions) and an override's `rotary_scaling:`",
          s.RotaryScaling, "scaling"),
         ("pattern", "`attention.pattern:`", s.PatternSpec, "pattern"),
+        ("attention", "a stack's `attention:` and `cross_attention:`", s.AttentionKind, "attention"),
+        ("ffn", "a stack's `ffn:` and an override's", s.FFNKind, "ffn"),
+        ("router", "a `moe` FFN's `router:`", s.RouterSpec, "router"),
         ("outputs", "each item of `outputs:`", s.OutputSpec, "outputs"),
     ]
 
@@ -311,15 +411,20 @@ def render() -> str:
     for anchor, where, union, group in _kinds():
         lines += [f"## Kinds of {anchor}", "", f"Chosen by `kind:` in {where}.", ""]
         examples = {t: (b, y) for t, b, y in EXAMPLES[group]}
+        described = {model for model, _ in _models()}
         for member in _union_members(union):
             kind = typing.get_args(member.model_fields["kind"].annotation)[0]
             lines += [f"### kind: {kind}", ""]
-            if _doc(member):
-                lines += [_doc(member), ""]
-            lines += _table(member) + [""]
+            if member in described:  # its table is above, under its own name
+                lines += [f"The keys of [{member.__name__}](#{member.__name__.lower()}).", ""]
+            else:
+                if _doc(member):
+                    lines += [_doc(member), ""]
+                lines += _table(member) + [""]
             if kind in examples:
                 base, snippet = examples[kind]
                 lines += [f"Example (on `{base}`):", "", "```yaml", snippet.rstrip("\n"), "```", ""]
+    lines += GUIDE.splitlines()
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -76,19 +76,43 @@ def _read(path: Path, shown: str) -> str:
         raise SpecError(Issue(f"spec file is not UTF-8 text ({exc.reason})", file=shown, line=line, column=column)) from None
 
 
+def _field_default_kind(model: Any, key: str) -> str | None:
+    """The kind a mapping at `key` of `model` has when it names none: its field's default's (the
+    stack's attention multi_head, its ffn dense, ...); None where the field has no such default."""
+    if not (inspect.isclass(model) and issubclass(model, BaseModel)):
+        return None
+    info = next((f for n, f in model.model_fields.items() if (f.alias or n) == key), None)
+    return getattr(info.default, "kind", None) if info is not None and isinstance(info.default, BaseModel) else None
+
+
 def _merge(parent: Located, child: Located) -> Located:
     """Deep-merge mappings (the child wins), lists and scalars replace. A mapping whose `kind`
-    the child changes is replaced whole: the parent's keys belong to the other kind."""
+    the child changes is replaced whole: the parent's keys belong to the other kind (a parent's
+    mapping that names no kind has its field's default kind, where the field has one; a child's
+    that names none keeps the parent's)."""
 
-    def merge(a: Any, b: Any) -> Any:
-        if isinstance(a, dict) and isinstance(b, dict) and a.get("kind", b.get("kind")) == b.get("kind", a.get("kind")):
-            out = dict(a)
-            for k, v in b.items():
-                out[k] = merge(a[k], v) if k in a else v
-            return out
-        return b
+    def merge(a: Any, b: Any, ann: Any, kind: str | None) -> Any:
+        """a and b merged, both mappings of annotation `ann` (of kind `kind`) or anything else."""
+        if not (isinstance(a, dict) and isinstance(b, dict)):
+            return b
+        models = [c for c in _candidates(ann) if inspect.isclass(c) and issubclass(c, BaseModel)]
+        model = models[0] if len(models) == 1 else next((c for c in models if _kind_of(c) == kind), None)
+        out = dict(a)
+        for k, v in b.items():
+            if k not in a:
+                out[k] = v
+                continue
+            old, default = a[k], _field_default_kind(model, k)
+            kinds = (None, None)
+            if isinstance(old, dict) and isinstance(v, dict):  # the child's kind, if it names none, is the parent's
+                kinds = (old.get("kind", default), v.get("kind", old.get("kind", default)))
+            if None not in kinds and kinds[0] != kinds[1]:
+                out[k] = v
+            else:
+                out[k] = merge(old, v, _step(model, k) if model is not None else None, kinds[1] or kinds[0])
+        return out
 
-    data = merge(parent.data, child.data)
+    data = merge(parent.data, child.data, ModelSpec, None)
     out = Located(data=data)
 
     def walk(value: Any, path: tuple) -> None:

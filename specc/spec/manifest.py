@@ -14,6 +14,8 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from specc.spec import io
+
 MANIFEST = "manifest.json"
 WEIGHTS_FILE = "model.safetensors"  # every build folder holds its weights under this name
 # A Hugging Face tokenizer's files, under the names a spec's `tokenizer:` folder holds them and a build
@@ -113,6 +115,7 @@ class Generation:
     max_sequences: int | None = None
     max_cache_tokens: int | None = None
     max_waiting: int = 64
+    prefix_cache_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,7 @@ class BuildInfo:
     @property
     def main_graph(self) -> GraphInfo:
         """The graph whose outputs are the model's: the decoder of an encoder-decoder, else the model."""
-        return self.graphs["decoder"] if "decoder" in self.graphs else self.graphs["model"]
+        return self.graphs[io.main_graph(self.graphs)]
 
     @property
     def output_kinds(self) -> dict[str, str]:
@@ -202,9 +205,7 @@ class BuildInfo:
             field = "spec"
             spec = manifest["spec"]
             outputs = tuple(Output(name=_str(o["name"]), kind=_str(o["kind"])) for o in spec.get("outputs") or ())
-            main = graphs["decoder"] if "decoder" in graphs else graphs["model"]
-            main_outputs = {t.name for t in main.outputs}
-            lm = next((o.name for o in outputs if o.kind == "lm" and o.name in main_outputs), None)
+            lm = io.lm_output(((o.name, o.kind) for o in outputs), (t.name for t in graphs[io.main_graph(graphs)].outputs))
             position = spec.get("position") or {}
             learned = _int(position["max_length"]) if position.get("kind") == "learned" else None
             given = spec.get("tokens") or {}
@@ -242,7 +243,8 @@ def _generation(entry: Any) -> Generation:
     default = Generation()
     return Generation(max_sequences=_opt_int(entry.get("max_sequences")),
                       max_cache_tokens=_opt_int(entry.get("max_cache_tokens")),
-                      max_waiting=_int(entry.get("max_waiting", default.max_waiting)))
+                      max_waiting=_int(entry.get("max_waiting", default.max_waiting)),
+                      prefix_cache_tokens=_opt_int(entry.get("prefix_cache_tokens")))
 
 
 def _range(entry: Any) -> Range:

@@ -20,6 +20,8 @@ Graphs and their tensors (names follow Optimum's ONNX conventions):
 
 A decoder-only model's sliding-window layers keep window caches (ResolvedAttention.cache_window):
 their past / present dims are the windowed forms of past_sequence / total_sequence (spec/io.py).
+A stack of latent attention caches past_key_values.N.latent [batch, 1, past, kv_rank] and
+.rope_key [batch, 1, past, rope_dims] in place of .key / .value (spec/io.py's cache pairs).
 """
 from __future__ import annotations
 
@@ -29,7 +31,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from specc.spec.derive import effective_outputs, effective_tie, head_dims, rotary_dims, stacks
+from specc.spec.derive import (
+    attention_rotary_dims,
+    effective_outputs,
+    effective_tie,
+    head_dims,
+    override_aspects,
+    stacks,
+)
+from specc.spec import io
 from specc.spec.io import (
     ATTENTION_MASK,
     BATCH,
@@ -39,6 +49,7 @@ from specc.spec.io import (
     INPUT_IDS,
     KEY,
     LAST_HIDDEN_STATE,
+    LATENT,
     OWN,
     PAST,
     PAST_PREFIX,
@@ -48,14 +59,15 @@ from specc.spec.io import (
     SEQ,
     TOKEN_TYPE_IDS,
     TOTAL,
+    cache_pair,
     cache_slots,
     float_dtype,
     windowed,
 )
 from specc.spec.schema import (
-    AttentionSpec,
+    AttentionKind,
     DropoutSpec,
-    FFNSpec,
+    FFNKind,
     FullPattern,
     ModelSpec,
     NormSpec,
@@ -78,6 +90,7 @@ class Frozen(BaseModel):
 
 
 class ResolvedAttention(Frozen):
+    kind: Literal["multi_head", "latent"] = "multi_head"
     heads: int
     kv_heads: int
     d_k: int
@@ -90,10 +103,16 @@ class ResolvedAttention(Frozen):
     qk_norm: Literal["none", "head", "full"] = "none"
     scale: float | None = None  # AttentionSpec.scale
     softcap: float | None = None  # AttentionSpec.softcap
+    sinks: bool = False  # a learned logit per head joins the softmax (AttentionSpec.sinks)
+    # latent attention (LatentAttentionSpec): the queries' rank (None: projected directly), the
+    # latent's, its norms' eps; rotary_dims is its rope_dims, the last dims of each q / k head
+    q_rank: int | None = None
+    kv_rank: int = 0
+    latent_eps: float = 1.0e-6
     pattern: PatternSpec
     causal: bool  # decoder self-attention
     cross: bool  # attends to the encoder's output
-    rotary_dims: int = 0  # rotary positions: leading dims of each q/k head that rotate
+    rotary_dims: int = 0  # rotary positions: dims of each q/k head that rotate (leading; latent: last)
     rotary_base: float = 0.0  # their base: position.base, or the layer's override
     rotary_scaling: RotaryScaling = NoScaling()  # their scaling: position.scaling, or the layer's override
     # BigBird: for each query block, the key blocks it also attends to (drawn once, seeded).
@@ -107,7 +126,7 @@ class ResolvedLayer(Frozen):
     index: int
     attention: ResolvedAttention
     cross_attention: ResolvedAttention | None = None
-    ffn: FFNSpec
+    ffn: FFNKind  # the stack's, or the override's that chooses this layer
     parallel: Literal["none", "one_norm", "two_norms"] = "none"  # StackSpec.parallel
 
 
@@ -185,6 +204,12 @@ class ResolvedSpec(Frozen):
     def graph(self, name: str) -> GraphSig:
         return next(g for g in self.graphs if g.name == name)
 
+    @property
+    def lm_output(self) -> str | None:
+        """The output generation reads (spec/io.py's rule), None where the spec has none."""
+        main = self.graph(io.main_graph([g.name for g in self.graphs]))
+        return io.lm_output(((o.name, o.kind) for o in self.outputs), (t.name for t in main.outputs))
+
     def input_vocab_size(self, graph: str) -> int:
         """The vocabulary graph `graph`'s input_ids index: the encoder's token table for the
         encoder graph and an encoder-only model, the decoder's (an encoder-decoder's target
@@ -196,6 +221,12 @@ class ResolvedSpec(Frozen):
         """The vocabulary the lm and mlm outputs score: the last stack's (the decoder's where
         there is one)."""
         return (self.decoder or self.encoder).vocab_size
+
+    @property
+    def cache_pair(self) -> tuple[str, str]:
+        """The names of the two cache tensors of each decoder layer's self-attention (spec/io.py):
+        key and value, or a latent attention's latent and rotary key."""
+        return cache_pair(self.decoder.layers[0].attention.kind if self.decoder is not None else "multi_head")
 
     @property
     def cache_windows(self) -> tuple[int | None, ...]:
@@ -228,7 +259,7 @@ def bigbird_random_blocks(
 
 
 def _attention(
-    att: AttentionSpec, spec: ModelSpec, role: str, layer: int, stack: str, override=None
+    att: AttentionKind, spec: ModelSpec, role: str, layer: int, stack: str, override=None
 ) -> ResolvedAttention:
     if override is not None and override.pattern is not None:
         att = att.model_copy(update={"pattern": override.pattern})
@@ -236,7 +267,7 @@ def _attention(
     cross = role == "cross"
     rot, base, scaling = 0, 0.0, NoScaling()
     if spec.position.kind == "rotary" and not cross:
-        rot = rotary_dims(d_k, spec.position.fraction)
+        rot = attention_rotary_dims(att, spec.d_model, spec.position.fraction)
         base = override.rotary_base if override is not None and override.rotary_base is not None else spec.position.base
         scaling = spec.position.scaling
         if override is not None and override.rotary_scaling is not None:
@@ -250,19 +281,25 @@ def _attention(
     # layers would learn the past's length: its caches hold the whole sequence
     window = att.pattern.window if (att.pattern.kind == "local" and role == "causal"
                                     and spec.architecture == "decoder") else None
+    latent = att.kind == "latent"
     return ResolvedAttention(
+        kind=att.kind,
         heads=att.heads,
         kv_heads=kv,
         d_k=d_k,
         d_v=d_v,
-        score=att.score,
-        merge=att.merge,
-        share_kv=att.share_kv,
+        score="scaled_dot" if latent else att.score,
+        merge="project" if latent else att.merge,
+        share_kv=False if latent else att.share_kv,
         bias=att.bias,
         output_bias=att.bias if att.output_bias is None else att.output_bias,
-        qk_norm=att.qk_norm,
+        qk_norm="none" if latent else att.qk_norm,
         scale=att.scale,
         softcap=att.softcap,
+        sinks=att.sinks,
+        q_rank=att.q_rank if latent else None,
+        kv_rank=att.kv_rank if latent else 0,
+        latent_eps=att.latent_eps if latent else 1.0e-6,
         pattern=att.pattern,
         causal=role == "causal",
         cross=cross,
@@ -274,17 +311,20 @@ def _attention(
     )
 
 
-def overridden(st, i: int):
-    """The stack's LayerOverride that chooses layer i, or None (rules.overrides_fit: at most one)."""
+def overridden(st, i: int, aspect: str = "attention"):
+    """The stack's LayerOverride that configures `aspect` ("attention" or "ffn",
+    rules.override_aspects) of layer i, or None (rules.overrides_fit: at most one)."""
     for ov in st.overrides:
-        if (ov.indices is not None and i in ov.indices) or (
-                ov.every is not None and i >= ov.first and (i - ov.first) % ov.every == 0):
+        if aspect in override_aspects(ov) and ((ov.indices is not None and i in ov.indices) or (
+                ov.every is not None and i >= ov.first and (i - ov.first) % ov.every == 0)):
             return ov
     return None
 
 
-def _explicit_attention(att: AttentionSpec, d_model: int) -> AttentionSpec:
+def _explicit_attention(att: AttentionKind, d_model: int) -> AttentionKind:
     d_k, d_v, kv = head_dims(att, d_model)
+    if att.kind == "latent":
+        return att.model_copy(update={"d_v": d_v})
     return att.model_copy(update={"d_k": d_k, "d_v": d_v, "kv_heads": kv})
 
 
@@ -331,11 +371,16 @@ def _output_sigs(spec: ModelSpec, outputs, vocab: int, seq: str, fdt: str) -> li
 def _cache_sigs(prefix: str, stack: ResolvedStack, part: str, seq: str, fdt: str) -> list[TensorSig]:
     """The `prefix` (past or present) cache tensors of the stack's layers for one cache part."""
     sigs = []
-    for slot in cache_slots(len(stack.layers), part):
+    kind = stack.layers[0].cross_attention.kind if part == CROSS else stack.layers[0].attention.kind
+    for slot in cache_slots(len(stack.layers), part, cache_pair(kind)):
         layer = stack.layers[slot.layer]
         att = layer.cross_attention if slot.cross else layer.attention
-        width = att.d_k if slot.which == KEY else att.d_v
         length = seq if att.cache_window is None or slot.cross else windowed(seq, att.cache_window)
+        if att.kind == "latent":  # one latent and one rotary key per position, shared by the heads
+            width = att.kv_rank if slot.which == LATENT else att.rotary_dims
+            sigs.append(TensorSig(name=slot.name(prefix), dtype=fdt, dims=(BATCH, 1, length, width)))
+            continue
+        width = att.d_k if slot.which == KEY else att.d_v
         sigs.append(TensorSig(name=slot.name(prefix), dtype=fdt, dims=(BATCH, att.kv_heads, length, width)))
     return sigs
 
@@ -397,7 +442,7 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
                 cross_attention=(
                     _attention(st.cross_attention, full, "cross", i, name) if st.cross_attention is not None else None
                 ),
-                ffn=st.ffn,
+                ffn=(overridden(st, i, "ffn") or st).ffn,
                 parallel=st.parallel,
             )
             for i in range(st.layers)

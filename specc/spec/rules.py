@@ -5,16 +5,24 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
 
-from specc.spec.derive import effective_outputs, head_dims, rotary_dims, stacks, tied_kinds
+from specc.spec.derive import (
+    attention_rotary_dims,
+    effective_outputs,
+    head_dims,
+    override_aspects,
+    rotary_dims,
+    stacks,
+    tied_kinds,
+)
 from specc.spec.io import INPUT_NAMES
 from specc.spec.manifest import MANIFEST, WEIGHTS_FILE
-from specc.spec.schema import AttentionSpec, ModelSpec
+from specc.spec.schema import AttentionKind, FFNKind, ModelSpec
 
 Path = tuple
 Problem = tuple[Path, str]
 
 
-def _attentions(spec: ModelSpec, overrides: bool = False) -> Iterator[tuple[Path, AttentionSpec, str]]:
+def _attentions(spec: ModelSpec, overrides: bool = False) -> Iterator[tuple[Path, AttentionKind, str]]:
     """(path, attention spec, role) for every attention block; role: self | causal | cross. With
     `overrides`, also each override's pattern as its layers' attention, at the override's path
     (for the rules about patterns; the others would repeat the stack's own problems there)."""
@@ -54,6 +62,8 @@ def cross_attention_only_in_encoder_decoder(spec: ModelSpec) -> Iterable[Problem
 def head_dimensions(spec: ModelSpec) -> Iterable[Problem]:
     d = spec.d_model
     for path, att, _ in _attentions(spec):
+        if att.kind == "latent":  # latent_attention_fits
+            continue
         if att.d_k is None and d % att.heads:
             yield path + ("heads",), (
                 f"d_model {d} is not divisible by heads {att.heads}; set d_k (and d_v) or change heads"
@@ -77,7 +87,7 @@ def rotary_even(spec: ModelSpec) -> Iterable[Problem]:
     if pos.kind != "rotary":
         return
     for path, att, role in _attentions(spec):
-        if role == "cross" or (att.d_k is None and spec.d_model % att.heads):
+        if role == "cross" or att.kind == "latent" or (att.d_k is None and spec.d_model % att.heads):
             continue
         d_k = head_dims(att, spec.d_model)[0]
         rot = rotary_dims(d_k, pos.fraction)
@@ -234,7 +244,7 @@ def parallel_layers(spec: ModelSpec) -> Iterable[Problem]:
 def scale_is_scaled_dots(spec: ModelSpec) -> Iterable[Problem]:
     """`scale` replaces scaled_dot's 1/sqrt(d_k); the other scores have no such factor."""
     for path, att, _ in _attentions(spec):
-        if att.scale is not None and att.score != "scaled_dot":
+        if att.scale is not None and getattr(att, "score", "scaled_dot") != "scaled_dot":
             yield path + ("scale",), f"scale is scaled_dot's factor on q.k; score is {att.score}"
 
 
@@ -246,22 +256,25 @@ def overrides_fit(spec: ModelSpec) -> Iterable[Problem]:
         st = getattr(spec, name)
         if st is None:
             continue
-        chosen: dict[int, int] = {}
+        chosen: dict[tuple[str, int], int] = {}  # (what it configures, layer) -> the override
         for n, ov in enumerate(st.overrides):
             path = (name, "overrides", n)
             if (ov.every is None) == (ov.indices is None):
                 yield path, "an override chooses its layers by `every` or by `indices` (one of them)"
                 continue
-            if ov.pattern is None and ov.rotary_base is None and ov.rotary_scaling is None:
-                yield path, "an override sets `pattern`, `rotary_base` or `rotary_scaling` (it changes nothing)"
+            aspects = override_aspects(ov)
+            if not aspects:
+                yield path, "an override sets `pattern`, `rotary_base`, `rotary_scaling` or `ffn` (it changes nothing)"
             layers = ov.indices if ov.indices is not None else range(ov.first, st.layers, ov.every)
             for i in layers:
                 if i >= st.layers:
                     yield path + ("indices",), f"layer {i} is past the stack's {st.layers} layers (0..{st.layers - 1})"
-                elif i in chosen:
-                    yield path, f"layer {i} is also chosen by override {chosen[i]}"
-                else:
-                    chosen[i] = n
+                    continue
+                again = next((chosen[(a, i)] for a in aspects if (a, i) in chosen), None)
+                if again is not None:
+                    yield path, f"layer {i} is also chosen by override {again}"
+                for a in aspects:
+                    chosen.setdefault((a, i), n)
             if ov.every is not None and ov.first >= st.layers:
                 yield path + ("first",), f"first {ov.first} is past the stack's {st.layers} layers"
             for key in ("rotary_base", "rotary_scaling"):
@@ -292,7 +305,7 @@ def _scalings(spec: ModelSpec) -> Iterator[tuple[Path, object, list[int]]]:
         st = getattr(spec, name)
         if st is None or (st.attention.d_k is None and spec.d_model % st.attention.heads):
             continue  # head_dimensions reports it
-        rot = rotary_dims(head_dims(st.attention, spec.d_model)[0], spec.position.fraction)
+        rot = attention_rotary_dims(st.attention, spec.d_model, spec.position.fraction)
         chosen = set()
         for n, ov in enumerate(st.overrides):
             if ov.rotary_scaling is not None:
@@ -339,3 +352,89 @@ def norm_bias_is_layernorms(spec: ModelSpec) -> Iterable[Problem]:
 
 
 RULES = RULES + (rotary_scaling_fits, norm_bias_is_layernorms)
+
+
+def _ffns(spec: ModelSpec) -> Iterator[tuple[Path, FFNKind]]:
+    """(path, ffn) for every stack's `ffn` and every override's."""
+    for name in ("encoder", "decoder"):
+        st = getattr(spec, name)
+        if st is None:
+            continue
+        yield (name, "ffn"), st.ffn
+        for n, ov in enumerate(st.overrides):
+            if ov.ffn is not None:
+                yield (name, "overrides", n, "ffn"), ov.ffn
+
+
+def experts_fit(spec: ModelSpec) -> Iterable[Problem]:
+    """A routed-experts FFN chooses at most its experts; its groups split the experts evenly and
+    leave top_k experts to choose from; clamped_swiglu has its alpha and limit and nothing else
+    does; sparsemixer chooses two."""
+    for path, f in _ffns(spec):
+        if f.kind != "moe":
+            continue
+        if f.top_k > f.experts:
+            yield path + ("top_k",), f"top_k {f.top_k} exceeds the {f.experts} experts"
+        r = f.router
+        if r.kind == "sparsemixer" and f.top_k != 2:
+            yield path + ("top_k",), f"the sparsemixer router chooses 2 experts (PhiMoE's), not top_k {f.top_k}"
+        if getattr(r, "groups", None) is not None or getattr(r, "top_groups", None) is not None:
+            yield from _groups_fit(path + ("router",), f, r)
+        clamped = f.activation == "clamped_swiglu"
+        for key in ("swiglu_alpha", "swiglu_limit"):
+            if clamped and getattr(f, key) is None:
+                yield path + ("activation",), f"clamped_swiglu needs {key} (gpt-oss: alpha 1.702, limit 7.0)"
+            elif not clamped and getattr(f, key) is not None:
+                yield path + (key,), f"{key} is clamped_swiglu's; activation is {f.activation}"
+
+
+def _groups_fit(path: Path, f, r) -> Iterable[Problem]:
+    if (r.groups is None) != (r.top_groups is None):
+        yield path + ("groups" if r.groups is None else "top_groups",), (
+            "group-limited routing needs both `groups` and `top_groups`")
+        return
+    if f.experts % r.groups:
+        yield path + ("groups",), f"{f.experts} experts do not split into {r.groups} equal groups"
+        return
+    per = f.experts // r.groups
+    if r.top_groups > r.groups:
+        yield path + ("top_groups",), f"top_groups {r.top_groups} exceeds the {r.groups} groups"
+    elif f.top_k > r.top_groups * per:
+        yield path + ("top_groups",), (f"the {r.top_groups} best groups hold {r.top_groups * per} experts, "
+                                       f"fewer than top_k {f.top_k}")
+    if r.group_score == "top2_sum" and per < 2:
+        yield path + ("group_score",), f"top2_sum scores a group by its two best experts; a group holds {per}"
+
+
+def latent_attention_fits(spec: ModelSpec) -> Iterable[Problem]:
+    """Latent attention is a stack's self-attention (its cache holds the stack's own latents) under
+    rotary positions, which rotate its `rope_dims` (even, at most d_k) and nothing chosen by
+    `position.fraction`; its keys are not projected along the sequence (linformer)."""
+    dec = spec.decoder
+    if (spec.architecture == "encoder-decoder" and dec is not None and dec.attention.kind == "latent"
+            and dec.cross_attention is None):
+        yield ("decoder", "cross_attention"), ("cross-attention defaults to the decoder's attention, latent here, "
+                                               "which is self-attention only; give cross_attention (multi_head)")
+    for path, att, role in _attentions(spec, overrides=True):
+        if att.kind != "latent":
+            continue
+        if role == "cross":
+            yield path + ("kind",), ("latent attention is self-attention (its cache holds the stack's own "
+                                     "latents); cross-attention is multi_head")
+            continue
+        if att.rope_dims > att.d_k or att.rope_dims % 2:
+            yield path + ("rope_dims",), (f"rope_dims {att.rope_dims} must be even and at most d_k {att.d_k} "
+                                          "(the rotated part of each query and key head)")
+        if att.pattern.kind == "linformer":
+            yield path + ("pattern", "kind"), "latent attention's keys come from a per-token latent; linformer is multi_head's"
+        if len(path) > 2:
+            continue  # an override's pattern: the position rules were said at the stack's path
+        if spec.position.kind != "rotary":
+            yield path + ("kind",), (f"latent attention rotates its rope_dims; position.kind is "
+                                     f"{spec.position.kind}, not rotary")
+        elif spec.position.fraction != 1.0:
+            yield ("position", "fraction"), ("latent attention rotates its rope_dims, whatever the fraction; "
+                                             "leave fraction at 1.0")
+
+
+RULES = RULES + (experts_fit, latent_attention_fits)

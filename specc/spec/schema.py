@@ -7,13 +7,23 @@ relate several fields live in ``rules.py`` so that every violation in a file is 
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    WithJsonSchema,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from specc.spec.targets import PrecisionName
 
-SPEC_VERSION = 1
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 # Output names become ONNX output names and file-name parts: no separators, no dots.
 OUTPUT_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -26,11 +36,31 @@ MAX_LAYERS = 4096
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
+# model_dump(context=EVERY_KEY) writes the keys of QUIET at their defaults too (`specc diff`)
+EVERY_KEY = {"every_key": True}
+
+
 class Node(BaseModel):
-    """Base of every spec model: frozen, unknown keys forbidden."""
+    """Base of every spec model: frozen, unknown keys forbidden.
+
+    `quiet`: keys added to the language after specs were written and built, each with the value
+    it is left out of a dump at (its default: what every spec written before it means). A spec
+    that does not use such a key dumps, resolves (`specc resolve`) and hashes (a build's cache
+    key) as it did before the key existed; one that uses it shows it. Loading fills it back in,
+    so the round trip is exact."""
 
     # strict: a string is not a number, `yes` is not true; infinities and NaN are not values
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
+    quiet: ClassVar[dict[str, Any]] = {}
+
+    @model_serializer(mode="wrap")
+    def _leave_out_quiet_defaults(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        if self.quiet and isinstance(data, dict) and not (info.context or {}).get("every_key"):
+            for key, default in self.quiet.items():
+                if key in data and getattr(self, key) == default:
+                    del data[key]
+        return data
 
 
 class KindNode(Node):
@@ -275,7 +305,12 @@ PatternSpec = Annotated[
 ]
 
 
-class AttentionSpec(Node):
+class AttentionSpec(KindNode):
+    """Multi-head attention (Vaswani et al. 2017), grouped-query and multi-query with fewer
+    `kv_heads`."""
+
+    quiet: ClassVar[dict[str, Any]] = {"kind": "multi_head", "sinks": False}
+    kind: Literal["multi_head"] = "multi_head"
     heads: PosInt = 8
     kv_heads: PosInt | None = None
     d_k: PosInt | None = None
@@ -290,6 +325,8 @@ class AttentionSpec(Node):
     scale: Annotated[float, Field(gt=0.0)] | None = None
     # scores capped smoothly: softcap * tanh(scores / softcap), before the mask (Gemma 2)
     softcap: Annotated[float, Field(gt=0.0)] | None = None
+    # a learned logit per head that joins each row's softmax and takes no value (gpt-oss)
+    sinks: bool = False
     pattern: PatternSpec = FullPattern()
 
     @field_validator("pattern", mode="before")
@@ -298,22 +335,168 @@ class AttentionSpec(Node):
         return _default_kind(v, "full")
 
 
+class LatentAttentionSpec(KindNode):
+    """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, section 2.1; DeepSeek-V3,
+    arXiv:2412.19437): keys and values come from one compressed latent per token, and the cache
+    holds that latent and one rotary key per token, not each head's keys and values."""
+
+    kind: Literal["latent"] = "latent"
+    heads: PosInt = 8
+    d_k: PosInt  # each head's query / key size, its rotary part (`rope_dims`, the last dims) included
+    d_v: PosInt | None = None  # each head's value size; null: d_k
+    rope_dims: PosInt  # the last dims of each query and key head, rotated; the key's shared by the heads
+    q_rank: PosInt | None = None  # the queries' low rank; null: queries projected from x directly
+    kv_rank: PosInt  # the latent's size: what the cache holds per token, with the rotary key
+    latent_eps: Annotated[float, Field(gt=0.0, lt=1.0)] = 1.0e-6  # the latent RMSNorms' eps
+    bias: bool = False  # the down projections' (q_a, kv_a) biases
+    output_bias: bool | None = None  # the output projection's; null: as `bias`
+    scale: Annotated[float, Field(gt=0.0)] | None = None  # the factor on q.k; null: 1/sqrt(d_k)
+    softcap: Annotated[float, Field(gt=0.0)] | None = None
+    sinks: bool = False
+    pattern: PatternSpec = FullPattern()
+
+    @field_validator("pattern", mode="before")
+    @classmethod
+    def _pattern_kind(cls, v: Any) -> Any:
+        return _default_kind(v, "full")
+
+
+AttentionKind = Annotated[Union[AttentionSpec, LatentAttentionSpec], Field(discriminator="kind")]
+
+
 # the gated activations (act(gate(x)) * up(x), Shazeer 2020) -> the activation they gate with
-GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
+# (clamped_swiglu, gpt-oss's, a routed expert's only: its own form, specc/nn/ops.py's `gated`)
+GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "clamped_swiglu": "silu"}
 
 
-class FFNSpec(Node):
+class FFNSpec(KindNode):
+    """One feed-forward network every token passes through: down(act(up(x))), or with a gated
+    activation down(act(gate(x)) * up(x))."""
+
+    quiet: ClassVar[dict[str, Any]] = {"kind": "dense"}
+    kind: Literal["dense"] = "dense"
     d_ff: PosInt = 2048
     activation: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"] = "relu"
     bias: bool = True
 
 
+# --- routed experts -------------------------------------------------------------------------
+# A router turns x into one logit per expert (x W_r^T, + a bias with `bias`), chooses top_k experts
+# and gives each chosen one a weight; the FFN's output is the weighted sum of the chosen experts'
+# outputs (plus the shared expert's). Computed in fp32 (specc/nn/experts.py).
+
+RouterScale = Annotated[float, Field(gt=0.0)]
+GroupCount = Annotated[int, Field(ge=1)]
+
+
+class SoftmaxRouter(KindNode):
+    """Softmax over every expert's logit, the top_k highest probabilities chosen and used as the
+    weights (Shazeer et al. 2017's gating without its noise; Mixtral and Qwen's MoEs with
+    `normalize`, OLMoE, DeepSeek-V2). `normalize`: the chosen weights divided by their sum.
+    `groups` / `top_groups`: the experts split into `groups` equal groups, each scored by
+    `group_score` (its highest probability: DeepSeek-V2's group_limited_greedy), and the choice
+    made among the experts of the best `top_groups` groups only. `scale`: the weights multiplied by
+    it (DeepSeek's routed_scaling_factor)."""
+
+    kind: Literal["softmax"] = "softmax"
+    normalize: bool = False
+    scale: RouterScale = 1.0
+    bias: bool = False
+    groups: GroupCount | None = None
+    top_groups: GroupCount | None = None
+    group_score: Literal["max", "top2_sum"] = "max"
+
+
+class TopKSoftmaxRouter(KindNode):
+    """The top_k highest logits chosen, their softmax the weights (Shazeer et al. 2017's
+    KeepTopK then softmax; gpt-oss, with `bias`, and GraniteMoE)."""
+
+    kind: Literal["top_k_softmax"] = "top_k_softmax"
+    bias: bool = False
+
+
+class SigmoidRouter(KindNode):
+    """A sigmoid score per expert (DeepSeek-V3, arXiv:2412.19437, section 2.1.2): the choice is
+    made on the scores plus a learned per-expert bias (`selection_bias`, the auxiliary-loss-free
+    balancing bias, e_score_correction_bias) that no weight sees; the weights are the chosen
+    experts' scores, divided by their sum (+ 1e-20) with `normalize`, times `scale`. `groups` /
+    `top_groups` as the softmax router's; DeepSeek-V3's groups are scored by the sum of their two
+    highest biased scores (`top2_sum`)."""
+
+    kind: Literal["sigmoid"] = "sigmoid"
+    selection_bias: bool = True
+    normalize: bool = False
+    scale: RouterScale = 1.0
+    bias: bool = False
+    groups: GroupCount | None = None
+    top_groups: GroupCount | None = None
+    group_score: Literal["max", "top2_sum"] = "top2_sum"
+
+
+class SparseMixerRouter(KindNode):
+    """PhiMoE's sparsemixer at inference (Liu et al. 2024, arXiv:2409.12136; transformers'
+    phimoe.sparsemixer), for top_k 2: the first expert is the highest logit, weighted by the
+    softmax of the logits that lie within 2 x `jitter_eps` of it (relative to max(|logit|, the
+    highest)); the second the highest of the others, weighted the same way among them."""
+
+    kind: Literal["sparsemixer"] = "sparsemixer"
+    jitter_eps: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.01
+    bias: bool = False
+
+
+RouterSpec = Annotated[
+    Union[SoftmaxRouter, TopKSoftmaxRouter, SigmoidRouter, SparseMixerRouter], Field(discriminator="kind")
+]
+
+
+class SharedExpertSpec(Node):
+    """An expert every token passes through beside the routed ones, of the routed experts'
+    activation and bias: DeepSeek's n_shared_experts as one of d_ff = n x moe_intermediate_size,
+    Qwen2-MoE's shared_expert with `gate` (its output multiplied by sigmoid(x w), w [D], its own
+    learned gate)."""
+
+    d_ff: PosInt
+    gate: bool = False
+
+
+MAX_EXPERTS = 4096  # the most routed experts of a layer: a few hundred in published models
+
+
+class ExpertsFFNSpec(KindNode):
+    """A mixture of routed experts (Shazeer et al. 2017; Switch Transformer, Fedus et al. 2021):
+    `experts` FFNs of `d_ff` each, of which the router chooses `top_k` for each token; optionally a
+    `shared` expert every token passes through. `clamped_swiglu` is gpt-oss's activation (its model
+    card, arXiv:2508.10925; transformers' GptOssExperts): gate clamped above at `swiglu_limit`, up
+    clamped to [-limit, limit], out = (up + 1) * gate * sigmoid(`swiglu_alpha` * gate)."""
+
+    kind: Literal["moe"] = "moe"
+    experts: Annotated[int, Field(ge=2, le=MAX_EXPERTS)]
+    top_k: PosInt
+    d_ff: PosInt  # each routed expert's
+    activation: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh",
+                        "clamped_swiglu"] = "swiglu"
+    swiglu_alpha: Annotated[float, Field(gt=0.0)] | None = None  # clamped_swiglu: gpt-oss 1.702
+    swiglu_limit: Annotated[float, Field(gt=0.0)] | None = None  # clamped_swiglu: gpt-oss 7.0
+    bias: bool = False  # the experts' (and shared expert's) projections' biases (gpt-oss)
+    router: RouterSpec = SoftmaxRouter()
+    shared: SharedExpertSpec | None = None
+
+    @field_validator("router", mode="before")
+    @classmethod
+    def _router_kind(cls, v: Any) -> Any:
+        return _default_kind(v, "softmax")
+
+
+FFNKind = Annotated[Union[FFNSpec, ExpertsFFNSpec], Field(discriminator="kind")]
+
+
 class LayerOverride(Node):
-    """Layers of a stack configured apart from its `attention:` (Gemma 2 and 3: global layers
-    among sliding-window ones): those chosen by `every` (layers first, first + every, ...) or by
-    `indices`, with their own attention `pattern` and, under rotary positions, `rotary_base` and
-    `rotary_scaling` (in place of position.base and position.scaling; Gemma 3's 4B and larger
-    scale their global layers' frequencies only, linearly by 8)."""
+    """Layers of a stack configured apart from its `attention:` and `ffn:` (Gemma 2 and 3: global
+    layers among sliding-window ones; DeepSeek's first dense layers among mixtures of experts):
+    those chosen by `every` (layers first, first + every, ...) or by `indices`, with their own
+    attention `pattern` and, under rotary positions, `rotary_base` and `rotary_scaling` (in place
+    of position.base and position.scaling; Gemma 3's 4B and larger scale their global layers'
+    frequencies only, linearly by 8), and their own `ffn` (in place of the stack's, whole)."""
 
     every: PosInt | None = None
     first: NonNegInt = 0
@@ -321,23 +504,41 @@ class LayerOverride(Node):
     pattern: PatternSpec | None = None
     rotary_base: Annotated[float, Field(gt=1.0)] | None = None
     rotary_scaling: RotaryScaling | None = None
+    ffn: FFNKind | None = None  # the layers' FFN in place of the stack's (DeepSeek's first dense layers)
+
+    quiet: ClassVar[dict[str, Any]] = {"ffn": None}
 
     @field_validator("pattern", mode="before")
     @classmethod
     def _pattern_kind(cls, v: Any) -> Any:
         return v if v is None else _default_kind(v, "full")
 
+    @field_validator("ffn", mode="before")
+    @classmethod
+    def _ffn_kind(cls, v: Any) -> Any:
+        return v if v is None else _default_kind(v, "dense")
+
 
 class StackSpec(Node):
     layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 6
-    attention: AttentionSpec = AttentionSpec()
+    attention: AttentionKind = AttentionSpec()
     # Only the decoder of an encoder-decoder has cross-attention; null = same as attention.
-    cross_attention: AttentionSpec | None = None
-    ffn: FFNSpec = FFNSpec()
+    cross_attention: AttentionKind | None = None
+    ffn: FFNKind = FFNSpec()
     # attention and feed-forward side by side from the layer's input (pre-norm layers): one norm for
     # both (GPT-J, PaLM) or one each (GPT-NeoX); none: one after the other
     parallel: Literal["none", "one_norm", "two_norms"] = "none"
-    overrides: list[LayerOverride] = []  # layers that differ from `attention` (LayerOverride)
+    overrides: list[LayerOverride] = []  # layers that differ from `attention` / `ffn` (LayerOverride)
+
+    @field_validator("attention", "cross_attention", mode="before")
+    @classmethod
+    def _attention_kind(cls, v: Any) -> Any:
+        return v if v is None else _default_kind(v, "multi_head")
+
+    @field_validator("ffn", mode="before")
+    @classmethod
+    def _ffn_kind(cls, v: Any) -> Any:
+        return _default_kind(v, "dense")
 
 
 # --- outputs --------------------------------------------------------------------------------
@@ -421,12 +622,15 @@ class GenerationServingSpec(Node):
     scheduler"): at most `max_sequences` sequences in one batched decode step (null:
     serving.batch.max; never more), their KV cache at most `max_cache_tokens` positions, counted
     as the cache holds them: rows x the longest row, padding included (null: max_sequences x
-    serving.length.max), and at most `max_waiting` requests queued for a place; one more is
-    answered 503. `specc serve` flags override each."""
+    serving.length.max), at most `max_waiting` requests queued for a place (one more is
+    answered 503), and at most `prefix_cache_tokens` positions of recent prompts' K/V kept, so
+    that a request beginning with one prefills only the rest (null: as many as max_cache_tokens;
+    0: no prefix cache). `specc serve` flags override each."""
 
     max_sequences: PosInt | None = None
     max_cache_tokens: PosInt | None = None
     max_waiting: NonNegInt = 64
+    prefix_cache_tokens: NonNegInt | None = None
 
 
 class ServingSpec(Node):

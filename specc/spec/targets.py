@@ -2,13 +2,14 @@
 
 For each target: the precisions it builds, the tolerances its verification passes within, whether
 specc's onnxruntime graph passes (specc/export/passes/) run on its graphs, whether it makes
-TensorRT engines, and its write step. For each precision: the dtype the module is exported in,
-the bytes a weight takes, and whether the exported graph is quantized afterwards.
+TensorRT engines, its layout (where its graphs go) and its extras (what it writes besides them).
+For each precision: the dtype the module is exported in, the bytes a weight takes, and whether
+the exported graph is quantized afterwards.
 
 Pure data (no torch, no onnx), so that the spec schema's `serving.precision` reads it. The CLI's
 choices, the verification tolerances (specc/export/verify.py), the weight bytes of
-`specc inspect` (specc/spec/costs.py) and specc/pipeline.py, which maps each write step to its
-code in specc/export/, read it too.
+`specc inspect` (specc/spec/costs.py) and the build's write stage (specc/builder/write.py, which
+maps each layout and extra to its code), read it too.
 """
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 class Precision:
     name: str
     dtype: str  # the dtype the module is exported in (an integer precision quantizes an fp32 graph)
-    weight_bytes: float  # bytes one weight takes at this precision (what `specc inspect` reports)
+    # bytes one weight takes at this precision, what `specc inspect` and the build's memory and
+    # disk estimates count: an integer precision's packed layout (a code and, per block, a float
+    # scale and a code of zero point where it has them; specc/export/quantize.py's Scheme packs
+    # exactly this, tests/export/test_quantize.py holds it to it)
+    weight_bytes: float
     quantized: bool  # the saved fp32 graph's weights are quantized afterwards (specc/export/quantize.py)
 
     @property
@@ -44,8 +49,10 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp32", "float32", 4, quantized=False),
     Precision("fp16", "float16", 2, quantized=False),
     Precision("bf16", "bfloat16", 2, quantized=False),
-    Precision("int8", "float32", 1, quantized=True),  # weight-only 8-bit blocks (MatMulNBits)
-    Precision("int4", "float32", 0.5, quantized=True),  # weight-only 4-bit blocks (MatMulNBits)
+    # weight-only 8-bit blocks of 16 with zero points (MatMulNBits): 1 + (4 + 1) / 16
+    Precision("int8", "float32", 1.3125, quantized=True),
+    # weight-only 4-bit blocks of 32, no zero points: 0.5 + 4 / 32
+    Precision("int4", "float32", 0.625, quantized=True),
 )}
 
 PrecisionName = Literal[tuple(PRECISIONS)]  # serving.precision's accepted values
@@ -65,6 +72,11 @@ class Target:
     ort_passes: bool  # specc's onnxruntime graph passes run on its graphs (never on graphs made into engines)
     engines: Literal["never", "always", "where possible"]  # TensorRT engines; possible: tensorrt and a CUDA GPU
     write: Literal["files", "triton"]  # files: the graphs (and engines) in DIR; triton: a Triton model repository
+    # what it writes besides its graphs (and engines) and the tokenizer's files, in this order:
+    # clients: config.json, generation_config.json, genai_config.json where their clients run the
+    # graphs (specc/builder/clients.py), and Optimum's decoder of an encoder-decoder
+    # (specc/export/optimum_seq2seq.py); inplace: a decoder's in-place cache graph (specc/export/inplace.py)
+    extras: tuple[Literal["clients", "inplace"], ...] = ()
 
 
 # bf16 has tolerances but no target builds it yet: onnxruntime (CPU) cannot verify the graph first
@@ -75,10 +87,10 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
            # the integer precisions are judged by QUALITY_BARS instead
            tolerances={"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2), "bf16": (1e-1, 5e-2)},
            cuda_tolerances={"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2)},
-           ort_passes=True, engines="never", write="files"),
+           ort_passes=True, engines="never", write="files", extras=("clients", "inplace")),
     Target("tensorrt", ("fp32", "fp16"),
            tolerances={"fp32": (5e-4, 5e-4), "fp16": (2e-2, 2e-2), "bf16": (1e-1, 5e-2)}, cuda_tolerances={},
-           ort_passes=False, engines="always", write="files"),
+           ort_passes=False, engines="always", write="files", extras=("clients",)),
     # a repository of the onnx target's graphs (verified as those), with engines where possible
     Target("triton", _ONNX_PRECISIONS, tolerances={}, cuda_tolerances={}, ort_passes=True, engines="where possible", write="triton"),
 )}
@@ -108,7 +120,7 @@ QUALITY_BARS: dict[str, QualityBar] = {
 }
 # With seeded weights, whose quantization noise a deep random model amplifies (a correct
 # llama-2-7b int4 graph: 0.71 logits cosine from fp32), it is compared with torch computing with
-# the graph's own dequantized weights (specc/pipeline.py, _reference_weights): what is left is
+# the graph's own dequantized weights (specc/builder/pipeline.py, _reference_weights): what is left is
 # the kernel's arithmetic. Measured worst: 1.0000 to five places (tiny-llama, tiny-gpt2,
 # tiny-bert, tiny-transformer, 32-layer seeded decoders of d_model 256 and 512, int8 and int4).
 DEQUANTIZED_BAR = QualityBar(cosine_mean=0.999, cosine_min=0.99, kl_mean=0.005)

@@ -76,8 +76,8 @@ def generation_limits(batch_max: int, length_max: int, max_sequences: int | None
 
 
 # --- the generate endpoint's fields --------------------------------------------------------------
-# One table for `specc serve`'s generation model (specc/runtime/endpoint.py reads requests with it)
-# and the generation model of `--target triton` (its config.pbtxt, and the facts its model.py reads).
+# One table for `specc serve`'s generation model and the generation model of `--target triton` (its
+# config.pbtxt, and generation.json): both read requests with it through specc/decoding/request.py.
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions API and vLLM's default
 MAX_STOPS = 16  # stop strings in one request
@@ -107,6 +107,7 @@ GENERATE_INPUTS = (
     Field("stop", "bytes", (-1,), "texts"),
     Field("eos", "int64", (1,), "int"),
     Field("stream", "bool", (1,), "bool"),
+    Field("chat", "bool", (1,), "bool"),
 )
 GENERATE_OUTPUTS = (
     Field("text_output", "bytes", (1,), "text"),
@@ -114,4 +115,36 @@ GENERATE_OUTPUTS = (
     Field("finish_reason", "bytes", (1,), "text"),
     Field("prompt_tokens", "int32", (1,), "int"),
     Field("completion_tokens", "int32", (1,), "int"),
+)
+
+# --- the model Triton's OpenAI-compatible frontend calls ------------------------------------------
+# `--target triton` on a decoder also writes NAME_openai: the generation model as Triton's own
+# OpenAI frontend (server/python/openai) sends a Python-backend model its requests, in their
+# TensorRT-LLM form: these names and dtypes, each with a batch dim of 1 (max_batch_size 1), the
+# chat template applied by the frontend. It relays them to NAME (specc/export/triton_generate.py's
+# Frontend), whose own fields stay as above.
+
+
+def frontend_model_name(spec_name: str) -> str:
+    """The model a Triton OpenAI frontend serves a build's generation as."""
+    return f"{spec_name}_openai"
+
+
+FRONTEND_INPUTS = (
+    Field("text_input", "bytes", (1,), "text"),
+    Field("stream", "bool", (1,), "bool"),
+    Field("max_tokens", "int32", (1,), "int"),
+    Field("stop_words", "bytes", (-1,), "texts"),
+    Field("temperature", "float32", (1,), "float"),
+    Field("top_p", "float32", (1,), "float"),
+    Field("seed", "uint64", (1,), "int"),
+    Field("frequency_penalty", "float32", (1,), "float"),  # 0 only
+    Field("presence_penalty", "float32", (1,), "float"),  # 0 only
+    Field("return_num_input_tokens", "bool", (1,), "bool"),
+    Field("return_num_output_tokens", "bool", (1,), "bool"),
+)
+FRONTEND_OUTPUTS = (
+    Field("text_output", "bytes", (1,), "text"),
+    Field("num_input_tokens", "int32", (1,), "int"),
+    Field("num_output_tokens", "int32", (1,), "int"),
 )

@@ -1,4 +1,4 @@
-"""What a build folder holds for other clients (specc/clients.py, specc/importers/hf/as_config.py)
+"""What a build folder holds for other clients (specc/builder/clients.py, specc/importers/hf/as_config.py)
 and the weights it ships once (model.safetensors only with keep_weights / --keep-weights).
 
 The config.json a build writes is held to transformers' own reading of it (its model made from the
@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 import specc
 from specc.cli import main
-from specc.clients import CONFIG, GENAI, GENAI_CONFIG, GENERATION_CONFIG, OPTIMUM, OPTIMUM_DECODER, client_files
+from specc.builder.clients import CONFIG, GENAI, GENAI_CONFIG, GENERATION_CONFIG, OPTIMUM, OPTIMUM_DECODER, client_files
 from specc.errors import BuildError
 from specc.export import inplace, optimum_seq2seq
 from specc.export.verify import tolerance
@@ -40,7 +40,8 @@ CLIENTS_PYTHON = Path(os.environ.get("SPECC_CLIENTS_VENV", ROOT / ".venv-clients
 # catalog specs a Hugging Face family computes, and the model type that says so
 DESCRIBED = {"tiny-gpt2": "gpt2", "gpt2-small": "gpt2", "tiny-llama": "llama", "llama-2-7b": "llama",
              "llama-3-8b": "llama", "llama-3.1-8b": "llama", "mistral-7b": "mistral", "qwen3-0.6b": "qwen3", "gpt-j-6b": "gptj",
-             "tiny-bert": "bert", "bert-base": "bert"}
+             "tiny-bert": "bert", "bert-base": "bert", "mixtral-8x7b": "mixtral", "qwen3-30b-a3b": "qwen3_moe",
+             "gpt-oss-20b": "gpt_oss"}
 
 
 def resolved(name: str):
@@ -66,6 +67,37 @@ def test_config_json_is_read_by_transformers_as_the_spec(name):
     assert n == count(r)
 
 
+# the mixtures of experts and latent attention the importer reads (tests/helpers/hfmodels.py), and the
+# model type each one's config.json is written as (PhiMoE's LongRoPE as transformers computes it,
+# one scale at every length, has no config that says so)
+MOE_CONFIGS = {"mixtral": "mixtral", "qwen2-moe": "qwen2_moe", "qwen2-moe-window": "qwen2_moe", "qwen3-moe": "qwen3_moe",
+               "olmoe": "olmoe", "granitemoe": "granitemoe", "phimoe": "phimoe", "gpt-oss": "gpt_oss",
+               "deepseek-v2": "deepseek_v2", "deepseek-v3": "deepseek_v3"}
+
+
+@pytest.mark.parametrize("label", sorted(MOE_CONFIGS))
+def test_an_imported_mixture_of_experts_writes_the_config_it_came_from(label):
+    """Each family's inverse: the spec a config imports as is written back as that model type,
+    transformers' own config class reads it as a model of the spec's size (its selection bias, a
+    buffer, counted), and its config, written out again, imports as the same computation."""
+    from tests.helpers.hfmodels import CASES
+
+    _, config_cls, kwargs = CASES[label]
+    tensors = {str(i): i for i in range(999)}
+    r = resolve(loads_spec(json.dumps(config_to_spec(getattr(transformers, config_cls)(**kwargs).to_dict(), tensors, "m"))))
+    config = hf_config(r).config
+    assert config is not None and config["model_type"] == MOE_CONFIGS[label], hf_config(r).why
+    hf = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = getattr(transformers, config["architectures"][0])(hf)
+    n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for name, b in model.named_buffers()
+                                                         if name.endswith("e_score_correction_bias"))
+    assert n == count(r)
+    again = resolve(loads_spec(json.dumps(config_to_spec(hf.to_dict(), tensors, r.name))))
+    ignored = {"name", "description", "weights", "serving", "dropout", "tokens"}
+    assert again.spec.model_dump(exclude=ignored) == r.spec.model_dump(exclude=ignored)
+
+
 def test_a_config_is_kept_only_where_importing_it_gives_the_spec_back():
     """A GPT-2 whose score is unscaled writes scale_attn_weights false; one with a causal window
     (no GPT-2 field says so) gets no config.json, and the reason names the families tried."""
@@ -81,6 +113,19 @@ def test_a_config_is_kept_only_where_importing_it_gives_the_spec_back():
     assert config["model_type"] == "mistral" and config["sliding_window"] == 9
     again = resolve(loads_spec(json.dumps(config_to_spec(config, {"x": 1} | {str(i): i for i in range(9)}, "m"))))
     assert again.spec.decoder.attention.pattern.window == 8
+
+
+def test_latent_attention_gets_no_optimum_files_and_says_why():
+    """DeepSeek's config.json is written back (test_an_imported_mixture_of_experts_writes_the_config_it_came_from),
+    but Optimum feeds keys and values per head where the graph caches the latent: no files, and why."""
+    from tests.helpers.hfmodels import CASES
+
+    _, config_cls, kwargs = CASES["deepseek-v3"]
+    r = resolve(loads_spec(json.dumps(config_to_spec(getattr(transformers, config_cls)(**kwargs).to_dict(),
+                                                     {str(i): i for i in range(999)}, "m"))))
+    assert hf_config(r).config is not None
+    made = client_files(r, {g.name: f"{g.name}.onnx" for g in r.graphs})
+    assert CONFIG not in made.files and "caches its latent and rotary key" in made.clients[OPTIMUM]["why"]
 
 
 @pytest.mark.parametrize("name, client, why", [

@@ -18,7 +18,7 @@ optimum_ort = pytest.importorskip("optimum.onnxruntime", reason="the clients env
 og = pytest.importorskip("onnxruntime_genai", reason="the clients environment is missing: make install-clients")
 torch = pytest.importorskip("torch")
 
-from hfmodels import hf_model  # noqa: E402
+from tests.helpers.hfmodels import hf_model  # noqa: E402
 
 from specc.importers.hf import import_hf  # noqa: E402
 
@@ -126,19 +126,19 @@ def test_onnxruntime_genai_generates_specc_tokens(builds, name):
         assert got == specc_tokens(build, [prompt])[0]
 
 
-# encoder-decoders of three Hugging Face families (tests/hfmodels.py), made at random (the seed
+# encoder-decoders of three Hugging Face families (tests/helpers/hfmodels.py), made at random (the seed
 # chosen so that greedy decoding varies), imported with `specc import hf` and built:
 # family -> (seed, config changes)
 SEQ2SEQ = {"marian": (2, {}), "bart": (2, {"decoder_layers": 3}), "t5": (1, {})}
 SOURCES = [[5, 7, 9, 11, 3], [4, 8, 15, 16, 23, 42, 17]]
 
 # decoders of the families whose config.json is written from their own rules (BLOOM, Falcon's two
-# forms, StableLM with its layers side by side), made at random (tests/hfmodels.py)
+# forms, StableLM with its layers side by side), made at random (tests/helpers/hfmodels.py)
 IMPORTED = ("bloom", "falcon-new", "falcon-7b-form", "stablelm-parallel")
 
 
 def _imported(tmp_path, label: str, seed: int = 0, **changes):
-    """tests/hfmodels.py's model LABEL, its checkpoint imported with `specc import hf` and built."""
+    """tests/helpers/hfmodels.py's model LABEL, its checkpoint imported with `specc import hf` and built."""
     hf = hf_model(label, seed, **changes)
     hf.generation_config.forced_eos_token_id = None  # BART's and Marian's default; specc's generate forces nothing
     hf.save_pretrained(tmp_path / "ckpt")

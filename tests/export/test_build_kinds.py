@@ -1,4 +1,4 @@
-"""specc.pipeline.build() on every tiny catalog spec and every kind of the language: the ONNX
+"""specc.builder.pipeline.build() on every tiny catalog spec and every kind of the language: the ONNX
 files carry the manifest's IO signature, the artifacts are the ones the manifest lists, the
 verification ran the required cases within tolerance, fp16 builds are fp16 on the wire, and the
 decoder artifacts really decode incrementally with their KV cache (checked here with plain
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +16,12 @@ import torch
 
 import specc
 from specc.export.verify import TOLERANCES, cases
-from specc.memory import available_memory, estimate_memory
-from specc.pipeline import STAGES, build
+from specc.builder.memory import available_memory, estimate_memory
+from specc.builder.pipeline import STAGES, build
 from specc.spec import resolve
 from specc.spec.load import catalog_names, load_spec
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nn"))
-import speclib  # noqa: E402  (tests/nn/speclib.py, shared with the nn tests)
+from tests.helpers import speclib
 
 ort = pytest.importorskip("onnxruntime")
 

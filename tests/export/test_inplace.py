@@ -109,6 +109,25 @@ def test_rotary_positions_turned_by_groupqueryattention_match_the_model_graph_fa
     np.testing.assert_allclose(np.stack(seen), full[19:59], atol=2e-5, rtol=1e-5)
 
 
+def test_the_rotary_tables_are_computed_at_the_graphs_own_ir_version(tmp_path, monkeypatch):
+    """The model run to compute GroupQueryAttention's rotary tables carries model.onnx's IR version,
+    not the newest the installed onnx knows (onnxruntime older than that onnx refuses such a model)."""
+    from specc.deps import require_onnxruntime
+
+    ort = require_onnxruntime()
+    seen, real = [], ort.InferenceSession
+
+    def session(model, *args, **kwargs):
+        if isinstance(model, bytes):
+            seen.append(onnx.load_from_string(model).ir_version)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    result = _build(tmp_path, "extends: tiny-llama")
+    graph = onnx.load(str(result.out_dir / "model.onnx"), load_external_data=False)
+    assert seen and set(seen) == {graph.ir_version} and graph.ir_version < onnx.IR_VERSION
+
+
 def test_a_padded_batch_and_beams_use_the_model_graph(tmp_path):
     result = _build(tmp_path, "extends: tiny-llama")
     fast, plain = Session(result.out_dir), Session(result.out_dir, inplace=False)

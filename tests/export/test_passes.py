@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from specc.export import onnx as onnx_export
 from specc.export import passes
 from specc.nn import to_torch
-from specc.pipeline import _builds_engines, _ort_passes
+from specc.builder.pipeline import _builds_engines, _ort_passes
 from specc.spec.load import load_spec
 from specc.spec.resolve import resolve
 

@@ -92,6 +92,33 @@ def test_bytes_per_weight_is_what_pack_writes(precision, offsets):
         assert p.offsets.nbytes == 4 * k * n / scheme.block
 
 
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_inspect_and_the_memory_estimate_count_a_weight_as_pack_writes_it(precision):
+    """One figure for an integer weight's bytes, the targets table's (Precision.weight_bytes): what
+    pack writes for a weight of the spec, what `specc inspect` counts each weight at, and what the
+    memory estimate counts each quantized (2-D, not embedding) weight at."""
+    import math
+
+    from specc.builder.memory import estimate_streamed
+    from specc.spec import load_spec, resolve
+    from specc.spec.costs import inspect_spec, parameter_shapes
+    from specc.spec.targets import PRECISIONS
+
+    scheme = q.SCHEMES[precision]
+    assert scheme.bytes_per_weight == PRECISIONS[precision].weight_bytes
+    r = resolve(load_spec("tiny-llama").model_copy(update={"serving": load_spec("tiny-llama").serving.model_copy(
+        update={"precision": precision})}))
+    shapes = parameter_shapes(r)
+    out, k = shapes["decoder.layers.0.ffn.up.weight"]  # [out, in]: the graph multiplies by its [in, out]
+    p = q.pack(np.random.default_rng(2).standard_normal((k, out)).astype(np.float32), scheme)
+    per_weight = sum(a.nbytes for a in (p.codes, p.scales, p.zero_points) if a is not None) / (k * out)
+    facts = inspect_spec(r)
+    assert facts["weight_bytes"][precision] == int(facts["parameters"] * per_weight)
+    quantized = {name: math.prod(s) for name, s in shapes.items() if len(s) == 2 and not name.startswith("embeddings.")}
+    kept = sum(math.prod(s) for name, s in shapes.items() if name not in quantized)  # fp32 in the graph
+    assert estimate_streamed(r)["stored"] == 4 * kept + sum(n * per_weight for n in quantized.values())
+
+
 def test_int4_symmetric_form_is_llama_cpp_q4_0():
     """int4's symmetric form rounds as llama.cpp's Q4_0 does (the reference: the gguf package's
     own Q4_0 quantizer, a port of llama.cpp's): the same codes, and the same weights up to Q4_0's
@@ -278,7 +305,7 @@ def test_a_tied_head_is_packed_from_the_table_the_lookup_keeps_in_fp32(builds):
     import torch
 
     from specc.nn import to_torch
-    from specc.pipeline import _release
+    from specc.builder.pipeline import _release
 
     res = builds("tiny-gpt2", "int4")
     graph = onnx.load(str(res.out_dir / "model.onnx")).graph

@@ -264,7 +264,7 @@ def test_the_exporter_is_imported_beside_the_module_and_before_the_fork(tmp_path
 
 
 def test_preload_imports_the_exporter_and_listing_the_passes_does_not():
-    code = ("import sys; from specc import pipeline; from specc.export import onnx as ox; "
+    code = ("import sys; from specc.builder import pipeline; from specc.export import onnx as ox; "
             "before = pipeline._ort_passes(False), 'onnx_ir' in sys.modules, 'torch._dynamo' in sys.modules; "
             "ox.preload().join(); print(before, [m for m in ox.EXPORTER_MODULES if m not in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -5,8 +5,6 @@ proven right the model is traced whole, and the build says which it did."""
 from __future__ import annotations
 
 import collections
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
@@ -18,8 +16,7 @@ from specc.nn import to_torch
 from specc.spec.io import concrete_dims
 from specc.spec.resolve import resolve
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nn"))
-import speclib  # noqa: E402
+from tests.helpers import speclib
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -230,7 +227,7 @@ def test_layer_nodes_are_found_by_module_path_and_a_mismatch_is_refused():
 
 
 def test_an_fp16_build_of_a_deep_stack_is_stitched_and_verified(tmp_path):
-    from specc.pipeline import build
+    from specc.builder.pipeline import build
 
     r = _deep("rotary", layers=3)
     result = build(r, tmp_path / "out", precision="fp16")

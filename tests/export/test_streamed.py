@@ -15,11 +15,11 @@ import torch
 import specc
 from specc.errors import BuildError, VerificationError
 from specc.export import stitch
-from specc.memory import estimate_memory, estimate_streamed
+from specc.builder.memory import estimate_memory, estimate_streamed
 from specc.nn import as_resolved, blocks
 from specc.nn import streamed as st
 from specc.export.stitch import streamable
-from specc.pipeline import _resolve
+from specc.builder.pipeline import _resolve
 from specc.spec.load import load_spec
 from specc.spec.schema import FullPattern, LayerOverride, LocalPattern
 
@@ -246,7 +246,7 @@ def test_the_estimate_counts_an_int4_builds_packed_tied_head(monkeypatch):
     """gemma-2-9b's tied head, packed in 8-bit blocks of 16 beside its fp32 table (specc/export/
     quantize.py): a code and, per block, a float scale and a code of zero point per entry, in the
     written size that the disk check and the verification estimate read."""
-    import specc.memory as memory
+    import specc.builder.memory as memory
 
     r = _resolve(as_resolved("gemma-2-9b").spec, "int4", "onnx")
     packed = estimate_streamed(r)["stored"]
@@ -323,9 +323,10 @@ def test_a_sharded_weights_file_whose_shards_disagree_with_its_index_is_refused(
 def by_segments(monkeypatch):
     """Streamed builds verified a layer at a time, as a 7B fp16 one is (its written weights outweigh
     what building holds); a small one is otherwise run whole."""
-    from specc import pipeline
+    from specc.builder import memory
 
-    monkeypatch.setattr(pipeline, "verifies_whole", lambda r: False)
+    real = memory.estimate_streamed
+    monkeypatch.setattr(memory, "estimate_streamed", lambda r, stacks=None: {**real(r, stacks), "whole": False})
 
 
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("fp16", marks=SLOW), pytest.param("int4", marks=SLOW)])
@@ -394,7 +395,7 @@ def test_segments_cover_the_graph_and_refuse_a_read_across_a_cut():
 def test_a_build_the_disk_cannot_hold_is_refused_before_any_work(tmp_path, monkeypatch):
     import shutil
 
-    from specc import memory
+    from specc.builder import memory
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(memory.shutil, "disk_usage", lambda path: usage._replace(free=1 << 20))
@@ -421,3 +422,28 @@ def test_an_encoder_verified_by_segments(tmp_path, by_segments):
     res = specc.build(_deep("tiny-bert"), tmp_path / "out", stream=True)
     names = {s["segment"] for s in res.verification["segments"]}
     assert {f"encoder layer {i}" for i in range(LAYERS)} <= names
+
+
+def test_a_build_plans_once(tmp_path, monkeypatch):
+    """The stitch of each graph and the memory estimates are computed once per build, in its plan
+    (specc/builder/plan.py), and the export stitches as the plan says."""
+    from specc.builder import memory
+
+    calls = {"stitch_plan": 0, "estimate_memory": 0, "estimate_streamed": 0}
+
+    def counted(owner, name):
+        real = getattr(owner, name)
+
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, call)
+
+    counted(stitch, "stitch_plan")
+    counted(memory, "estimate_memory")
+    counted(memory, "estimate_streamed")
+    result = specc.build(_deep(), tmp_path / "out", stream=True)
+    assert calls == {"stitch_plan": 1, "estimate_memory": 1, "estimate_streamed": 1}  # one graph: model
+    stitched = [o for o in result.manifest["optimizations"] if o.get("pass") == "specc.stitch"]
+    assert [(o["layers"], o["layers_traced"]) for o in stitched] == [({"decoder": LAYERS}, 2)]

@@ -17,9 +17,9 @@ from specc.cli import main
 from specc.errors import BuildError
 from specc.export import tensorrt as trtx
 from specc.export import tensorrt_ops
-from specc import pipeline
-from specc.pipeline import _ort_passes as real_ort_passes
-from specc.pipeline import build
+from specc.builder import pipeline
+from specc.builder.pipeline import _ort_passes as real_ort_passes
+from specc.builder.pipeline import build
 from specc.spec.load import load_spec
 from specc.spec.resolve import resolve
 from specc.spec.schema import LocalPattern

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from specc.cli import main
 from specc.export import triton
-from specc.pipeline import build
+from specc.builder.pipeline import build
 from specc.spec.load import load_spec
 from specc.spec.resolve import resolve
 
@@ -57,7 +57,8 @@ def test_config_matches_onnx_graph(repos, name):
     repo = repos[name]
     r = resolve(load_spec(name))
     names = triton.model_names(r)
-    generation = [name] if triton.generates(r) else []  # a decoder's generation model (test_triton_generate.py)
+    # a decoder's generation model, and it as Triton's OpenAI frontend calls it (test_triton_generate.py)
+    generation = [name, f"{name}_openai"] if triton.generates(r) else []
     assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == sorted([*names.values(), *generation])
     assert names == ({"model": f"{name}_model"} if name == "tiny-gpt2" else {"encoder": f"{name}_encoder",
                                                                              "decoder": f"{name}_decoder"})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,18 +11,17 @@ import pytest
 import torch
 
 import specc
-import specc.pipeline
+import specc.builder.pipeline
 from specc.errors import VerificationError
 from specc.export import verify as verify_mod
 from specc.spec.targets import DEQUANTIZED_BAR
 from specc.export.verify import CUDA_TOLERANCES, QUALITY_BARS, TOLERANCES, _compare, cases, new_report, tolerance, verify
-from specc.pipeline import build
+from specc.builder.pipeline import build
 from specc.spec import resolve
 from specc.spec.load import load_spec
 from specc.spec.targets import BUILT_PRECISIONS, PRECISIONS, TARGETS
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nn"))
-import speclib  # noqa: E402  (tests/nn/speclib.py)
+from tests.helpers import speclib
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -430,12 +428,12 @@ def test_verify_rejects_an_unknown_tolerance_key(built):
 
 
 def _perturbing_session(monkeypatch, delta: float):
-    real = specc.pipeline._session
+    real = verify_mod.verification_session
 
     def session(path, graph, provider="cpu"):
         return Perturbed(real(path, graph, provider), "logits", 1, lambda a: a + np.asarray(delta, a.dtype))
 
-    monkeypatch.setattr(specc.pipeline, "_session", session)
+    monkeypatch.setattr(specc.builder.pipeline, "verification_session", session)
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
@@ -506,7 +504,7 @@ def test_short_serving_length_builds(tmp_path, kind, serving_max):
     overrides = dict(speclib.KINDS[kind])
     overrides["position"] = {"kind": "learned", "max_length": serving_max}
     overrides["serving"] = {"length": {"min": 1, "opt": serving_max, "max": serving_max}}
-    result = specc.pipeline.build(speclib.tiny(overrides), tmp_path / "out")
+    result = specc.builder.pipeline.build(speclib.tiny(overrides), tmp_path / "out")
     assert result.verification["passed"] is True
     assert max(c["shapes"]["sequence"] + c["shapes"].get("past_sequence", 0)
                for c in result.verification["cases"]) <= serving_max

@@ -8,7 +8,7 @@ import torch
 
 import specc
 
-from speclib import tiny
+from tests.helpers.speclib import tiny
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,7 +14,9 @@ from specc.spec.costs import inspect_spec, parameter_shapes
 from specc.spec import resolve
 from specc.weights import save_module
 
-from speclib import DECODER_KINDS, KINDS, tiny
+from tests.helpers.speclib import DECODER_KINDS, KINDS, TORCH_DECODER_KINDS, TORCH_KINDS, tiny
+
+ALL_KINDS = {**KINDS, **TORCH_KINDS}
 
 
 def _inputs(model, b=2, t=7, seed=0):
@@ -27,9 +29,9 @@ def _inputs(model, b=2, t=7, seed=0):
     return {"input_ids": ids}
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", list(ALL_KINDS))
 def test_every_kind_builds_runs_and_matches_the_name_contract(kind):
-    spec = tiny(KINDS[kind])
+    spec = tiny(ALL_KINDS[kind])
     model = specc.to_torch(spec, seed=0)
     r = resolve(spec)
     # the parameter-name contract (docs/weights.md) is exactly the module's parameters
@@ -46,7 +48,7 @@ def test_every_kind_builds_runs_and_matches_the_name_contract(kind):
         assert torch.isfinite(out[sig.name]).all()
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", list(ALL_KINDS))
 def test_fused_attention_computes_what_the_written_out_form_does(kind, monkeypatch):
     """Eager attention takes torch's scaled_dot_product_attention where it can; torch.export records
     the op-by-op form. Both give the same outputs in every verification case of every kind (left
@@ -55,7 +57,7 @@ def test_fused_attention_computes_what_the_written_out_form_does(kind, monkeypat
     from specc.export.verify import reference_outputs
     from specc.nn import attention
 
-    r = resolve(tiny(KINDS[kind]))
+    r = resolve(tiny(ALL_KINDS[kind]))
     model = specc.to_torch(r, seed=0)
     calls = []
     fused = attention.Attention._fused_attention
@@ -66,8 +68,8 @@ def test_fused_attention_computes_what_the_written_out_form_does(kind, monkeypat
     stacks = [st for st in (r.encoder, r.decoder) if st is not None]
     attentions = [a for st in stacks for layer in st.layers for a in (layer.attention, layer.cross_attention) if a]
     # the fused kernel takes a dot-product score with nothing added to it but the mask: no soft cap,
-    # and (self-attention) no positions in the scores
-    eligible = any(a.score != "additive" and a.softcap is None
+    # no sinks, and (self-attention) no positions in the scores
+    eligible = any(a.score != "additive" and a.softcap is None and not a.sinks
                    and (a.cross or r.position.kind not in ("relative", "alibi", "bucketed")) for a in attentions)
     assert bool(calls) == eligible, (kind, len(calls))
     assert got.keys() == want.keys()
@@ -118,6 +120,24 @@ def test_seeded_weights_follow_the_documented_draws():
             assert torch.equal(p, 0.02 * torch.randn(p.shape, generator=gen)), name
 
 
+def test_seeded_experts_follow_the_documented_draws():
+    """Routed experts and their router draw as the dense FFN's projections do: the stacked down
+    projections and the shared expert's added to the residual stream scaled by 1 / sqrt(2 x layers),
+    biases (the experts', the router's, the selection bias) zero, sinks N(0, 0.02)."""
+    model = specc.to_torch(tiny(TORCH_KINDS["moe-gpt-oss"]), seed=11)
+    shared = specc.to_torch(tiny(TORCH_KINDS["moe-sigmoid-groups-shared"]), seed=11)
+    for m in (model, shared):
+        layers = len(m.decoder.layers)
+        for name, p in sorted(m.named_parameters()):
+            gen = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(f"11/{name}".encode()).digest()[:8], "little"))
+            if name.endswith(("_bias", ".bias")) and "norm" not in name:
+                assert torch.equal(p, torch.zeros_like(p)), name
+            elif name.endswith(("ffn.experts.down", "ffn.shared.down.weight")):
+                assert torch.equal(p, 0.02 / math.sqrt(2 * layers) * torch.randn(p.shape, generator=gen)), name
+            elif name.endswith(("ffn.experts.up", "router.weight", "attention.sinks")):
+                assert torch.equal(p, 0.02 * torch.randn(p.shape, generator=gen)), name
+
+
 def test_default_initialisation_is_skipped_only_while_constructing():
     from specc.nn.blocks import default_init_skipped
 
@@ -147,9 +167,10 @@ def _greedy_step_check(model, ids):
 
 # LongRoPE picks its frequencies by the sequence's length at each call: a cache filled within the
 # original length keeps the short set's keys (tests/nn/test_rotary_scaling.py checks it apart)
-@pytest.mark.parametrize("kind", [k for k in DECODER_KINDS if k not in ("outputs-decoder", "rotary-longrope")])
+@pytest.mark.parametrize("kind", [k for k in DECODER_KINDS + TORCH_DECODER_KINDS
+                                  if k not in ("outputs-decoder", "rotary-longrope")])
 def test_incremental_decoding_equals_one_full_pass(kind):
-    model = specc.to_torch(tiny(KINDS[kind]), seed=1)
+    model = specc.to_torch(tiny(ALL_KINDS[kind]), seed=1)
     ids = torch.randint(0, 61, (2, 11), generator=torch.Generator().manual_seed(0))
     assert _greedy_step_check(model, ids) <= 1e-5
 
@@ -174,12 +195,14 @@ def test_incremental_decoding_encoder_decoder(position):
     assert (full - torch.cat(steps, 1)).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("kind", ["local", "overrides"])
+@pytest.mark.parametrize("kind", ["local", "overrides", "moe-gpt-oss", "latent-direct-q-window-sinks"])
 def test_sliding_layers_keep_a_window_cache(kind):
     """A sliding layer's present is its window (2 or 3 positions) once the sequence is longer, a
     global one's the whole sequence; a left-padded prompt longer than the window then a step from
-    that cut cache give the unpadded full pass's logits."""
-    model = specc.to_torch(tiny(KINDS[kind]), seed=1)
+    that cut cache give the unpadded full pass's logits. (A latent attention's cache, its latent
+    and rotary key, is cut alike.)"""
+    model = specc.to_torch(tiny(ALL_KINDS[kind]), seed=1)
+    first = model.resolved.cache_pair[0]  # key, or latent
     windows = [layer.attention.spec.cache_window for layer in model.decoder.layers]
     ids = torch.randint(1, 61, (1, 7), generator=torch.Generator().manual_seed(2))
     padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), ids[:, :6]], 1)
@@ -187,7 +210,7 @@ def test_sliding_layers_keep_a_window_cache(kind):
     with torch.no_grad():
         full = model(input_ids=ids)["logits"]
         pre = model(input_ids=padded, attention_mask=mask, use_cache=True)
-        assert [pre[f"present.{i}.key"].shape[2] for i in range(len(windows))] == [w or 8 for w in windows]
+        assert [pre[f"present.{i}.{first}"].shape[2] for i in range(len(windows))] == [w or 8 for w in windows]
         past = {k.replace("present", "past_key_values", 1): v for k, v in pre.items() if k.startswith("present.")}
         step = model(input_ids=ids[:, 6:], attention_mask=torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], 1), **past)
     assert torch.allclose(pre["logits"][:, 2:], full[:, :6], atol=1e-5)
@@ -285,15 +308,18 @@ def test_spec_weights_key_is_relative_to_the_spec(tmp_path):
     assert torch.equal(loaded.state_dict()["decoder.layers.0.attention.q.weight"], model.state_dict()["decoder.layers.0.attention.q.weight"])
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", list(ALL_KINDS))
 def test_training_backpropagates_through_every_kind(kind):
-    spec = tiny({**KINDS[kind], "dropout": 0.1})
+    spec = tiny({**ALL_KINDS[kind], "dropout": 0.1})
     model = specc.to_torch(spec, seed=0).train()
     inputs = _inputs(model, b=2, t=8)
     out = model(**inputs)
     loss = sum(v.float().pow(2).mean() for k, v in out.items() if not k.startswith("present."))
     loss.backward()
     for name, p in model.named_parameters():
+        if name.endswith("router.selection_bias"):  # it moves the choice of experts alone: no gradient
+            assert p.grad is None, name           # reaches it (DeepSeek-V3 updates it by a balancing rule)
+            continue
         assert p.grad is not None, f"{name} got no gradient"
         assert torch.isfinite(p.grad).all(), name
 

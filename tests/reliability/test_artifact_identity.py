@@ -16,10 +16,10 @@ from pathlib import Path
 import onnx
 import pytest
 
-from spectext import DEC
-
 import specc
 from specc.export.outdir import MANIFEST
+
+from tests.helpers.spectext import DEC
 
 pytestmark = pytest.mark.xdist_group("test_artifact_identity")  # one worker: the module's shared builds are made once
 

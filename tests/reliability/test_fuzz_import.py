@@ -33,7 +33,7 @@ EXAMPLES = int(os.environ.get("SPECC_FUZZ_EXAMPLES", "4"))
 COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-# label -> (model class, config class, config kwargs): tiny, as in tests/weights/test_hf_import.py
+# label -> (model class, config class, config kwargs): tiny, as in tests/importers/test_hf_import.py
 MODELS = {
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                                    bos_token_id=98, eos_token_id=98)),

@@ -17,10 +17,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from spectext import DEC
-
 import specc
 from specc.cli import main
+
+from tests.helpers.spectext import DEC
 
 SPEC = "tiny-gpt2"
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from spectext import DEC
-
 import specc
 from specc.export.outdir import MANIFEST
+
+from tests.helpers.spectext import DEC
 
 SPECC = Path(sys.executable).with_name("specc")
 

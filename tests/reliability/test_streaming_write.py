@@ -95,8 +95,7 @@ def test_every_weight_layout_is_written_as_the_canonical_serializer_writes_it(tm
 # had grown past the child's whole peak, the canonical writer's copy seemed to cost 30 MiB.
 _MEASURE = textwrap.dedent("""
     import sys
-    sys.path.insert(0, {tests!r})
-    from test_streaming_write import _model
+    from tests.reliability.test_streaming_write import _model
     from specc.export.onnx import write_streaming
     import onnx_ir as ir
 
@@ -120,8 +119,10 @@ _MEASURE = textwrap.dedent("""
 def _peak_growth_mib(route: str, path) -> float:
     from pathlib import Path
 
-    code = _MEASURE.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", code, route, str(path)], capture_output=True, text=True, check=True)
+    # run from the repository root, whose `tests` package the child imports this module's _model from
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _MEASURE, route, str(path)], capture_output=True, text=True, check=True,
+                         cwd=root)
     return float(out.stdout.strip().splitlines()[-1])
 
 

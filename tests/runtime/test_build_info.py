@@ -114,3 +114,12 @@ def test_the_runtime_modules_import_each_other_without_a_cycle():
     order = list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
     assert order.index("specc.runtime.generate") < order.index("specc.runtime.session")
     assert "specc.runtime.session" not in graph["specc.runtime.generate"]
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-transformer", "tiny-bert"])
+def test_the_lm_output_a_build_records_is_the_resolved_specs(builds, name):
+    """One rule names the output generation reads (spec/io.py's lm_output): the manifest's
+    reader and the resolved spec the build wrote it from give the same name (None for an encoder)."""
+    info = BuildInfo.from_manifest(read_manifest(builds(name) / "manifest.json"))
+    assert info.lm_output == specc.resolve(specc.load_spec(name)).lm_output
+    assert (info.lm_output is None) == (name == "tiny-bert")

@@ -5,8 +5,6 @@ and the distribution of `sample` itself) and beam search against exhaustive and 
 references computed with torch."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,11 +12,12 @@ import torch
 
 import specc
 from specc.runtime import Generated, RunError, Session
-from specc.runtime.generate import DecoderRunner, EncoderDecoderRunner, log_softmax, sample
+from specc.runtime.captured import CapturedDecoder, CapturedRunner
+from specc.decoding.sampling import greedy
+from specc.runtime.generate import DecoderRunner, EncoderDecoderRunner, InplaceRunner, lm_output, log_softmax, sample
 from specc.spec.io import present_to_past
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "nn"))
-import speclib  # noqa: E402  (tests/nn/speclib.py)
+from tests.helpers import speclib
 
 pytest.importorskip("onnxruntime")
 
@@ -647,3 +646,38 @@ def test_one_beam_is_greedy(built):
     s, _ = built("small-seed3")
     prompts = list(PROMPTS["small-seed3"])
     assert s.generate(prompts, max_new_tokens=5, beams=1) == s.generate(prompts, max_new_tokens=5)
+
+
+def test_captured_decoder_steps_equal_the_inplace_runner_on_cpu(tmp_path):
+    """The GPU decoder's bound-buffer steps (specc/runtime/captured.py: a store of the build's whole
+    length, total_sequence_length held at that length on every step, seqlens_k saying each row's
+    length) give the logits the CPU's in-place runner gives; capture itself needs CUDA
+    (tests/runtime/test_cuda.py)."""
+    d = tmp_path / "llama"
+    specc.build("tiny-llama", d, precision="fp16", progress=None)
+    s = Session(d)
+    prompts = [[5, 17, 33, 2, 9], [7, 7, 1, 400, 3]]
+    decoder = CapturedDecoder(s.inplace, len(prompts), s.info.length.max, lm_output(s.info), capture=False)
+    for run in range(2):  # the second generation reuses the store the first one wrote
+        ours, theirs = CapturedRunner(decoder, prompts, 6), InplaceRunner(s, prompts, 6)
+        a, b = ours.prefill(), theirs.prefill()
+        np.testing.assert_array_equal(a, b)
+        for _ in range(6):
+            tokens = a.argmax(-1)
+            a, b = ours.step(tokens), theirs.step(tokens)
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), atol=2e-3)
+            assert (a.argmax(-1) == b.argmax(-1)).all()
+        prompts = [p[::-1] for p in prompts]
+
+
+def test_greedy_on_float16_is_numpys_argmax():
+    """float16 rows are compared as ordered integers: the same choice as argmax over the floats
+    (negatives, infinities, subnormals, ties: the first of equal maxima)."""
+    rng = np.random.default_rng(0)
+    rows = [rng.standard_normal((3, 50257)).astype(np.float16) * 30,
+            -np.abs(rng.standard_normal((2, 1000))).astype(np.float16),  # all negative
+            np.array([[-np.inf, -2.0, -np.inf, -2.0], [1e-7, 2e-7, 0.0, 1e-7], [np.inf, 1.0, np.inf, 0.0]], np.float16)]
+    for x in rows:
+        np.testing.assert_array_equal(greedy(x), x.astype(np.float32).argmax(-1))
+    x32 = rng.standard_normal((2, 7)).astype(np.float32)
+    np.testing.assert_array_equal(greedy(x32), x32.argmax(-1))

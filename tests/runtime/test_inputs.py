@@ -14,11 +14,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from hostile import npz_bomb
-
 import specc
 from specc.runtime import RunError, Session
 from specc.runtime.inputs import Limits, check_feeds, max_elements, read_inputs
+
+from tests.helpers.hostile import npz_bomb
 
 pytest.importorskip("onnxruntime")
 

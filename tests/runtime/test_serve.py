@@ -87,13 +87,18 @@ def test_serve_on_a_taken_port_exits_at_once_naming_it(tmp_path):
 
 
 class Server:
-    def __init__(self, build: Path, *args: str):
+    """`specc serve BUILD ARGS` on free ports, ready. `own_group`: in a process group of its own, as
+    a terminal's foreground job is (a terminal's Ctrl-C is os.killpg(proc.pid, SIGINT)); `env`:
+    variables set for it."""
+
+    def __init__(self, build: Path, *args: str, own_group: bool = False, env: dict | None = None):
         self.http, self.grpc, self.metrics = free_ports(3)
         self.log = open(build.parent / "serve.log", "w+")
         self.proc = subprocess.Popen(
             [str(SERVE_SPECC), "serve", str(build), "--http-port", str(self.http), "--grpc-port", str(self.grpc),
              "--metrics-port", str(self.metrics), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env={k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"})
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=own_group,
+            env={**{k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}, **(env or {})})
         import tritonclient.http as http
 
         self.client = http.InferenceServerClient(f"127.0.0.1:{self.http}")
@@ -337,3 +342,119 @@ def test_serve_answers_client_mistakes_with_400_and_one_line_and_goes_on(gpt2_se
         else:
             assert answer == ("400", mistakes["negative-id"][1]), answer
     assert server.proc.poll() is None  # still serving
+
+
+# --- the build's tokenizer, checked as Session checks it ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def with_tokenizer(tmp_path_factory):
+    """A tiny-gpt2 build whose spec carries a tokenizer (hashed among its artifacts)."""
+    from tests.runtime.test_serve_generate import word_tokenizer
+
+    folder = tmp_path_factory.mktemp("tokenized")
+    (folder / "tok").mkdir()
+    word_tokenizer(folder / "tok" / "tokenizer.json")
+    spec = folder / "tiny-gpt2.yaml"
+    spec.write_text("specc: 1\nname: tiny-gpt2\nextends: tiny-gpt2\ntokenizer: tok\n")
+    return specc.build(spec, folder / "tiny-gpt2").out_dir
+
+
+def _copy(build: Path, to: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(build, to))
+
+
+def test_the_servers_tokenizer_is_hash_checked(with_tokenizer, tmp_path):
+    """endpoint.text_codec: the build's tokenizer as Session.tokenizer reads it; a tokenizer.json
+    changed since the build, or one the manifest does not list, is refused naming it."""
+    from specc.runtime import RunError, Session
+    from specc.runtime.endpoint import text_codec
+
+    codec = text_codec(Session(with_tokenizer))
+    assert codec is not None and codec.encode("tok5 tok9") == [5, 9] and codec.decode([5, 9]) == "tok5 tok9"
+    tampered = _copy(with_tokenizer, tmp_path / "tampered")
+    path = tampered / "tokenizer.json"
+    path.write_text(path.read_text().replace('"tok5"', '"tok5x"'))
+    with pytest.raises(RunError, match=r"tokenizer.json: changed since the build verified it \(its sha256 is not the "
+                                       r"manifest's\)"):
+        text_codec(Session(tampered))
+    plain = specc.build("tiny-gpt2", tmp_path / "plain").out_dir
+    assert text_codec(Session(plain)) is None  # no tokenizer: ids in and out
+    (plain / "tokenizer.json").write_text(path.read_text())
+    with pytest.raises(RunError, match="tokenizer.json is not among the build's artifacts; rebuild it"):
+        text_codec(Session(plain))
+
+
+@needs_serve_env
+def test_serve_refuses_a_tampered_tokenizer_before_it_starts(with_tokenizer, tmp_path):
+    tampered = _copy(with_tokenizer, tmp_path / "tampered")
+    path = tampered / "tokenizer.json"
+    path.write_text(path.read_text().replace('"tok5"', '"tok5x"'))
+    http, grpc, metrics = free_ports(3)
+    proc = subprocess.run([str(SERVE_SPECC), "serve", str(tampered), "--http-port", str(http), "--grpc-port", str(grpc),
+                           "--metrics-port", str(metrics)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{path}: changed since the build verified it" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# --- what specc serve changes in PyTriton ----------------------------------------------------------------
+
+
+@needs_serve_env
+def test_pytriton_has_what_specc_serve_patches():
+    """Every PyTriton name specc/runtime/pytriton_patch.py patches or calls is there, with the
+    parameters it relies on, in the serve environment's PyTriton; and the code it appends to
+    PyTriton's proxy model.py compiles there."""
+    script = ("import json, pathlib, pytriton\n"
+              "from specc.runtime.pytriton_patch import check_pytriton, stub_source\n"
+              "from specc.spec.io import PAST_PREFIX\n"
+              "proxy = pathlib.Path(pytriton.__file__).parent / 'proxy' / 'model.py'\n"
+              "compile(proxy.read_text() + stub_source(PAST_PREFIX + '.'), str(proxy), 'exec')\n"
+              "print(json.dumps(check_pytriton()))")
+    out = subprocess.run([str(ROOT / ".venv-serve" / "bin" / "python"), "-c", script], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+def test_the_pytriton_check_fails_when_pytriton_changes():
+    """check_pytriton names a method gone, a parameter renamed and an attribute no longer set."""
+    from specc.runtime.pytriton_patch import RELIED_ON, check_pytriton
+
+    sources = {
+        "models/model.py": "class Model:\n    SCRIPT_FILES_TO_COPY = []\n"
+                           "    def generate_model(self, model_repository): ...\n    def get_proxy_model_files(self): ...\n",
+        "triton.py": "from pytriton.server.triton_server import TritonServer\n",
+        "server/triton_server.py": "class TritonServer:\n    def __init__(self, *, path, libs_path, config, gpus=None, "
+                                   "verbose=True): ...\n",
+        "proxy/model.py": "from .communication import PyTritonResponseFlags\n"
+                          "def _wrap_response(response, requested_outputs_names, model_outputs_dict): ...\n"
+                          "class TritonPythonModel:\n    def __init__(self):\n        self._decoupled_model = None\n"
+                          "    def execute(self, triton_requests): ...\n"
+                          "class TritonRequestsServer:\n    def _wrap_request(self, triton_request, inputs, span=None): ...\n"
+                          "class DecoupledResponsesHandler:\n"
+                          "    def __init__(self, requests_map, serializer_deserializer, model_outputs_dict):\n"
+                          "        self._requests_map = requests_map\n"
+                          "        self._serializer_deserializer = serializer_deserializer\n"
+                          "        self._model_outputs_dict = model_outputs_dict\n"
+                          "    async def handle_responses(self, scope, responses_queue, responses_future): ...\n",
+        "proxy/communication.py": "class PyTritonResponseFlags:\n    EOS = 1\n    ERROR = 2\n",
+        "proxy/data.py": "class BaseRequestsResponsesSerializerDeserializer:\n"
+                         "    def deserialize_responses(self, responses_payload): ...\n"
+                         "    def free_responses_resources(self, responses_payload): ...\n",
+    }
+    assert check_pytriton(sources) == [] and len(RELIED_ON) == 18  # the stand-in has all it needs
+    changed = dict(sources)
+    changed["proxy/model.py"] = (sources["proxy/model.py"]
+                                 .replace("def _wrap_request(self, triton_request,", "def _wrap_request(self, request,")
+                                 .replace("        self._requests_map = requests_map\n", "")
+                                 .replace("async def handle_responses", "async def handle"))
+    assert check_pytriton(changed) == [
+        "pytriton/proxy/model.py: TritonRequestsServer._wrap_request(self, request, inputs, span), where specc serve "
+        "calls it with (self, triton_request, ...)",
+        "pytriton/proxy/model.py: no DecoupledResponsesHandler.handle_responses",
+        "pytriton/proxy/model.py: no DecoupledResponsesHandler._requests_map",
+    ]

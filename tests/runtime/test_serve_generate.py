@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import specc
-from test_serve import ROOT, Server, needs_serve_env
+from tests.runtime.test_serve import ROOT, Server, needs_serve_env
 
 pytest.importorskip("onnxruntime")
 
@@ -113,8 +113,11 @@ def test_generate_endpoint_answers_concurrent_requests_like_session_generate(tmp
     goes on; then a soak of 300 mixed requests from 16 clients, every good one answered right."""
     from specc.runtime import Session
 
-    build = specc.build("tiny-gpt2", tmp_path / "tiny-gpt2").out_dir
-    tok = word_tokenizer(build / "tokenizer.json")
+    (tmp_path / "tok").mkdir()
+    tok = word_tokenizer(tmp_path / "tok" / "tokenizer.json")  # the build's, hash-checked as Session checks it
+    spec = tmp_path / "tiny-gpt2.yaml"
+    spec.write_text("specc: 1\nname: tiny-gpt2\nextends: tiny-gpt2\ntokenizer: tok\n")
+    build = specc.build(spec, tmp_path / "tiny-gpt2").out_dir
     session = Session(build)
     model = "tiny-gpt2"
 

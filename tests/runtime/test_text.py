@@ -1,6 +1,6 @@
 """Text through a build (specc/runtime/text.py, Session.encode / prompts, `specc run` and
 `specc generate` with --text and --chat), with the real tokenizers of the two packaged checkpoints
-(tests/realtokenizers.py) carried by small builds of their vocabularies:
+(tests/helpers/realtokenizers.py) carried by small builds of their vocabularies:
 
 - all-MiniLM-L6-v2's tokenizer pads every text to 128: a padded batch's outputs equal each text run
   alone without padding (the attention mask passed; without it they differ);
@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,7 @@ from specc.cli import main
 from specc.runtime import RunError, Session
 from specc.runtime.text import REPLACEMENT, Tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import realtokenizers as rt  # noqa: E402
+from tests.helpers import realtokenizers as rt
 
 pytestmark = pytest.mark.xdist_group("test_text")  # one worker: the module's shared builds are made once
 

@@ -171,6 +171,54 @@ def test_rotary_scaling_is_named(spec_file):
     assert "layers 1, 3: full attention, scaled: linear x8" in source
 
 
+def test_routed_experts_latent_attention_and_sinks_are_drawn(spec_file):
+    """DeepSeek's shape: latent attention with what it caches, the first layer dense and the rest
+    a mixture of experts (named in the stack label), the router and shared expert on the FFN; gpt-oss's
+    sinks on its attention."""
+    path = spec_file("""\
+        specc: 1
+        name: mla
+        architecture: decoder
+        d_model: 32
+        vocab: {size: 50}
+        position: {kind: rotary, layout: interleaved}
+        norm: {kind: rmsnorm, placement: pre}
+        decoder:
+          layers: 3
+          attention: {kind: latent, heads: 4, d_k: 12, rope_dims: 4, q_rank: 16, kv_rank: 8}
+          ffn:
+            kind: moe
+            experts: 8
+            top_k: 2
+            d_ff: 16
+            router: {kind: sigmoid, normalize: true, scale: 2.5, groups: 4, top_groups: 2}
+            shared: {d_ff: 16}
+          overrides: [{indices: [0], ffn: {d_ff: 64, activation: swiglu}}]
+    """)
+    _, (nodes, _, clusters) = graph_of(str(path))
+    attn = label(nodes["decoder_attn"])
+    assert "multi-head latent self-attention" in attn and "q rank 16, kv rank 8" in attn
+    assert "caches latent 8 + rotary key 4 per token" in attn
+    assert "layers 1, 2: top-2 of 8 experts, d_ff 16" in clusters["cluster_decoder"]
+    assert "feed-forward" in label(nodes["decoder_ffn"])  # the expanded layer is the first, dense one
+    r = specc.resolve(specc.load_spec(str(path)))  # drawn from its second layer: the experts
+    last = r.decoder.model_copy(update={"layers": r.decoder.layers[1:]})
+    nodes, _, _ = parse(build_graph(r.model_copy(update={"decoder": last})).source)
+    ffn = label(nodes["decoder_ffn"])
+    assert "mixture of experts: top-2 of 8" in ffn and "router: sigmoid scores (selection bias, 2 of 4 groups, " \
+        "renormalised, x2.5)" in ffn and "+ shared expert d_ff 16" in ffn
+    sinks = spec_file("""\
+        specc: 1
+        name: sinks
+        architecture: decoder
+        d_model: 32
+        vocab: {size: 50}
+        decoder: {layers: 1, attention: {heads: 2, sinks: true}, ffn: {d_ff: 64}}
+    """)
+    _, (nodes, _, _) = graph_of(str(sinks))
+    assert "learned sink logit per head" in label(nodes["decoder_attn"])
+
+
 @pytest.mark.parametrize("parallel", ["one_norm", "two_norms"])
 def test_parallel_layers_side_by_side(spec_file, parallel):
     path = spec_file(f"""\

@@ -121,6 +121,24 @@ def test_changing_pattern_kind_replaces_the_pattern(spec_file):
     assert spec.decoder.attention.kv_heads == 2
 
 
+def test_a_mapping_without_kind_has_its_fields_default_kind(spec_file):
+    """tiny-llama's attention names no kind (multi_head, its field's default): a child's latent
+    attention changes the kind and replaces it whole (the parent's kv_heads, a multi_head key, does
+    not leak into it); a child's ffn of kind moe replaces the dense one; a child that names no kind
+    under a moe parent merges into it."""
+    child = spec_file("specc: 1\nname: child\nextends: tiny-llama\ndecoder:\n"
+                      "  attention: {kind: latent, heads: 4, d_k: 24, rope_dims: 8, kv_rank: 16}\n"
+                      "  ffn: {kind: moe, experts: 4, top_k: 2, d_ff: 32}\n", "child.yaml")
+    spec = load_spec(child)
+    assert spec.decoder.attention.kind == "latent" and spec.decoder.attention.bias is False  # latent's default
+    assert (spec.decoder.ffn.kind, spec.decoder.ffn.activation, spec.decoder.ffn.bias) == ("moe", "swiglu", False)
+    grandchild = spec_file("specc: 1\nname: grandchild\nextends: child.yaml\ndecoder:\n  ffn: {top_k: 3}\n"
+                           "  attention: {heads: 2}\n", "grandchild.yaml")
+    spec = load_spec(grandchild)
+    assert (spec.decoder.ffn.kind, spec.decoder.ffn.experts, spec.decoder.ffn.top_k) == ("moe", 4, 3)
+    assert (spec.decoder.attention.kind, spec.decoder.attention.heads, spec.decoder.attention.kv_rank) == ("latent", 2, 16)
+
+
 def test_extends_path_is_relative_to_the_file_not_the_cwd(spec_file, tmp_path, monkeypatch):
     spec_file(PARENT, "base/parent.yaml")
     child = spec_file("specc: 1\nname: child\nextends: ../base/parent.yaml\n", "models/child.yaml")

@@ -42,6 +42,9 @@ def _literal(model, field) -> set[str]:
     ("pattern", lambda: _kinds(schema.PatternSpec)),
     ("outputs", lambda: _kinds(schema.OutputSpec)),
     ("scaling", lambda: _kinds(schema.RotaryScaling)),
+    ("attention", lambda: _kinds(schema.AttentionKind)),
+    ("ffn", lambda: _kinds(schema.FFNKind)),
+    ("router", lambda: _kinds(schema.RouterSpec)),
     ("score", lambda: _literal(schema.AttentionSpec, "score")),
     ("merge", lambda: _literal(schema.AttentionSpec, "merge")),
     ("activation", lambda: _literal(schema.FFNSpec, "activation")),
@@ -65,3 +68,9 @@ def test_the_examples_change_what_they_claim():
     assert spec.position.scaling.kind == "longrope" and len(spec.position.scaling.long_factor) == 8
     spec = loads_spec(example_text(*EXAMPLES["outputs"][3][1:]), base_dir=ROOT / "specs")
     assert [o.kind for o in spec.outputs] == ["classifier"]
+    spec = loads_spec(example_text(*EXAMPLES["ffn"][1][1:]), base_dir=ROOT / "specs")
+    assert spec.decoder.ffn.kind == "moe" and spec.decoder.overrides[0].ffn.kind == "dense"
+    spec = loads_spec(example_text(*EXAMPLES["attention"][1][1:]), base_dir=ROOT / "specs")
+    assert spec.decoder.attention.kind == "latent" and spec.decoder.attention.kv_rank == 16
+    spec = loads_spec(example_text(*EXAMPLES["router"][2][1:]), base_dir=ROOT / "specs")
+    assert spec.decoder.ffn.router.kind == "sigmoid" and spec.decoder.ffn.shared.d_ff == 32

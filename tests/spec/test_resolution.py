@@ -5,9 +5,11 @@ import pytest
 
 from specc.spec import loads_spec, resolve
 from specc.spec.io import cache_length, concrete_dims, empty_cache_dims, parse_window, windowed
+from specc.spec.dump import spec_to_data, spec_to_yaml
 from specc.spec.resolve import explicit
-from spectext import DEC
+from specc.spec.schema import EVERY_KEY
 
+from tests.helpers.spectext import DEC
 
 ENC = DEC.replace("architecture: decoder", "architecture: encoder").replace("decoder:", "encoder:")
 
@@ -221,3 +223,88 @@ def test_window_dims_follow_from_the_dims_they_window():
     assert cache_length(("batch", 2, "past_sequence", 8), 9) == 9
     with pytest.raises(KeyError):
         concrete_dims(dims, {"batch": 3})
+
+
+# --- routed experts, latent attention, sinks --------------------------------------------------
+
+MOE = DEC.replace("  layers: 2\n", "  layers: 5\n") + """\
+  ffn:
+    kind: moe
+    experts: 8
+    top_k: 2
+    d_ff: 32
+    router: {kind: sigmoid, normalize: true, scale: 2.5, groups: 4, top_groups: 2}
+    shared: {d_ff: 64, gate: true}
+  overrides:
+    - {indices: [0, 1], ffn: {d_ff: 128, activation: swiglu, bias: false}}
+    - {indices: [1], pattern: {kind: local, window: 3}}
+"""
+
+LATENT = DEC.replace("    heads: 4\n", "    kind: latent\n    heads: 4\n    d_k: 24\n    d_v: 16\n    rope_dims: 8\n"
+                                     "    q_rank: 32\n    kv_rank: 12\n    sinks: true\n") + (
+    "  overrides: [{indices: [1], pattern: {kind: local, window: 3}}]\nposition: {kind: rotary, layout: interleaved}\n")
+
+
+def test_an_override_gives_its_layers_their_own_ffn_and_attention_apart():
+    """DeepSeek's first dense layers: an override's `ffn` replaces the stack's whole for the layers
+    it chooses; another override may choose one of them for its attention."""
+    r = resolve(loads_spec(MOE))
+    kinds = [layer.ffn.kind for layer in r.decoder.layers]
+    assert kinds == ["dense", "dense", "moe", "moe", "moe"]
+    assert r.decoder.layers[0].ffn.d_ff == 128 and r.decoder.layers[2].ffn.d_ff == 32
+    assert [layer.attention.pattern.kind for layer in r.decoder.layers] == ["full", "local", "full", "full", "full"]
+    moe = r.decoder.layers[4].ffn
+    assert (moe.experts, moe.top_k, moe.router.kind, moe.router.group_score, moe.shared.gate) == (8, 2, "sigmoid", "top2_sum", True)
+
+
+def test_latent_attention_caches_its_latent_and_rotary_key():
+    """[batch, 1, length, kv_rank] and [batch, 1, length, rope_dims] in place of each head's keys
+    and values, windowed as any cache on a local layer."""
+    r = resolve(loads_spec(LATENT))
+    a = r.decoder.layers[0].attention
+    assert (a.kind, a.heads, a.kv_heads, a.d_k, a.d_v, a.rotary_dims, a.q_rank, a.kv_rank, a.sinks) == (
+        "latent", 4, 4, 24, 16, 8, 32, 12, True)
+    g = r.graph("model")
+    names = [t.name for t in g.inputs if t.name.startswith("past_key_values")]
+    assert names == ["past_key_values.0.latent", "past_key_values.0.rope_key",
+                     "past_key_values.1.latent", "past_key_values.1.rope_key"]
+    assert g.input("past_key_values.0.latent").dims == ("batch", 1, "past_sequence", 12)
+    assert g.input("past_key_values.1.rope_key").dims == ("batch", 1, "past_sequence_window3", 8)
+    outs = {t.name: t.dims for t in g.outputs}
+    assert outs["present.1.latent"] == ("batch", 1, "total_sequence_window3", 12)
+    assert r.cache_pair == ("latent", "rope_key")
+    assert resolve(loads_spec(DEC)).cache_pair == ("key", "value")
+
+
+def test_latent_cache_names_parse_and_pair():
+    from specc.spec.io import cache_slots, layer_pasts, layer_presents, parse_cache, present_to_past
+
+    assert parse_cache("past_key_values.3.latent")[1].which == "latent"
+    assert parse_cache("present.0.rope_key")[0] == "present"
+    assert parse_cache("present.0.rope") is None
+    pair = ("latent", "rope_key")
+    assert [s.past for s in cache_slots(1, pair=pair)] == ["past_key_values.0.latent", "past_key_values.0.rope_key"]
+    presents = layer_presents([("l0", "r0"), ("l1", "r1")], pair=pair)
+    assert list(presents) == ["present.0.latent", "present.0.rope_key", "present.1.latent", "present.1.rope_key"]
+    assert layer_pasts(present_to_past(presents), 2, pair=pair) == [("l0", "r0"), ("l1", "r1")]
+    assert layer_pasts(present_to_past(presents), 2) is None  # no key / value there
+
+
+def test_new_kinds_resolve_to_an_explicit_form_that_loads_back():
+    for text in (MOE, LATENT):
+        full = explicit(loads_spec(text))
+        assert loads_spec(spec_to_yaml(full)) == full
+        assert explicit(full) == full
+
+
+def test_keys_new_to_the_language_are_written_only_where_they_are_used():
+    """`specc resolve` of a spec that uses none of them prints what it printed before they
+    existed (and a build's cache key is what it was); one that uses them shows them."""
+    plain = spec_to_data(explicit(loads_spec(DEC + "  overrides: [{indices: [1], pattern: {kind: full}}]\n")))
+    assert "kind" not in plain["decoder"]["attention"] and "sinks" not in plain["decoder"]["attention"]
+    assert "kind" not in plain["decoder"]["ffn"] and "ffn" not in plain["decoder"]["overrides"][0]
+    every = explicit(loads_spec(DEC)).model_dump(context=EVERY_KEY)
+    assert every["decoder"]["ffn"]["kind"] == "dense" and every["decoder"]["attention"]["sinks"] is False
+    used = spec_to_data(explicit(loads_spec(MOE.replace("    heads: 4\n", "    heads: 4\n    sinks: true\n"))))
+    assert used["decoder"]["ffn"]["kind"] == "moe" and used["decoder"]["attention"]["sinks"] is True
+    assert used["decoder"]["overrides"][0]["ffn"]["d_ff"] == 128

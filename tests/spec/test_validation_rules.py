@@ -12,8 +12,8 @@ import pytest
 from specc.errors import SpecError
 from specc.spec import load_spec
 from specc.spec.rules import RULES
-from spectext import DEC
 
+from tests.helpers.spectext import DEC
 
 ENC = """\
 specc: 1
@@ -557,6 +557,124 @@ CASES = [
         "bias: ^false",
         "rmsnorm has none",
         "norm_bias_is_layernorms",
+    ),
+    # --- routed experts, latent attention, sinks -----------------------------------------------
+    Case(
+        "experts-top-k-over-the-experts",
+        DEC + "  ffn: {kind: moe, experts: 8, top_k: 9, d_ff: 32}\n",
+        "decoder.ffn.top_k",
+        "top_k: ^9",
+        "top_k 9 exceeds the 8 experts",
+        "experts_fit",
+    ),
+    Case(
+        "experts-without-top-k",
+        DEC + "  ffn:\n    kind: moe\n    experts: 8\n    d_ff: 32\n",
+        "decoder.ffn.top_k",
+        "ffn:\n    ^kind: moe",
+        "missing required key 'top_k'",
+    ),
+    Case(
+        "experts-router-kind-misspelt",
+        DEC + "  ffn: {kind: moe, experts: 8, top_k: 2, d_ff: 32, router: {kind: sigmoidal}}\n",
+        "decoder.ffn.router.kind",
+        "kind: ^sigmoidal",
+        "did you mean 'sigmoid'",
+    ),
+    Case(
+        "experts-normalize-on-top-k-softmax",
+        DEC + "  ffn: {kind: moe, experts: 8, top_k: 2, d_ff: 32, router: {kind: top_k_softmax, normalize: true}}\n",
+        "decoder.ffn.router.normalize",
+        "^normalize: true",
+        "unknown key 'normalize' for kind 'top_k_softmax' (it belongs to kind 'softmax' / 'sigmoid')",
+    ),
+    Case(
+        "experts-groups-uneven",
+        DEC + "  ffn: {kind: moe, experts: 8, top_k: 2, d_ff: 32, router: {kind: sigmoid, groups: 3, top_groups: 1}}\n",
+        "decoder.ffn.router.groups",
+        "groups: ^3",
+        "8 experts do not split into 3 equal groups",
+        "experts_fit",
+    ),
+    Case(
+        "experts-top-groups-too-few",
+        DEC + "  ffn: {kind: moe, experts: 8, top_k: 4, d_ff: 32, router: {kind: softmax, groups: 4, top_groups: 1}}\n",
+        "decoder.ffn.router.top_groups",
+        "top_groups: ^1",
+        "the 1 best groups hold 2 experts, fewer than top_k 4",
+        "experts_fit",
+    ),
+    Case(
+        "experts-clamped-swiglu-without-its-limit",
+        DEC + "  ffn: {kind: moe, experts: 8, top_k: 2, d_ff: 32, activation: clamped_swiglu, swiglu_alpha: 1.702}\n",
+        "decoder.ffn.activation",
+        "activation: ^clamped_swiglu",
+        "clamped_swiglu needs swiglu_limit",
+        "experts_fit",
+    ),
+    Case(
+        "experts-sparsemixer-chooses-two",
+        DEC + "  ffn: {kind: moe, experts: 8, top_k: 3, d_ff: 32, router: {kind: sparsemixer}}\n",
+        "decoder.ffn.top_k",
+        "top_k: ^3",
+        "chooses 2 experts",
+        "experts_fit",
+    ),
+    Case(
+        "experts-in-an-override",
+        DEC + "  overrides:\n    - {indices: [1], ffn: {kind: moe, experts: 2, top_k: 3, d_ff: 8}}\n",
+        "decoder.overrides.0.ffn.top_k",
+        "top_k: ^3",
+        "top_k 3 exceeds the 2 experts",
+        "experts_fit",
+    ),
+    Case(
+        "override-ffn-chosen-twice",
+        DEC + "  overrides:\n    - {indices: [0], ffn: {d_ff: 8}}\n    - {indices: [1, 0], ffn: {d_ff: 16}}\n",
+        "decoder.overrides.1",
+        "- ^{indices: [1, 0]",
+        "layer 0 is also chosen by override 0",
+        "overrides_fit",
+    ),
+    Case(
+        "latent-attention-with-kv-heads",
+        DEC.replace("    heads: 4\n", "    kind: latent\n    heads: 4\n    kv_heads: 2\n    d_k: 24\n    rope_dims: 8\n"
+                                    "    kv_rank: 16\n") + "position: {kind: rotary}\n",
+        "decoder.attention.kv_heads",
+        "^kv_heads: 2",
+        "unknown key 'kv_heads' for kind 'latent' (it belongs to kind 'multi_head')",
+    ),
+    Case(
+        "latent-attention-without-rotary-positions",
+        DEC.replace("    heads: 4\n", "    kind: latent\n    heads: 4\n    d_k: 24\n    rope_dims: 8\n    kv_rank: 16\n"),
+        "decoder.attention.kind",
+        "kind: ^latent",
+        "position.kind is sinusoidal, not rotary",
+        "latent_attention_fits",
+    ),
+    Case(
+        "latent-attention-rope-dims-odd",
+        DEC.replace("    heads: 4\n", "    kind: latent\n    heads: 4\n    d_k: 24\n    rope_dims: 7\n    kv_rank: 16\n")
+        + "position: {kind: rotary}\n",
+        "decoder.attention.rope_dims",
+        "rope_dims: ^7",
+        "rope_dims 7 must be even and at most d_k 24",
+        "latent_attention_fits",
+    ),
+    Case(
+        "latent-cross-attention",
+        ED + "  cross_attention: {kind: latent, d_k: 24, rope_dims: 8, kv_rank: 16}\nposition: {kind: rotary}\n",
+        "decoder.cross_attention.kind",
+        "kind: ^latent, d_k",
+        "latent attention is self-attention",
+        "latent_attention_fits",
+    ),
+    Case(
+        "sinks-not-a-boolean",
+        DEC.replace("    heads: 4\n", "    heads: 4\n    sinks: 4\n"),
+        "decoder.attention.sinks",
+        "sinks: ^4",
+        "true or false",
     ),
     # --- vocabulary and tokens ----------------------------------------------------------------
     Case(

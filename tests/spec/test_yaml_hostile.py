@@ -9,7 +9,8 @@ import pytest
 from specc.errors import SpecError
 from specc.spec import load_spec, loads_spec
 from specc.spec.yamlio import MAX_SPEC_BYTES
-from spectext import DEC
+
+from tests.helpers.spectext import DEC
 
 VALID = DEC
 

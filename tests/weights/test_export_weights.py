@@ -1,13 +1,8 @@
-"""`specc export-weights` and `specc.save_weights`: weights out of specc and back into a build;
-`specc import hf` from the command line."""
+"""`specc export-weights` and `specc.save_weights`: weights out of specc and back into a build
+(`specc import hf` from the command line is tests/importers/test_hf_import.py's)."""
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import numpy as np
-import pytest
 import torch
 from click.testing import CliRunner
 
@@ -15,8 +10,7 @@ import specc
 from specc.cli import main
 from specc.runtime import Session
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from spectext import DEC  # noqa: E402  (a minimal decoder spec)
+from tests.helpers.spectext import DEC
 
 
 def test_export_weights_writes_what_the_build_uses(tmp_path):
@@ -74,23 +68,3 @@ def test_a_model_trained_in_torch_is_saved_and_rebuilt(tmp_path):
         untrained = fresh(input_ids=torch.tensor(probe))["logits"].numpy()
     assert float(np.abs(got - trained).max()) < 1e-4
     assert float(np.abs(got - untrained).max()) > 1e-2
-
-
-def test_import_hf_cli(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32,
-                                  bos_token_id=0, eos_token_id=0)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "ckpt")
-    out = tmp_path / "m.yaml"
-    res = CliRunner().invoke(main, ["import", "hf", str(tmp_path / "ckpt"), "-o", str(out), "--name", "tiny", "--json"])
-    assert res.exit_code == 0, res.output
-    assert json.loads(res.output) == {"spec": str(out), "weights": str(tmp_path / "m.safetensors"), "tokenizer": None}
-    spec = specc.load_spec(out)
-    assert spec.name == "tiny" and spec.weights == "m.safetensors"
-    again = CliRunner().invoke(main, ["import", "hf", str(tmp_path / "ckpt"), "-o", str(out)])
-    assert again.exit_code == 1 and "--force" in again.output
-    bad = CliRunner().invoke(main, ["import", "hf", str(tmp_path / "none"), "-o", str(tmp_path / "x.yaml")])
-    assert bad.exit_code == 1 and "not a checkpoint folder" in bad.output and "Traceback" not in bad.output
-    build = CliRunner().invoke(main, ["build", str(out), "-o", str(tmp_path / "b"), "--quiet"])
-    assert build.exit_code == 0, build.output

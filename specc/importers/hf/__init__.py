@@ -4,19 +4,20 @@ compute exactly.
 
 Every parameter of the spec must come from the checkpoint and every tensor of the checkpoint must
 find its place (or be a buffer the family ignores), so an imported model never runs computing
-something else. The modules, lowest first:
+something else. The family tables are data, one module per family (specc.importers.families,
+written in specc.importers.table's rows); this package reads them. The modules, lowest first:
 
-- table: the row types a family table is written in;
-- families: the tables of BERT, GPT-2, LLaMA-style and BART / mBART / Marian / Pegasus (data);
 - checkpoint: reading a folder (config.json, safetensors, pytorch_model.bin, index files);
 - convert: config -> spec, checkpoint tensors -> specc's parameters;
 - tokenizer: the checkpoint's tokenizer files (or a GGUF file's, converted), carried beside the spec;
 - importer: the whole import, writing all its files or none;
-- docgen: the mapping tables of docs/import.md.
+- docgen: the mapping tables of docs/import.md;
+- as_config: a resolved spec as config.json, the tables read backwards (specc.builder.clients writes it).
 
 This package sits above specc.nn, specc.spec and specc.weights; none of them imports it.
 """
-from specc.importers.hf.checkpoint import CheckpointError, read_checkpoint
+from specc.importers.errors import CheckpointError
+from specc.importers.hf.checkpoint import read_checkpoint
 from specc.importers.hf.convert import config_to_spec
 from specc.importers.hf.docgen import describe
 from specc.importers.hf.importer import import_hf

@@ -25,8 +25,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from specc.errors import SpeccError, WeightsError
+from specc.errors import WeightsError, first_line
 from specc.fileio import not_regular
+from specc.importers.errors import CheckpointError
 
 # config.json is a few KB and a weights index a few MB (some thousands of tensor names at ~100
 # bytes each, for the largest sharded models); 64 MiB is far above any real one and small enough
@@ -34,9 +35,6 @@ from specc.fileio import not_regular
 # Weights files have no cap: their size is the model's (many GB), safetensors files are mapped,
 # not read, and a .bin is read by torch.load only when it is a regular file.
 JSON_LIMIT = 64 * 2**20
-
-class CheckpointError(SpeccError):
-    """A checkpoint folder that cannot be imported, or a config specc cannot express."""
 
 
 def _check_regular(path: Path, note: str = "") -> os.stat_result:
@@ -224,7 +222,7 @@ def read_checkpoint(src: str | os.PathLike) -> tuple[dict, Checkpoint]:
                     # weights_only: tensors and plain containers only; never runs pickled code
                     state = torch.load(fh, map_location="cpu", weights_only=True)
             except Exception as exc:  # torch raises UnpicklingError, RuntimeError, ...
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                first = first_line(exc) or type(exc).__name__
                 raise CheckpointError(f"{f}: cannot load it with torch.load(weights_only=True): {first}{note}") from None
             if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
                 raise CheckpointError(f"{f}: not a state dict of tensors{note}")

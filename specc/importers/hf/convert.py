@@ -3,7 +3,7 @@
 Contracts:
 
 - `config_to_spec(config, tensors, name)` is the spec as plain data, read through the family's
-  table (specc.importers.hf.families); a config value specc cannot compute exactly raises CheckpointError
+  table (its module in specc.importers.families); a config value specc cannot compute exactly raises CheckpointError
   naming the field and its value, never a spec that computes something else. So does a value of
   the wrong JSON type (config.json is untrusted: `model_type: ["gpt2"]`, `n_embd: null`), checked
   where the field is read.
@@ -24,9 +24,9 @@ import re
 from collections.abc import Mapping
 
 from specc.errors import SpecError
-from specc.importers.hf.checkpoint import CheckpointError
-from specc.importers.hf.families import BY_TYPE
-from specc.importers.hf.table import MISSING, STR_OR_NULL, Family, read, set_key, shown
+from specc.importers.errors import CheckpointError
+from specc.importers.families import BY_TYPE
+from specc.importers.table import MISSING, STR_OR_NULL, Family, read, set_key, shown
 from specc.spec.costs import parameter_shapes
 
 
@@ -81,18 +81,19 @@ def config_to_spec(config: dict, tensors: dict, name: str, where: str = "config.
     spec: dict = {"specc": 1, "name": name}
     _merge(spec, fam.fixed)
     for f in fam.fields:
-        value = config.get(f.name, f.default)
+        name = field_name(f, config, where)
+        value = config.get(name, f.default)
         if value is MISSING:
             raise CheckpointError(f"{where}: {f.name} is missing (specc's {f.key} comes from it)")
         try:
-            if f.name in config:
-                read(config, f.name, f.kind)  # the type first: "n_embd: expected an integer, got null"
+            if name in config:
+                read(config, name, f.kind)  # the type first: "n_embd: expected an integer, got null"
         except ValueError as exc:
             raise CheckpointError(f"{where}: {exc}") from None
         try:
             value = f.convert(value)
         except ValueError as exc:
-            raise CheckpointError(f"{where}: {f.name}: {exc}") from None
+            raise CheckpointError(f"{where}: {name}: {exc}") from None
         set_key(spec, f.key, value)
     try:
         if fam.extra is not None:
@@ -118,6 +119,17 @@ def config_to_spec(config: dict, tensors: dict, name: str, where: str = "config.
     return spec
 
 
+def field_name(f, config: dict, where: str = "config.json") -> str:
+    """The name CONFIG gives the field F: its own, or the first of its aliases present (names
+    transformers' config class reads as the same attribute); refused where two of them disagree."""
+    present = [n for n in (f.name, *f.aliases) if n in config]
+    if len({shown(config[n]) for n in present}) > 1:
+        a, b = present[:2]
+        raise CheckpointError(f"{where}: {a} = {shown(config[a])} and {b} = {shown(config[b])}: transformers reads "
+                              "both as one field")
+    return present[0] if present else f.name
+
+
 def _check_layers(fam: Family, spec: dict, tensors: dict, where: str) -> None:
     """Every layer of a family holds several checkpoint tensors, so a layer count above the number
     of tensors is refused here: resolving a spec makes one object per layer, and a hostile
@@ -134,7 +146,7 @@ def spec_error(exc: SpecError, fam: Family, config: dict, where: str) -> Checkpo
     """The spec the importer made from a config, refused by specc's validation (d_model -4,
     eps NaN, heads that do not divide d_model), as one line against config.json naming the
     config field the refused spec key came from (fam.fields, fam.sources)."""
-    sources = {f.key: f.name for f in fam.fields} | fam.sources
+    sources = {f.key: field_name(f, config, where) for f in fam.fields} | fam.sources
     issues = exc.issues
     first = issues[0]
     for issue in issues:  # prefer an issue that names a config field
@@ -174,9 +186,26 @@ def _check_tokens(spec: dict, config: dict, where: str) -> None:
 
 def _transform(t, how: str, where: str, rows: int):
     """Checkpoint tensor T made into a specc parameter by HOW (table.Name.transform); ROWS: the
-    parameter's first dimension (where a fused tensor splits unevenly, the part's size)."""
+    parameter's first dimension (where a fused tensor splits unevenly, the part's size). T is a
+    list of tensors for a joined candidate (A+B)."""
     if how == "copy":
         return t
+    if how == "heads_cat":  # per head, A's rows then B's (DeepSeek's kv_b from a GGUF file's k_b, v_b)
+        import torch
+
+        if any(p.dim() != 3 or p.shape[0] != t[0].shape[0] or p.shape[2] != t[0].shape[2] for p in t):
+            raise CheckpointError(f"{where}: shapes {[tuple(p.shape) for p in t]} do not join per head")
+        return torch.cat(t, dim=1).reshape(-1, t[0].shape[2])
+    if how.startswith("mxfp4"):  # gpt-oss's experts as MXFP4 blocks and scales: [E, out, in]
+        out = _mxfp4(*t, where)
+        return out[:, int(how[10]):: 2] if how.startswith("mxfp4_rows") else out
+    if how.startswith("experts_halves"):  # stacked experts' gate and up: [E, 2F, D]
+        return t.chunk(2, dim=1)[int(how[14:])]
+    if how.startswith("alternate"):  # gpt-oss: gate and up in alternate entries of the last dimension
+        part = t[..., int(how[9]):: 2]
+        return part.transpose(-1, -2) if how.endswith("_t") else part
+    if how == "transpose_last":
+        return t.transpose(-1, -2)
     if how == "transpose":  # GPT-2's Conv1D stores [in, out]
         return t.t()
     if how.startswith("qkv"):
@@ -209,34 +238,93 @@ def _transform(t, how: str, where: str, rows: int):
     raise AssertionError(how)
 
 
-def expand(fam: Family, resolved, heads: list[str]) -> dict[str, tuple[tuple[str, ...], str]]:
-    """specc name -> (checkpoint name candidates, transform), every template expanded."""
-    counts = {"encoder": len(resolved.encoder.layers) if resolved.encoder else 0,
-              "decoder": len(resolved.decoder.layers) if resolved.decoder else 0}
+# a candidate, expanded: its checkpoint names, how they combine (one | stack: one per expert,
+# stacked | join: handed to the transform together) and the transform
+Candidate = tuple[tuple[str, ...], str, str]
+
+
+def _candidate(template: str, how: str, i, experts: int) -> Candidate:
+    if "{e}" in template:
+        return tuple(template.format(i=i, e=e) for e in range(experts)), "stack", how
+    parts = tuple(p.format(i=i) for p in template.split("+"))
+    return parts, "join" if len(parts) > 1 else "one", how
+
+
+# the values of an FP4 (E2M1) code, its low nibble first in each byte (the OCP microscaling format)
+FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def _mxfp4(blocks, scales, where: str):
+    """MXFP4 weights as bfloat16 (exactly: an FP4 value times a power of two has 3 significant
+    bits): BLOCKS uint8 [E, R, G, 16], two FP4 codes a byte, SCALES uint8 [E, R, G], each group of
+    32 values times 2^(scale - 127); the result [E, R, 32 G]. One expert at a time."""
+    import torch
+
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.dim() != 4 or blocks.shape[-1] != 16 \
+            or tuple(blocks.shape[:-1]) != tuple(scales.shape):
+        raise CheckpointError(f"{where}: MXFP4 blocks {tuple(blocks.shape)} ({blocks.dtype}) and scales "
+                              f"{tuple(scales.shape)} ({scales.dtype}) do not go together")
+    e, r, g, _ = blocks.shape
+    if blocks.device.type == "meta":
+        return torch.empty(e, r, g * 32, dtype=torch.bfloat16, device="meta")
+    lut = torch.tensor(FP4, dtype=torch.float32)
+    out = torch.empty(e, r, g * 32, dtype=torch.bfloat16)
+    for x in range(e):
+        codes = blocks[x].to(torch.int32)
+        values = torch.stack([lut[codes & 15], lut[codes >> 4]], dim=-1).reshape(r, g, 32)
+        out[x] = torch.ldexp(values, (scales[x].to(torch.int32) - 127)[..., None]).reshape(r, g * 32)
+    return out
+
+
+def expand(fam: Family, resolved, heads: list[str]) -> dict[str, tuple[Candidate, ...]]:
+    """specc name -> its candidates (checkpoint names, how they combine, transform), every
+    template expanded ({e}: the layer's routed experts)."""
+    stacks = {"encoder": resolved.encoder, "decoder": resolved.decoder}
+    counts = {s: len(stack.layers) if stack else 0 for s, stack in stacks.items()}
     heads_of = {s: {"heads": stack.layers[0].attention.heads, "kv_heads": stack.layers[0].attention.kv_heads}
-                for s, stack in (("encoder", resolved.encoder), ("decoder", resolved.decoder)) if stack}
+                for s, stack in stacks.items() if stack and hasattr(stack.layers[0].attention, "kv_heads")}
+
+    def experts(stack: str, i) -> int:
+        layer = stacks[stack].layers[i] if stack and i is not None else None
+        return getattr(layer.ffn, "experts", 0) if layer is not None else 0
+
     out = {}
     for row in fam.names:
         layers = range(counts[row.stack]) if row.stack else [None]
         for i in layers:
             for head in heads if "{head}" in row.specc else [None]:
                 key = row.specc.format(i=i, head=head)
-                how = row.transform.format(**heads_of[row.stack]) if row.stack else row.transform
-                out.setdefault(key, (tuple(c.format(i=i) for c in row.hf), how))
+                n = experts(row.stack, i)
+                fill = heads_of.get(row.stack, {})
+                options = ((c, row.transform) for c in row.hf)
+                out.setdefault(key, tuple(_candidate(c, how.format(**fill) if row.stack else how, i, n)
+                                          for c, how in (*options, *row.alt)))
     return out
 
 
-class Converted(Mapping):
-    """specc's parameters, each made from its checkpoint tensor when asked for (read, split or
-    transposed), so that they can be written one at a time. `entries`: name -> its dtype and
-    shape as a meta tensor, checked before any tensor is read."""
+def _gather(get, parts: tuple[str, ...], combine: str):
+    """The tensor(s) a candidate names, GET(name) each: one, the experts' stacked, or a list."""
+    if combine == "one":
+        return get(parts[0])
+    if combine == "join":
+        return [get(p) for p in parts]
+    import torch
 
-    def __init__(self, tensors, plan: dict[str, tuple[str, str]], entries: dict):
+    return torch.stack([get(p) for p in parts])
+
+
+class Converted(Mapping):
+    """specc's parameters, each made from its checkpoint tensor(s) when asked for (read, stacked,
+    split or transposed), so that they can be written one at a time. `entries`: name -> its dtype
+    and shape as a meta tensor, checked before any tensor is read."""
+
+    def __init__(self, tensors, plan: dict[str, Candidate], entries: dict):
         self._tensors, self._plan, self.entries = tensors, plan, entries
 
     def __getitem__(self, name: str):
-        src, how = self._plan[name]
-        return _transform(self._tensors[src], how, src, self.entries[name].shape[0]).contiguous()
+        parts, combine, how = self._plan[name]
+        t = _gather(self._tensors.__getitem__, parts, combine)
+        return _transform(t, how, parts[0], self.entries[name].shape[0]).contiguous()
 
     def __iter__(self):
         return iter(self._plan)
@@ -256,34 +344,55 @@ def convert_tensors(fam: Family, config: dict, tensors, resolved, where: str) ->
     table = expand(fam, resolved, [o.name for o in resolved.outputs])
     used: set[str] = set()
 
-    def find(candidates: tuple[str, ...]) -> str | None:
+    def find(candidates) -> str | None:
+        """The first single-tensor candidate present, with its prefix (a tied alias, a head)."""
         for c in candidates:
             for p in fam.prefixes:
                 if p + c in tensors:
                     return p + c
         return None
 
+    def locate(candidates: tuple[Candidate, ...]) -> Candidate | None:
+        """The first candidate whose first tensor is present (under one of the prefixes); refused,
+        naming it, where a later tensor it needs (another expert's, B of A+B) is missing."""
+        for parts, combine, how in candidates:
+            for p in fam.prefixes:
+                if p + parts[0] in tensors:
+                    missing = next((p + q for q in parts if p + q not in tensors), None)
+                    if missing is not None:
+                        raise CheckpointError(f"{where}: the checkpoint has {p + parts[0]} but not {missing}")
+                    return tuple(p + q for q in parts), combine, how
+        return None
+
     plan, entries = {}, {}
     for name, shape in shapes.items():
         if name not in table:
             raise CheckpointError(f"{where}: no checkpoint tensor maps to specc's {name} (an importer gap)")
-        candidates, how = table[name]
-        src = find(candidates)
-        if src is None:
-            raise CheckpointError(f"{where}: the checkpoint has none of {', '.join(candidates)} (for specc's {name})")
-        meta = _meta(tensors, src)
-        if not meta.is_floating_point():
-            raise CheckpointError(f"{where}: {src} holds {str(meta.dtype).removeprefix('torch.')}; "
-                                  f"specc's {name} is a floating-point parameter")
+        found = locate(table[name])
+        if found is None:
+            shown_ = ", ".join("+".join(parts) if combine == "join" else
+                               f"{parts[0]} .. {parts[-1]}" if combine == "stack" else parts[0]
+                               for parts, combine, _ in table[name])
+            raise CheckpointError(f"{where}: the checkpoint has none of {shown_} (for specc's {name})")
+        parts, combine, how = found
+        metas = [_meta(tensors, q) for q in parts]
+        for q, meta in zip(parts, metas):
+            if not meta.is_floating_point() and not how.startswith("mxfp4"):  # MXFP4: bytes, checked there
+                raise CheckpointError(f"{where}: {q} holds {str(meta.dtype).removeprefix('torch.')}; "
+                                      f"specc's {name} is a floating-point parameter")
+        src = parts[0]
         try:
-            t = _transform(meta, how, src, shape[0] if shape else 0)
+            t = _transform(_gather(dict(zip(parts, metas)).__getitem__, parts, combine), how, src,
+                           shape[0] if shape else 0)
         except (RuntimeError, IndexError):  # a 0-d or 3-d tensor where a matrix is split or transposed
             t = None
         if t is None or tuple(t.shape) != tuple(shape):
-            raise CheckpointError(f"{where}: {src} has shape {tuple(meta.shape)}; specc's {name} "
+            got = tuple(metas[0].shape) if combine != "join" else [tuple(m.shape) for m in metas]
+            many = f" (and {len(parts) - 1} more, one per expert)" if combine == "stack" else ""
+            raise CheckpointError(f"{where}: {src}{many} has shape {got}; specc's {name} "
                                   f"needs {tuple(shape)} from this config")
-        used.add(src)
-        plan[name], entries[name] = (src, how), t
+        used.update(parts)
+        plan[name], entries[name] = found, t
     out = Converted(tensors, plan, entries)
     _check_leftovers(fam, resolved, table, tensors, out, used, find, where)
     return out
@@ -294,12 +403,12 @@ def _check_leftovers(fam, resolved, table, tensors, out, used, find, where) -> N
 
     # tied copies some checkpoints keep (pytorch_model.bin stores every alias) must equal the table
     tied_aliases = {}
-    for name, (candidates, how) in table.items():
+    for name, candidates in table.items():
         if name in out:
-            for c in candidates:
+            for parts, combine, _ in candidates:
                 for p in fam.prefixes:
-                    if p + c in tensors and p + c not in used:
-                        tied_aliases[p + c] = name
+                    if combine == "one" and p + parts[0] in tensors and p + parts[0] not in used:
+                        tied_aliases[p + parts[0]] = name
     for head in ("lm_head.weight", "cls.predictions.decoder.weight"):
         src = find((head,))
         if src and src not in used and "embeddings.tokens.weight" in out:

@@ -1,14 +1,15 @@
-"""docs/import.md's mapping tables, printed from the family tables (specc.importers.hf.families).
+"""docs/import.md's mapping tables, printed from the family tables (specc.importers.families).
 
-Contract: `describe()` is Markdown, one section per family, and docs/import.md contains it
-verbatim (tests/weights/test_hf_import.py checks); change a table, then paste describe() there.
+Contract: `describe()` is Markdown, one section per family in the registry's order, and
+docs/import.md contains it verbatim (tests/importers/test_hf_import.py checks); change a table,
+then paste describe() there.
 """
 from __future__ import annotations
 
 import json
 
-from specc.importers.hf.families import FAMILIES
-from specc.importers.hf.table import MISSING
+from specc.importers.families import FAMILIES
+from specc.importers.table import MISSING
 
 
 def _flat(data: dict, prefix: str = ""):
@@ -28,7 +29,8 @@ def describe() -> str:
         lines.append("|---|---|---|")
         for f in fam.fields:
             default = "required" if f.default is MISSING else json.dumps(f.default)
-            lines.append(f"| `{f.key}` | `{f.name}` | {default} |")
+            names = " or ".join(f"`{n}`" for n in (f.name, *f.aliases))
+            lines.append(f"| `{f.key}` | {names} | {default} |")
         lines.append("")
         lines.append("Always: " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in _flat(fam.fixed)) + ".\n")
         if fam.extra is not None:
@@ -41,7 +43,8 @@ def describe() -> str:
         lines.append("| specc parameter | checkpoint tensor | transform |")
         lines.append("|---|---|---|")
         for n in fam.names:
-            lines.append(f"| `{n.specc}` | {' or '.join(f'`{c}`' for c in n.hf)} | {n.transform} |")
+            alts = "".join(f" or `{c}` ({how})" for c, how in n.alt)
+            lines.append(f"| `{n.specc}` | {' or '.join(f'`{c}`' for c in n.hf)}{alts} | {n.transform} |")
         lines.append("")
     return "\n".join(lines)
 

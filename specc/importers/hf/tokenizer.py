@@ -31,6 +31,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from specc.errors import first_line
 from specc.fileio import umask
 from specc.importers.hf.checkpoint import CheckpointError, read_optional
 from specc.spec.manifest import (
@@ -132,7 +133,7 @@ def gguf_tokenizer(path: Path, reader, vocab: int, context: int | None) -> dict[
                 tok = AutoTokenizer.from_pretrained(tmp, gguf_file=path.name, local_files_only=True)
                 tok.save_pretrained(out)
         except Exception as exc:  # transformers raises many types; its first line names the problem
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc) or type(exc).__name__
             raise CheckpointError(f"{path}: transformers cannot convert the file's tokenizer ({first[:200]})") from None
         files = {name: (out / name).read_bytes() for name in TOKENIZER_FILES if (out / name).is_file()}
     if TOKENIZER_JSON not in files:
