@@ -12,7 +12,7 @@ Shapes: N tokens (batch x sequence, flattened), D d_model, E experts, k top_k, F
 A token is computed by its k experts alone: the cost per token follows top_k, not E. The experts'
 weights are stacked, one tensor per projection and layer ([E, F, D] as llama.cpp's ffn_*_exps
 and onnxruntime's MoE operators hold them). The router's arithmetic is fp32 whatever the model's
-dtype, so that the choice of experts does not change with the precision of a build.
+dtype, so that the choice of experts does not change with the number format a build computes in.
 
 Routers (specc.spec.schema: SoftmaxRouter, TopKSoftmaxRouter, SigmoidRouter, SparseMixerRouter),
 each as transformers computes its families' (MixtralTopKRouter, Qwen2MoeTopKRouter, OlmoeTopKRouter,

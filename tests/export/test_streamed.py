@@ -73,6 +73,7 @@ def test_streamed_and_in_memory_builds_write_the_same_bytes(tmp_path, precision)
     assert figures(whole) == figures(streamed)
 
 
+@pytest.mark.slow  # a long build; make test-slow
 def test_a_stack_with_a_pattern_is_streamed_block_by_block(tmp_path):
     """Local layers with a global one every third (Gemma 3's pattern at a shorter period): six
     layers traced, the rest copied by blocks of three, the last block partial; streamed and in
@@ -184,6 +185,7 @@ def test_a_wrong_weight_in_a_deep_layer_fails_the_build_naming_the_layer(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a long build; make test-slow
 def test_a_wrong_weight_in_a_partial_last_block_fails_the_build_naming_the_layer(tmp_path, monkeypatch):
     """Layer 7 of a stack of period 3 (copied from layer 4 in the last, partial block)."""
     _plant(monkeypatch, "ffn.down.weight", 1.1, layer=7)
@@ -273,6 +275,7 @@ def _shard(weights, folder, parts: int = 2):
     return index
 
 
+@pytest.mark.slow  # a long build; make test-slow
 def test_a_sharded_weights_file_builds_what_the_single_file_does(tmp_path):
     """--weights NAME.safetensors.index.json: the same graphs as the single file, streamed and
     not; each shard is hashed into the build's inputs, so a changed shard is a new build."""
