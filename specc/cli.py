@@ -387,7 +387,8 @@ def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, max_length: int
 @click.argument("src_file", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_spec", required=True, type=click.Path(dir_okay=False),
               help="The spec to write (SPEC.yaml); the weights go to SPEC.safetensors beside it.")
-@click.option("--name", default=None, help="The spec's name (default: from the file's name).")
+@click.option("--name", default=None,
+              help="The spec's name (default: from the file's general.name, else from the file's name).")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="serving.length.max (default: the file's context_length).")
 @click.option("--no-tokenizer", is_flag=True, help="Carry no tokenizer (default: the file's, converted by transformers to SPEC.tokenizer/).")

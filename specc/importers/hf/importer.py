@@ -32,9 +32,15 @@ from specc.spec import loads_spec, resolve
 from specc.spec.yamlio import dump_yaml
 
 
-def _name_from(src: Path) -> str:
-    name = re.sub(r"[^a-z0-9._-]+", "-", src.resolve().name.lower()).strip("-._")
-    return name or "imported"
+def spec_name(*texts: str | None) -> str:
+    """The first of TEXTS that makes a spec name, as one: lower case, each run of other characters
+    than a-z, 0-9, '.', '_' and '-' one '-', none at either end, at most 128 characters;
+    "imported" where none does."""
+    for text in texts:
+        name = re.sub(r"[^a-z0-9._-]+", "-", (text or "").lower()).strip("-._")[:128].rstrip("-._")
+        if name:
+            return name
+    return "imported"
 
 
 def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str | None = None,
@@ -46,7 +52,7 @@ def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str 
     src = Path(src)
     weights = check_outputs(out_spec, force)
     config, tensors = read_checkpoint(src)
-    return write_import(config, tensors, str(src / "config.json"), Path(out_spec), weights, name or _name_from(src),
+    return write_import(config, tensors, str(src / "config.json"), Path(out_spec), weights, name or spec_name(src.resolve().name),
                         "Imported from a Hugging Face {arch} checkpoint (model_type {model_type}) by specc import hf",
                         max_length=max_length, tokenizer=(lambda vocab: hf_tokenizer(src, vocab)) if tokenizer else None)
 
