@@ -155,7 +155,7 @@ def test_the_openai_package_and_curl_against_a_real_server(tmp_path):
                 assert "Traceback" not in error["message"] and str(ROOT) not in error["message"]
             assert request(server.http, "POST", "/v1/chat/completions", good)[0] == 200
         status, _, raw = request(server.http, "POST", "/v1/embeddings", {"model": MODEL, "input": "x"})
-        assert status == 501 and "no sentence embedding" in json.loads(raw)["error"]["message"]
+        assert status == 400 and "no sentence_embedding output" in json.loads(raw)["error"]["message"]
         assert server.proc.poll() is None
     finally:
         code = server.stop()
