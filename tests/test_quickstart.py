@@ -44,12 +44,26 @@ def check(proc: subprocess.CompletedProcess, cmd: str) -> None:
 # --- docs/quickstart.md ----------------------------------------------------------------------
 
 QUICKSTART = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def test_quickstart_is_five_commands_from_install():
+def test_quickstart_is_install_the_demo_then_four_commands_on_a_spec():
     cmds = [c for b in fenced(QUICKSTART, "sh") for c in commands(b)]
-    assert len(cmds) == 5 and cmds[0] == "make install", cmds
+    assert cmds[:2] == ["make install", "make demo"] and len(cmds) == 6, cmds
     assert cmds[-1].startswith(".venv/bin/specc generate")
+
+
+def test_the_demo_the_pages_show_is_what_make_demo_runs():
+    """The last command README.md and the quickstart show for `make demo` is the Makefile's, with
+    its defaults filled in (make -n prints it)."""
+    proc = subprocess.run(["make", "-n", "demo", f"VENV={ROOT / '.venv'}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1].replace(str(ROOT / ".venv"), ".venv").replace('"', "")
+    assert last.startswith(".venv/bin/specc generate ")
+    for page in (QUICKSTART, README):
+        shown = [line.replace('"', "") for line in page.splitlines() if line.startswith(".venv/bin/specc generate build/demo")]
+        assert shown == [last]
 
 
 def test_quickstart_runs_as_written(tmp_path):
@@ -83,7 +97,6 @@ def test_quickstart_spec_is_what_the_page_says():
 
 # --- README.md -------------------------------------------------------------------------------
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 README_CMDS = [c for b in fenced(README, "sh") for c in commands(b)]
 # full-size builds, and the commands that use what they build
 FULL = re.compile(r"specc (build|export-weights) (?!tiny-)\S|build/(?!tiny-|my-)\w")
