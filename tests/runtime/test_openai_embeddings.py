@@ -4,8 +4,9 @@ real tokenizer (tests/helpers/chattokenizer.py's byte-level BPE). Each vector is
 build's own last_hidden_state over the text's real tokens, computed here with numpy, whether the
 text comes alone or padded in a batch larger than serving.batch.max; OpenAI's four input forms,
 its float and base64 encodings and usage.prompt_tokens; every malformed body refused 400 with
-OpenAI's error object naming the field; a build without the output refused 400. (The trained
-all-MiniLM-L6-v2 against sentence-transformers: tests/quality/test_sentence_embeddings.py.)"""
+OpenAI's error object naming the field; a build without the output refused 400. (With a real
+server and the `openai` package: tests/runtime/test_openai_serve.py; an imported
+sentence-transformers folder against sentence-transformers: tests/importers/test_sentence_transformers.py.)"""
 from __future__ import annotations
 
 import base64
@@ -19,7 +20,7 @@ import specc
 from specc.runtime import Session
 from specc.runtime.embedding import Embedder
 from specc.runtime.openai_api import MAX_EMBEDDING_INPUTS, OpenAIApi
-from tests.helpers.chattokenizer import END_OF_TEXT, chat_tokenizer
+from tests.helpers.chattokenizer import embedding_spec
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("tokenizers")
@@ -32,11 +33,7 @@ TEXTS = ["What is the capital of France?", "Hi", "A longer sentence, with commas
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     root = tmp_path_factory.mktemp("embeddings")
-    chat_tokenizer(root / "tok")
-    spec = root / f"{MODEL}.yaml"
-    spec.write_text(f"specc: 1\nname: {MODEL}\nextends: tiny-bert\ntokenizer: tok\ntokens: {{pad: {END_OF_TEXT}}}\n"
-                    "outputs:\n  - {kind: hidden}\n  - {kind: pooled, name: sentence_embedding, pool: mean}\n")
-    return Session(specc.build(spec, root / MODEL, progress=None).out_dir)
+    return Session(specc.build(embedding_spec(root, MODEL), root / MODEL, progress=None).out_dir)
 
 
 @pytest.fixture(scope="module")
