@@ -5,14 +5,14 @@ list of the modules a text passes through after the Transformer) and each Poolin
 config.json, and returns (outputs, note): `outputs` is `[{kind: pooled, name:
 sentence_embedding, pool: ...}]` where the pipeline is one the spec language computes exactly
 (a Transformer, then a Pooling of one mode: `cls` -> pool first, `mean` -> pool mean over the
-attention mask, `lasttoken` -> pool last), else []; `note` says, where the folder has a pipeline
+attention mask, `lasttoken` -> pool last, `max` -> pool max; then optionally a Normalize ->
+normalize: true), else []; `note` says, where the folder has a pipeline
 but no output is written, which module or mode the language has no key for (the importer puts it
 in the spec's description). A folder without modules.json gives ([], "").
 
-Not computed, so not imported (the rest of the checkpoint still is): pooling by max, by mean
-over the square root of the length, weighted mean, or several modes at once (concatenated); a
-Normalize module (the unit-length vector); Dense, LayerNorm or any other module after the
-pooling. The files are read as the checkpoint's other small files (regular files inside the
+Not computed, so not imported (the rest of the checkpoint still is): pooling by the mean over
+the square root of the length, weighted mean, or several modes at once (concatenated); Dense,
+LayerNorm or any other module after the pooling but Normalize. The files are read as the checkpoint's other small files (regular files inside the
 folder, JSON_LIMIT); a modules.json or Pooling config of the wrong shape is refused, naming it
 and the key.
 """
@@ -29,7 +29,7 @@ MODULES = "modules.json"
 OUTPUT = "sentence_embedding"
 # sentence-transformers' pooling modes (Pooling's config keys pooling_mode_<mode>[_token(s)], or
 # its newer `pooling_mode`) -> the pooled output's `pool`, None where the language has none
-POOLS = {"cls": "first", "mean": "mean", "lasttoken": "last", "max": None, "mean_sqrt_len": None,
+POOLS = {"cls": "first", "mean": "mean", "lasttoken": "last", "max": "max", "mean_sqrt_len": None,
          "weightedmean": None}
 _MODE_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
               "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len", "pooling_mode_weightedmean_tokens": "weightedmean",
@@ -93,7 +93,8 @@ def sentence_embedding(src: Path) -> tuple[list[dict], str]:
         return [], f"{OUTPUT} not imported: {MODULES} begins with {kinds[0]}, not a Transformer"
     if len(kinds) < 2 or kinds[1] != "Pooling":
         return [], f"{OUTPUT} not imported: {MODULES} has no Pooling after the Transformer"
-    if len(kinds) > 2:
+    normalize = kinds[2:] == ["Normalize"]
+    if len(kinds) > 2 and not normalize:
         return [], f"{OUTPUT} not imported: no spec key computes {MODULES}'s {', '.join(kinds[2:])} after the pooling"
     modes = _modes(src, modules[1][1])
     if len(modes) != 1:
@@ -102,4 +103,4 @@ def sentence_embedding(src: Path) -> tuple[list[dict], str]:
     pool = POOLS[modes[0]]
     if pool is None:
         return [], f"{OUTPUT} not imported: the output's pool has no {modes[0]} pooling"
-    return [{"kind": "pooled", "name": OUTPUT, "pool": pool}], ""
+    return [{"kind": "pooled", "name": OUTPUT, "pool": pool, **({"normalize": True} if normalize else {})}], ""
