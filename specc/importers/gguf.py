@@ -45,7 +45,7 @@ import numpy as np
 from specc.importers.errors import CheckpointError
 from specc.importers.families import ARCHITECTURES, GGUF_REFUSED
 from specc.importers.gguftable import Arch, Meta
-from specc.importers.hf.importer import check_outputs, write_import
+from specc.importers.hf.importer import check_outputs, spec_name, write_import
 from specc.importers.hf.tokenizer import gguf_tokenizer
 
 # tensors some converters write for rope scaling: refused by name rather than as "no place"
@@ -91,6 +91,11 @@ def _field(reader, key: str, default=None):
     """A metadata value as Python (a string, a number or a list), or DEFAULT when absent."""
     f = reader.fields.get(key)
     return default if f is None else f.contents()
+
+
+def _text(value) -> str | None:
+    """A metadata value that should be a string (general.name), or None where it is not one."""
+    return value if isinstance(value, str) else None
 
 
 class GGUFTensors(Mapping):
@@ -154,7 +159,9 @@ def _hf_name(arch: Arch, layer: Mapping[str, str], name: str) -> tuple[str | Non
 def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: str | None = None,
                 force: bool = False, max_length: int | None = None, tokenizer: bool = True) -> tuple[Path, Path]:
     """Write OUT.yaml and OUT.safetensors for the GGUF file PATH, and OUT.tokenizer/ from its
-    tokenizer metadata (unless tokenizer=False); all or none. max_length: as import_hf's."""
+    tokenizer metadata (unless tokenizer=False); all or none. The spec is named NAME, else after
+    the file's `general.name` (the model's name the converter writes), else after the file's
+    name. max_length: as import_hf's."""
     try:
         from gguf import GGUFReader
     except ImportError:
@@ -170,10 +177,10 @@ def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: s
     where = str(path)
     config, arch, layer, outputs = _config(reader, where)
     tensors = GGUFTensors(reader, config, arch, layer, where)
-    stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "imported"
     label = path.name.replace("{", "{{").replace("}", "}}")  # write_import formats the description
     context = next((config[k] for k in _CONTEXT_FIELDS if config.get(k) is not None), None)
     carry = (lambda vocab: gguf_tokenizer(path, reader, vocab, context)) if tokenizer and arch.tokenizer else None
-    return write_import(config, tensors, where, Path(out_spec), weights, name or stem,
+    return write_import(config, tensors, where, Path(out_spec), weights,
+                        name or spec_name(_text(_field(reader, "general.name")), path.stem),
                         f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf",
                         max_length=max_length, tokenizer=carry, outputs=outputs)

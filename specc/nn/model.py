@@ -66,7 +66,8 @@ class Head(nn.Module):
     `bias`: proj's bias [V] (bias [V] when tied).
     mlm (BERT): transform [D, D] + activation + norm, proj [V, D] (absent when tied), bias [V].
     classifier: pool (first | mean | last), pooler [D, D] + tanh (optional), proj [classes, D].
-    pooled: the classifier without its proj (Hugging Face's pooler_output).
+    pooled: the classifier without its proj (Hugging Face's pooler_output); pool may also be max,
+    and `normalize` scales the result to unit length.
     token_classifier: proj [classes, D]."""
 
     def __init__(self, out: OutputSpec, r: ResolvedSpec, vocab: int, tied: bool, activation: str):
@@ -74,6 +75,7 @@ class Head(nn.Module):
         self.kind = out.kind
         d = r.d_model
         self.pool = getattr(out, "pool", None)
+        self.normalize = getattr(out, "normalize", False)  # a pooled output's
         self.pooler = None
         self.proj = None
         self.bias = None  # mlm's, or a tied lm head's with `bias`
@@ -128,7 +130,8 @@ class Head(nn.Module):
             if self.pooler is not None:
                 h = torch.tanh(self.pooler(h))
             if self.kind == "pooled":
-                return h
+                # sentence-transformers' Normalize: x / max(||x||, 1e-12)
+                return torch.nn.functional.normalize(h, p=2.0, dim=-1) if self.normalize else h
         return self.proj(self.drop(h))
 
     def _pool(self, h: Tensor, mask: Tensor) -> Tensor:
@@ -137,6 +140,8 @@ class Head(nn.Module):
         m = mask.to(h.dtype).unsqueeze(-1)  # [B,T,1]
         if self.pool == "mean":
             return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+        if self.pool == "max":  # padding at -1e9, as sentence-transformers' max pooling sets it
+            return torch.where(m > 0, h, torch.full_like(h, -1e9)).amax(1)
         # last real token of each row (right or left padding)
         idx = (mask * torch.arange(mask.shape[1], device=mask.device)).argmax(dim=1)  # [B]
         return h[torch.arange(h.shape[0], device=h.device), idx]

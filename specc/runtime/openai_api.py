@@ -6,7 +6,9 @@ run on the same engine as the generate endpoint.
     POST /v1/chat/completions              messages -> the build's chat template (decoding's
                                            ChatTemplate, as `specc generate --chat`) -> ids
     POST /v1/completions                   prompt (text, or token ids) -> ids
-    POST /v1/embeddings                    refused: no build has a sentence embedding yet (501)
+    POST /v1/embeddings                    input (text, texts, or token ids) -> the build's
+                                           sentence_embedding output (embedding.py), each
+                                           vector as floats or base64 (little-endian float32)
 
     front.py (a /v1/* request) --> OpenAIApi.handle(method, path, body, gone) --> Reply
         | the body read (read_chat / read_completion: one line naming the field for anything wrong, 400)
@@ -31,11 +33,13 @@ path, 405 a wrong method, 501 what this server does not do, 503 busy (with Retry
 generation that failed. A client that goes away (front.py watches its connection) is cancelled
 in the engine at its next step, its place free.
 
-Numpy and the standard library only; no HTTP here (front.py owns the port), so the tests drive
+An embedding build (a `sentence_embedding` output) answers /v1/embeddings and lists itself in
+/v1/models; a build without one answers it 400, naming what it lacks. Numpy and the standard library only; no HTTP here (front.py owns the port), so the tests drive
 it without a server.
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 import queue
@@ -45,19 +49,25 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+import numpy as np
+
 from specc.errors import first_line
 from specc.decoding.request import CANCELLED, ERROR, LENGTH, STOP, Request
 from specc.decoding.text import Codec, TemplateError, TextStream
+from specc.runtime.embedding import SENTENCE_EMBEDDING, Embedder
 from specc.runtime.errors import RunError
 from specc.runtime.scheduler import Busy, Scheduler
 
-__all__ = ["COMPLETION_MAX_TOKENS", "OpenAIApi", "Refusal", "Reply", "read_chat", "read_completion"]
+__all__ = ["COMPLETION_MAX_TOKENS", "MAX_EMBEDDING_INPUTS", "OpenAIApi", "Refusal", "Reply", "read_chat",
+           "read_completion", "read_embeddings"]
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 RETRY_AFTER_S = 1  # what a busy answer tells a client to wait
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
 MAX_STOPS = 16
 MAX_STOP_BYTES = 256
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the inputs of one /v1/embeddings request
+ENCODING_FORMATS = ("float", "base64")
 OWNER = "specc"
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
           413: "invalid_request_error", 500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
@@ -118,6 +128,17 @@ class Ask:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+
+
+@dataclass(frozen=True)
+class EmbeddingAsk:
+    """An embeddings request read: texts or rows of token ids (one of the two), how to write each
+    vector, and the width asked for (None: the model's)."""
+
+    texts: tuple[str, ...] | None
+    ids: tuple[tuple[int, ...], ...] | None
+    encoding_format: str = "float"
+    dimensions: int | None = None
 
 
 def _words(x: Any) -> str:
@@ -200,6 +221,7 @@ _IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls", 
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options")
 CHAT_FIELDS = frozenset(_COMMON + ("messages", "max_completion_tokens") + _IGNORED + tuple(_DEFAULT_ONLY))
 COMPLETION_FIELDS = frozenset(_COMMON + ("prompt",) + _IGNORED + tuple(_DEFAULT_ONLY))
+EMBEDDING_FIELDS = frozenset(("model", "input", "encoding_format", "dimensions", "user"))
 
 
 def _object(body: bytes) -> dict:
@@ -324,6 +346,48 @@ def read_completion(body: bytes) -> tuple[str, Ask]:
     raise _bad("prompt", f"expected a string or an array of token ids, got {_words(prompt)}")
 
 
+def _ids(x: Any) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+
+
+def read_embeddings(body: bytes) -> tuple[str, EmbeddingAsk]:
+    """A /v1/embeddings body read, as read_chat reads a chat's: `input` is a string, an array of
+    strings, an array of token ids, or an array of such arrays (OpenAI's four forms), none of
+    them empty, at most MAX_EMBEDDING_INPUTS inputs."""
+    got = _object(body)
+    unknown = sorted(set(got) - EMBEDDING_FIELDS)
+    if unknown:
+        raise _bad(unknown[0], f"unknown field; /v1/embeddings takes {', '.join(sorted(EMBEDDING_FIELDS))}")
+    model = got.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", f"required: the model's name (GET /v1/models), got {_words(model)}")
+    fmt = got.get("encoding_format")
+    if fmt is not None and fmt not in ENCODING_FORMATS:
+        raise _bad("encoding_format", f"expected one of {', '.join(ENCODING_FORMATS)}, got {_words(fmt)}")
+    dimensions = _int(got, "dimensions", 1)
+    x = got.get("input")
+    texts = ids = None
+    if isinstance(x, str):
+        texts = [x]
+    elif _ids(x):
+        ids = [x]
+    elif isinstance(x, list) and x and all(isinstance(t, str) for t in x):
+        texts = x
+    elif isinstance(x, list) and x and all(_ids(r) for r in x):
+        ids = x
+    else:
+        raise _bad("input", f"expected a string, an array of strings, an array of token ids or an array of "
+                            f"such arrays, none empty, got {_words(x)}")
+    inputs = texts if texts is not None else ids
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise _bad("input", f"{len(inputs)} inputs; at most {MAX_EMBEDDING_INPUTS} in one request")
+    if texts is not None and not all(texts):
+        raise _bad(f"input[{texts.index('')}]", "an empty string; give at least one character")
+    return model, EmbeddingAsk(texts=None if texts is None else tuple(texts),
+                               ids=None if ids is None else tuple(tuple(r) for r in ids),
+                               encoding_format=fmt or "float", dimensions=dimensions)
+
+
 # --- answering -------------------------------------------------------------------------------------
 
 
@@ -367,10 +431,12 @@ class _Feed:
 class OpenAIApi:
     """The OpenAI-compatible endpoints of one build (the module's doc): `name` the model's id,
     `scheduler` the engine the generate endpoint runs (None: the build does not generate), `codec`
-    its tokenizer with its chat template (None: it carries none)."""
+    its tokenizer with its chat template (None: it carries none), `embedder` its sentence
+    embedding (None: it has none)."""
 
-    def __init__(self, name: str, scheduler: Scheduler | None, codec: Codec | None):
-        self.name, self.scheduler, self.codec = name, scheduler, codec
+    def __init__(self, name: str, scheduler: Scheduler | None, codec: Codec | None,
+                 embedder: Embedder | None = None):
+        self.name, self.scheduler, self.codec, self.embedder = name, scheduler, codec, embedder
         self.created = int(time.time())
 
     # --- routing ---------------------------------------------------------------------------------
@@ -381,7 +447,8 @@ class OpenAIApi:
         try:
             if route == "/v1/models":
                 self._method(method, "GET")
-                return Reply.json(200, {"object": "list", "data": [self._model()] if self.scheduler else []})
+                served = self.scheduler is not None or self.embedder is not None
+                return Reply.json(200, {"object": "list", "data": [self._model()] if served else []})
             if route.startswith("/v1/models/"):
                 self._method(method, "GET")
                 self._known(route[len("/v1/models/"):])
@@ -394,8 +461,9 @@ class OpenAIApi:
                 return self._generate(model, ask, gone)
             if route == "/v1/embeddings":
                 self._method(method, "POST")
-                raise Refusal(501, f"{self.name} has no sentence embedding; /v1/embeddings needs a build with one "
-                                   "(none of specc's builds has one yet)", code="not_supported")
+                model, ask = read_embeddings(body)
+                self._named(model)
+                return self._embed(model, ask)
             raise Refusal(404, f"no endpoint {route} here; this server answers GET /v1/models, POST "
                                "/v1/chat/completions, /v1/completions and /v1/embeddings", code="not_found")
         except Refusal as refusal:
@@ -408,13 +476,42 @@ class OpenAIApi:
     def _known(self, model: str) -> None:
         if self.scheduler is None:
             raise Refusal(404, f"{self.name} is not a text generation model (a decoder with an lm output); the "
-                               "OpenAI endpoints need one", param="model", code="model_not_found")
+                               "chat and completion endpoints need one", param="model", code="model_not_found")
+        self._named(model)
+
+    def _named(self, model: str) -> None:
         if model != self.name:
             raise Refusal(404, f"the model {model!r} does not exist; this server serves {self.name!r}",
                           param="model", code="model_not_found")
 
     def _model(self) -> dict:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": OWNER}
+
+    # --- embeddings -----------------------------------------------------------------------------------
+
+    def _embed(self, model: str, ask: EmbeddingAsk) -> Reply:
+        if self.embedder is None:
+            raise Refusal(400, f"{self.name} has no {SENTENCE_EMBEDDING} output; /v1/embeddings needs a build "
+                               "with one (an import of a sentence-transformers folder, or an output "
+                               f"{{kind: pooled, name: {SENTENCE_EMBEDDING}}})", param="model",
+                          code="model_not_supported")
+        if ask.texts is not None and not self.embedder.has_tokenizer:
+            raise _bad("input", f"{self.name} carries no tokenizer (its spec has no tokenizer:); give token ids")
+        try:
+            got = self.embedder.embed(texts=ask.texts, ids=ask.ids)
+        except RunError as exc:  # the graph's checks, in this API's names
+            message = str(exc)
+            if message.startswith("input_ids"):
+                message = "input" + message[len("input_ids"):]
+            raise Refusal(400, message, param="input") from None
+        width = got.vectors.shape[1]
+        if ask.dimensions is not None and ask.dimensions != width:
+            raise _bad("dimensions", f"{self.name}'s embeddings have {width} dimensions; shortened ones are not "
+                                     "supported (leave it out)")
+        data = [{"object": "embedding", "index": i, "embedding": _vector(v, ask.encoding_format)}
+                for i, v in enumerate(got.vectors)]
+        return Reply.json(200, {"object": "list", "data": data, "model": model,
+                                "usage": {"prompt_tokens": got.tokens, "total_tokens": got.tokens}})
 
     # --- generation ---------------------------------------------------------------------------------
 
@@ -552,6 +649,13 @@ class _Answer:
                 yield _event({**self._head(kind), "choices": [], "usage": self.usage()})
             yield b"data: [DONE]\n\n"
             return
+
+
+def _vector(v: np.ndarray, encoding_format: str) -> list[float] | str:
+    """One embedding as OpenAI writes it: floats, or base64 of its little-endian float32 bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
+    return [float(x) for x in v]
 
 
 def _event(body: Any) -> bytes:

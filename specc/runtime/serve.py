@@ -46,6 +46,7 @@ from specc.runtime.errors import ServeError
 from specc.runtime.front import Front
 from specc.runtime.generation_model import Cancels, fields, generate_fn
 from specc.runtime.graph_models import infer_fn, tensors
+from specc.runtime.embedding import Embedder
 from specc.runtime.openai_api import OpenAIApi
 from specc.runtime.pytriton_patch import CANCEL_ENV, REFUSAL, check_pytriton, patched
 from specc.runtime.scheduler import GenerationLimits, Scheduler, Stats
@@ -104,7 +105,7 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     """Serve DIR on Triton until SIGINT / SIGTERM (or `stop` is set). `on_ready` gets
     {"models": [...], "http": url, "grpc": address, "provider": ..., "log": Triton's log file or
     None, "generation": None or {"model", "max_sequences", "max_cache_tokens", "max_waiting",
-    "prefix_cache_tokens", "text", "chat"}} once the
+    "prefix_cache_tokens", "text", "chat"}, "embeddings": whether /v1/embeddings answers} once the
     server answers. Triton's own log goes to a file (its path in "log"), or with `verbose` to the
     terminal at verbose level 1. A decoder build is also served as a generation model (the
     spec's name; the graphs then NAME_GRAPH), its sequences decoded together by a Scheduler
@@ -112,8 +113,9 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
     generate requests are refused (503) and those running finish, for up to `drain_timeout`
     seconds, before the server stops; a second signal cancels them and stops it at once. The
     OpenAI-compatible API (/v1/*, openai_api.py) answers on the HTTP port, on the same
-    scheduler. `on_stop` gets a line for the user at each stage of stopping. Returns the
-    scheduler's Stats (None without generation)."""
+    scheduler, and /v1/embeddings for a build with a sentence_embedding output. `on_stop` gets
+    a line for the user at each stage of stopping. Returns the scheduler's Stats (None without
+    generation)."""
     require_pytriton()
     from pytriton.model_config import DynamicBatcher, ModelConfig
     from pytriton.triton import Triton, TritonConfig
@@ -126,6 +128,7 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
         scheduler = Scheduler(session, GenerationLimits.of(info, max_sequences, max_cache_tokens, max_waiting,
                                                            prefix_cache_tokens))
         codec = text_codec(session)
+    embedder = Embedder.of(session)
     names = rule.model_names(info.name, info.graphs, generation=scheduler is not None)
     batching = rule.dynamic_batching(info.batch.opt, info.batch.max)
     os.environ["LD_LIBRARY_PATH"] = _library_path()
@@ -174,11 +177,12 @@ def serve(build_dir: str | Path, *, host: str = "127.0.0.1", http_port: int = DE
                               "text": codec is not None, "chat": codec is not None and codec.template is not None}
             triton.run()
             front = Front(host, http_port, behind, info.name if scheduler is not None else None,
-                          OpenAIApi(info.name, scheduler, codec))
+                          OpenAIApi(info.name, scheduler, codec, embedder))
             front.start()
             if on_ready is not None:
                 on_ready({"models": models, "http": f"http://{host}:{http_port}", "grpc": f"{host}:{grpc_port}",
-                          "provider": session.provider, "log": str(log) if log else None, "generation": generation})
+                          "provider": session.provider, "log": str(log) if log else None, "generation": generation,
+                          "embeddings": embedder is not None})
             while not stop.wait(0.2):  # a short wait, so that signal handlers run promptly
                 pass
             threading.Thread(target=_stop_now, args=(now, scheduler, triton, say), name="specc-stop-now",
@@ -333,5 +337,6 @@ def describe(info: dict[str, Any]) -> str:
            f"API at {info['http']}/v1"
            f"{'' if g['chat'] else ' (completions only: no chat template)' if g['text'] else ' (none: no tokenizer)'}") \
         if g else ""
+    embeddings = f"; sentence embeddings at {info['http']}/v1/embeddings" if info.get("embeddings") else ""
     return (f"serving {', '.join(info['models'])} ({info['provider']}) on {info['http']} (HTTP) and "
-            f"{info['grpc']} (gRPC){gen}; {log}Ctrl-C stops")
+            f"{info['grpc']} (gRPC){gen}{embeddings}; {log}Ctrl-C stops")

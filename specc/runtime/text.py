@@ -149,6 +149,13 @@ class Tokenizer:
         token's content)."""
         return special_tokens_of(self.config)
 
+    def templated(self, text: str) -> bool:
+        """Whether TEXT holds one of the tokenizer's special tokens (`<|im_start|>`, `[CLS]`, ...):
+        a prompt already put in a template by hand, rather than a user's plain words."""
+        marks = set(self.special_tokens().values())
+        marks.update(t.content for t in self.backend.get_added_tokens_decoder().values() if t.special)
+        return any(m and m in text for m in marks)
+
 
 class StreamDecoder:
     """Decoded text of a growing list of ids, a piece at a time, never ending inside a character

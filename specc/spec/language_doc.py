@@ -116,7 +116,8 @@ EXAMPLES: dict[str, list[tuple[str, str, str]]] = {
         ("mlm", "tiny-bert", "outputs:\n  - {kind: mlm}\n"),
         ("classifier", "tiny-bert", "outputs:\n  - {kind: classifier, classes: 3, pool: first, pooler: tanh}\n"),
         ("token_classifier", "tiny-bert", "outputs:\n  - {kind: token_classifier, classes: 9}\n"),
-        ("pooled", "tiny-bert", "outputs:\n  - {kind: pooled, pool: first, pooler: tanh}\n"),
+        ("pooled", "tiny-bert", "outputs:\n  - {kind: pooled, pool: first, pooler: tanh}\n"
+                                "  - {kind: pooled, name: sentence_embedding, pool: mean, normalize: true}\n"),
     ],
 }
 

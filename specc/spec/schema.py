@@ -581,12 +581,16 @@ class ClassifierOutput(KindNode):
 
 class PooledOutput(KindNode):
     """One vector per sequence (Hugging Face's pooler_output): pool, then the optional
-    dense + tanh pooler, no projection. BERT's pooler is {kind: pooled, pool: first, pooler: tanh}."""
+    dense + tanh pooler, no projection, then, with `normalize`, scaled to unit length (L2).
+    BERT's pooler is {kind: pooled, pool: first, pooler: tanh}; a sentence-transformers
+    embedding {kind: pooled, name: sentence_embedding, pool: mean, normalize: true}. `max`: each
+    feature's largest value over the real tokens (the attention mask's ones)."""
 
     kind: Literal["pooled"] = "pooled"
     name: OutputName = "pooler_output"
-    pool: Literal["first", "mean", "last"] = "first"
+    pool: Literal["first", "mean", "last", "max"] = "first"
     pooler: Literal["tanh"] | None = None
+    normalize: bool = False
 
 
 class TokenClassifierOutput(KindNode):

@@ -30,6 +30,7 @@ from specc.spec.costs import parameter_shapes
 from specc.spec.load import load_spec, loads_spec
 from specc.spec.manifest import MANIFEST, WEIGHTS_FILE
 from specc.spec.resolve import resolve
+from tests.helpers.chattokenizer import chat_spec
 
 ort = pytest.importorskip("onnxruntime")
 transformers = pytest.importorskip("transformers")
@@ -223,6 +224,18 @@ def test_clients_run_the_builds_in_their_environment(marks):
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     assert " passed" in proc.stdout and "skipped" not in proc.stdout and "failed" not in proc.stdout, tail
+
+
+def test_a_spec_that_carries_a_tokenizer_is_described_as_without_one(tmp_path):
+    """The tokenizer a spec carries (an import's) changes nothing the graphs compute: its build gets
+    the config.json of the same spec without it (Optimum opens a real import's build)."""
+    def computed(config):  # the special ids apart: the chat spec names its tokenizer's
+        return {k: v for k, v in config.items() if not k.endswith("_token_id")}
+
+    plain = hf_config(resolved("tiny-llama")).config
+    carried = hf_config(resolve(load_spec(chat_spec(tmp_path)))).config
+    assert plain is not None and carried is not None and computed(carried) == computed(plain)
+    assert carried["pad_token_id"] == 0  # chat_spec's
 
 
 def test_window_caches_get_no_client_files_and_say_why():

@@ -57,3 +57,14 @@ def chat_spec(folder: Path, name: str = "tiny-chat", extra: str = "") -> Path:
     spec.write_text(f"specc: 1\nname: {name}\nextends: tiny-llama\ntokenizer: tok\n"
                     f"tokens: {{bos: {IM_START}, eos: {IM_END}, pad: {END_OF_TEXT}}}\n{extra}")
     return spec
+
+
+def embedding_spec(folder: Path, name: str = "tiny-embedder") -> Path:
+    """A tiny-bert spec carrying the same tokenizer (made in folder/tok), its padding id
+    <|endoftext|>, with a `sentence_embedding` output (the mean over the attention mask) beside its
+    last hidden state: what /v1/embeddings answers with."""
+    chat_tokenizer(folder / "tok")
+    spec = folder / f"{name}.yaml"
+    spec.write_text(f"specc: 1\nname: {name}\nextends: tiny-bert\ntokenizer: tok\ntokens: {{pad: {END_OF_TEXT}}}\n"
+                    "outputs:\n  - {kind: hidden}\n  - {kind: pooled, name: sentence_embedding, pool: mean}\n")
+    return spec

@@ -316,14 +316,17 @@ def _hf_tensors(model, arch: str, c: dict, head_copy: bool):
 
 
 def write_gguf(model, path, qtype: str = "F32", pooling: gguf.PoolingType | None = None,
-               head_copy: bool = False) -> None:
+               head_copy: bool = False, name: str | None = None) -> None:
     """MODEL (a transformers model) as llama.cpp's converter writes it, 2-D tensors (and stacked
     experts) in QTYPE (F32 or Q8_0, where a row is whole blocks of 32; MXFP4: the stacked experts'
     weights alone, as gpt-oss's files hold them); POOLING: the pooling type the BERT converter
-    writes for a sentence-transformers folder; HEAD_COPY: T5's tied head written as output.weight."""
+    writes for a sentence-transformers folder; HEAD_COPY: T5's tied head written as output.weight;
+    NAME: general.name (none where None)."""
     c = model.config.to_dict()
     arch = ARCH[c["model_type"]]
     w = gguf.GGUFWriter(path, arch)
+    if name is not None:
+        w.add_name(name)
     _metadata(w, arch, c, pooling)
     vocab = c["vocab_size"]
     if arch == "t5":  # the sentencepiece pieces, then [PADi] up to the vocabulary (T5's 100 sentinels among them)

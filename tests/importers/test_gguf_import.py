@@ -473,3 +473,15 @@ def test_cli_import_gguf(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:  # exists: refused without --force
         cli(["import", "gguf", str(path), "-o", str(tmp_path / "m.yaml")])
     assert done.value.code != 0
+
+
+@pytest.mark.parametrize("general_name,want", [("SmolLM2 135M Instruct", "smollm2-135m-instruct"),
+                                               ("  ***  ", "tiny.q8_0"), (None, "tiny.q8_0")])
+def test_the_spec_is_named_after_the_files_general_name(tmp_path, general_name, want):
+    """general.name where it makes a spec name, else the file's name; --name over both."""
+    path = tmp_path / "Tiny.Q8_0.gguf"
+    write_gguf(hf_model("llama"), path, name=general_name)
+    spec, _ = import_gguf(path, tmp_path / "m.yaml", tokenizer=False)
+    assert specc.load_spec(spec).name == want
+    spec, _ = import_gguf(path, tmp_path / "m.yaml", tokenizer=False, force=True, name="mine")
+    assert specc.load_spec(spec).name == "mine"

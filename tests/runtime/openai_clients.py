@@ -3,7 +3,8 @@ tests/runtime/test_openai_serve.py in the serve environment (.venv-serve, where 
 the `serve` extra): `python openai_clients.py BASE_URL MODEL CASES.json` prints one JSON object of
 what each client saw. Nothing here judges; the test compares.
 
-CASES.json: {"chats": [{"messages": [...], "max_tokens": n, "stop": [...] or null}, ...]}; each
+CASES.json: {"embeddings": [texts]} for an embedding build (embeddings(), below), or
+{"chats": [{"messages": [...], "max_tokens": n, "stop": [...] or null}, ...]}; each
 chat is asked four ways: sync, streamed (sync), async, and all of them at once as concurrent
 async streams (16 or more), plus a completion of each chat's last message as a plain prompt, and the
 errors the package raises for an unknown model and a bad request.
@@ -43,11 +44,38 @@ async def text_of_async_stream(stream) -> dict:
     return out
 
 
+def embeddings(client, model: str, texts: list[str]) -> dict:
+    """The texts' embeddings as the package gives them: by default (it asks for base64 and decodes
+    it), as floats, one text alone; and the errors it raises for an unknown model and no input."""
+    seen: dict = {}
+    r = client.embeddings.create(model=model, input=texts)
+    seen["default"] = [d.embedding for d in r.data]
+    seen["usage"], seen["object"], seen["model"] = r.usage.model_dump(), r.object, r.model
+    seen["float"] = [d.embedding for d in client.embeddings.create(model=model, input=texts,
+                                                                    encoding_format="float").data]
+    seen["one"] = client.embeddings.create(model=model, input=texts[0]).data[0].embedding
+    errors = {}
+    try:
+        client.embeddings.create(model="no-such-model", input="hi")
+    except openai.NotFoundError as exc:
+        errors["unknown_model"] = [exc.status_code, exc.body]
+    try:
+        client.embeddings.create(model=model, input=[])
+    except openai.BadRequestError as exc:
+        errors["no_input"] = [exc.status_code, exc.body]
+    seen["errors"] = errors
+    return seen
+
+
 def main(base_url: str, model: str, cases_file: str) -> None:
     cases = json.load(open(cases_file))
-    chats = cases["chats"]
     client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
     seen: dict = {"models": [m.id for m in client.models.list().data]}
+    if "embeddings" in cases:  # an embedding build: it has no chat
+        seen.update(embeddings(client, model, cases["embeddings"]))
+        print(json.dumps(seen))
+        return
+    chats = cases["chats"]
 
     def ask(c):
         return {"messages": c["messages"], "max_tokens": c["max_tokens"], **({"stop": c["stop"]} if c.get("stop") else {})}

@@ -156,11 +156,12 @@ def test_models_and_routes(api):
     reply = api.handle("GET", "/v1/models", b"", threading.Event())
     assert reply.status == 200 and json.loads(reply.data)["data"][0]["id"] == MODEL
     assert api.handle("GET", f"/v1/models/{MODEL}", b"", threading.Event()).status == 200
-    for method, path, status, code in [("GET", "/v1/models/gpt-4", 404, "model_not_found"),
-                                       ("GET", "/v1/nothing", 404, "not_found"),
-                                       ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
-                                       ("POST", "/v1/embeddings", 501, "not_supported")]:
-        reply = api.handle(method, path, b"{}", threading.Event())
+    embed = json.dumps({"model": MODEL, "input": "hi"}).encode()  # a chat build has no sentence embedding
+    for method, path, status, code, body in [("GET", "/v1/models/gpt-4", 404, "model_not_found", b"{}"),
+                                             ("GET", "/v1/nothing", 404, "not_found", b"{}"),
+                                             ("GET", "/v1/chat/completions", 405, "method_not_allowed", b"{}"),
+                                             ("POST", "/v1/embeddings", 400, "model_not_supported", embed)]:
+        reply = api.handle(method, path, body, threading.Event())
         error = json.loads(reply.data)["error"]
         assert reply.status == status and error["code"] == code and error["message"], (path, error)
 
@@ -280,8 +281,9 @@ def test_a_build_that_does_not_generate_says_so(session):
     assert json.loads(reply.data)["data"] == []
     reply = api.handle("POST", "/v1/chat/completions", json.dumps({**GOOD, "model": "minilm"}).encode(), threading.Event())
     assert reply.status == 404 and "not a text generation model" in json.loads(reply.data)["error"]["message"]
-    reply = api.handle("POST", "/v1/embeddings", b"{}", threading.Event())
-    assert reply.status == 501 and "no sentence embedding" in json.loads(reply.data)["error"]["message"]
+    reply = api.handle("POST", "/v1/embeddings", json.dumps({"model": "minilm", "input": "x"}).encode(),
+                       threading.Event())
+    assert reply.status == 400 and "no sentence_embedding output" in json.loads(reply.data)["error"]["message"]
 
 
 def test_the_chat_template_renders_as_transformers_renders_it(session, chat_build):

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 import specc
 from specc.cli import main
-from tests.helpers.chattokenizer import chat_spec
+from tests.helpers.chattokenizer import chat_spec, embedding_spec
 from tests.runtime.test_serve import ROOT, Server, needs_serve_env
 
 pytest.importorskip("onnxruntime")
@@ -155,7 +155,7 @@ def test_the_openai_package_and_curl_against_a_real_server(tmp_path):
                 assert "Traceback" not in error["message"] and str(ROOT) not in error["message"]
             assert request(server.http, "POST", "/v1/chat/completions", good)[0] == 200
         status, _, raw = request(server.http, "POST", "/v1/embeddings", {"model": MODEL, "input": "x"})
-        assert status == 501 and "no sentence embedding" in json.loads(raw)["error"]["message"]
+        assert status == 400 and "no sentence_embedding output" in json.loads(raw)["error"]["message"]
         assert server.proc.poll() is None
     finally:
         code = server.stop()
@@ -169,6 +169,41 @@ def read_events(answer, n: int) -> None:
         line = answer.fp.readline()
         assert line, "the stream ended"
         seen += line.startswith(b"data:")
+
+
+@needs_serve_env
+def test_the_openai_package_embeds_on_a_real_server(tmp_path):
+    """An embedding build served: the package's embeddings (its default, base64 decoded by it, and
+    floats) are the build's sentence_embedding for each text, usage its tokens; its errors."""
+    needs_openai_package()
+    from specc.runtime import Session
+
+    build = specc.build(embedding_spec(tmp_path, "tiny-embedder"), tmp_path / "tiny-embedder").out_dir
+    session = Session(build)
+    texts = ["What is the capital of France?", "Hi", "Embeddings map text to vectors.", "x", "The end, at last."]
+    want = np.concatenate([session.run(**session.encode([t]))["sentence_embedding"] for t in texts])  # each alone
+    tokens = sum(len(r) for r in session.tokenizer.prompts(texts))
+    (tmp_path / "cases.json").write_text(json.dumps({"embeddings": texts}))
+    server = Server(build)
+    try:
+        assert "sentence embeddings at" in server.output()
+        run = subprocess.run([str(SERVE_PYTHON), str(CLIENTS), f"http://127.0.0.1:{server.http}/v1", "tiny-embedder",
+                              str(tmp_path / "cases.json")], capture_output=True, text=True, timeout=300,
+                             env={k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"})
+        assert run.returncode == 0, run.stderr
+        seen = json.loads(run.stdout)
+        assert seen["models"] == ["tiny-embedder"] and seen["object"] == "list" and seen["model"] == "tiny-embedder"
+        for way in ("default", "float"):
+            assert np.abs(np.array(seen[way]) - want).max() <= 1e-5, way
+        assert np.abs(np.array(seen["one"]) - want[0]).max() <= 1e-5
+        assert seen["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+        assert seen["errors"]["unknown_model"][0] == 404 and seen["errors"]["no_input"][0] == 400
+        status, _, raw = request(server.http, "POST", "/v1/chat/completions",
+                                 {"model": "tiny-embedder", "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 404 and "not a text generation model" in json.loads(raw)["error"]["message"]
+    finally:
+        code = server.stop()
+    assert code == 0, server.output()
 
 
 @needs_serve_env

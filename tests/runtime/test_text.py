@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -234,6 +235,41 @@ def test_generate_chat_feeds_the_rendered_template(llama_build):
     assert doc["ids"][0][:len(prompt)] == prompt
     assert s.tokenizer.decode(prompt).startswith("system\nYou are a helpful AI assistant named SmolLM")
     assert doc["new_ids"] == s.generate([prompt], max_new_tokens=5).new_ids
+
+
+def test_text_without_chat_on_an_instruct_build_says_how_to_chat(llama_build, bert_build, minilm_tok):
+    """An instruct build (its tokenizer has a chat template) given plain text without --chat
+    continues it as it is and says in one line how to chat; not with --chat, not for a text put in
+    the template by hand, not for a build whose tokenizer has no template."""
+    plain = cli("generate", llama_build, "--text", "What is the capital of France?", "--max-new-tokens", "3")
+    assert plain.exit_code == 0
+    hint = [line for line in plain.stderr.splitlines() if "--chat" in line]
+    assert len(hint) == 1 and hint[0].startswith("specc: text-tiny-llama has a chat template; to chat, add --chat")
+    s = Session(llama_build)
+    templated = s.tokenizer.chat([{"role": "user", "content": "Hi"}])
+    for args in (["--chat", "--text", "Hi"], ["--text", templated]):
+        result = cli("generate", llama_build, *args, "--max-new-tokens", "3")
+        assert result.exit_code == 0 and "--chat" not in result.stderr, result.stderr
+    assert s.tokenizer.templated(templated) and not s.tokenizer.templated("What is <b>bold</b>?")
+    result = cli("generate", bert_build, "--text", "hi", "--tokenizer", minilm_tok)  # an encoder: refused as before
+    assert "--chat" not in result.stderr
+
+
+def test_generate_stats_says_how_many_tokens_and_how_fast(llama_build):
+    result = cli("generate", llama_build, "--chat", "--text", "Hi", "--max-new-tokens", "6", "--eos-id", "-1",
+                 "--stats", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)  # stdout keeps the answer alone
+    assert len(doc["new_ids"][0]) == 6
+    line = result.stderr.strip().splitlines()[-1]
+    m = re.fullmatch(r"specc: 6 new tokens in ([\d.]+) s, ([\d.]+) tokens/s "
+                     r"\(first token after ([\d.]+) s; then ([\d.]+) tokens/s\)", line)
+    assert m, line
+    took, rate, first, then = map(float, m.groups())
+    assert abs(rate - 6 / took) <= 0.05 * rate + 0.1 and first < took and then > 0
+    beams = cli("generate", llama_build, "--ids", "5,6,7", "--beams", "2", "--max-new-tokens", "4", "--eos-id", "-1",
+                "--stats")
+    assert re.fullmatch(r"specc: 4 new tokens in [\d.]+ s, [\d.]+ tokens/s", beams.stderr.strip().splitlines()[-1])
 
 
 # --- refusals ------------------------------------------------------------------------------------------------

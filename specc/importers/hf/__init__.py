@@ -10,6 +10,7 @@ written in specc.importers.table's rows); this package reads them. The modules, 
 - checkpoint: reading a folder (config.json, safetensors, pytorch_model.bin, index files);
 - convert: config -> spec, checkpoint tensors -> specc's parameters;
 - tokenizer: the checkpoint's tokenizer files (or a GGUF file's, converted), carried beside the spec;
+- sentence: a sentence-transformers folder's pooling as the `sentence_embedding` output;
 - importer: the whole import, writing all its files or none;
 - docgen: the mapping tables of docs/import.md;
 - as_config: a resolved spec as config.json, the tables read backwards (specc.builder.clients writes it).

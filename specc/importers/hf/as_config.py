@@ -6,8 +6,8 @@ tables' order) whose config imports (convert.config_to_spec, the importer's own 
 checked against transformers) as a spec that resolves to r's computation; else None, with `why`
 naming what no family can say. So a config.json specc writes never describes another model than
 the one built. Compared: every resolved key but the ones that do not change what the graph
-computes (name, description, extends, weights, serving, dropout, tokens: the special ids go to
-the config where the family has fields for them, and to generation_config.json).
+computes (name, description, extends, weights, tokenizer, serving, dropout, tokens: the special
+ids go to the config where the family has fields for them, and to generation_config.json).
 
 How a config is made: each field of the table is the spec's value at its key, or the config value
 the field's converter maps onto it (an activation name through the field's lookup table, a bool
@@ -36,7 +36,7 @@ from specc.spec.resolve import ResolvedSpec, resolve
 from specc.spec.yamlio import dump_yaml
 
 # resolved keys that do not change what a graph computes (see the module's contract)
-IGNORED = ("specc", "name", "description", "extends", "weights", "serving", "dropout", "tokens")
+IGNORED = ("specc", "name", "description", "extends", "weights", "tokenizer", "serving", "dropout", "tokens")
 
 # config values a converter may map onto a spec value besides the spec's own value, the field's
 # default and the names of the field's lookup table (Lookup.table): the two bools

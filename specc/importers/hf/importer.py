@@ -27,28 +27,39 @@ from specc.errors import SpecError
 from specc.fileio import write_atomic
 from specc.importers.hf.checkpoint import CheckpointError, read_checkpoint
 from specc.importers.hf.convert import config_to_spec, convert_tensors, family_of, spec_error
+from specc.importers.hf.sentence import sentence_embedding
 from specc.importers.hf.tokenizer import hf_tokenizer, remove_folder, tokenizer_folder, write_folder
 from specc.spec import loads_spec, resolve
 from specc.spec.yamlio import dump_yaml
 
 
-def _name_from(src: Path) -> str:
-    name = re.sub(r"[^a-z0-9._-]+", "-", src.resolve().name.lower()).strip("-._")
-    return name or "imported"
+def spec_name(*texts: str | None) -> str:
+    """The first of TEXTS that makes a spec name, as one: lower case, each run of other characters
+    than a-z, 0-9, '.', '_' and '-' one '-', none at either end, at most 128 characters;
+    "imported" where none does."""
+    for text in texts:
+        name = re.sub(r"[^a-z0-9._-]+", "-", (text or "").lower()).strip("-._")[:128].rstrip("-._")
+        if name:
+            return name
+    return "imported"
 
 
 def import_hf(src: str | os.PathLike, out_spec: str | os.PathLike, *, name: str | None = None,
               force: bool = False, max_length: int | None = None, tokenizer: bool = True) -> tuple[Path, Path]:
     """Write OUT.yaml and OUT.safetensors (beside it) for the checkpoint folder SRC, and
-    OUT.tokenizer/ where the folder has a tokenizer.json (unless tokenizer=False); returns the
-    spec's and the weights' paths. Nothing is written unless the import succeeds and the spec
+    OUT.tokenizer/ where the folder has a tokenizer.json (unless tokenizer=False), and, for a
+    sentence-transformers folder whose pooling the language computes, the `sentence_embedding`
+    output (specc.importers.hf.sentence); returns the spec's and the weights' paths. Nothing is written unless the import succeeds and the spec
     validates. max_length: serving.length.max (default: the checkpoint's context)."""
     src = Path(src)
     weights = check_outputs(out_spec, force)
     config, tensors = read_checkpoint(src)
-    return write_import(config, tensors, str(src / "config.json"), Path(out_spec), weights, name or _name_from(src),
-                        "Imported from a Hugging Face {arch} checkpoint (model_type {model_type}) by specc import hf",
-                        max_length=max_length, tokenizer=(lambda vocab: hf_tokenizer(src, vocab)) if tokenizer else None)
+    outputs, note = sentence_embedding(src)
+    note = f"; {note}".replace("{", "{{").replace("}", "}}") if note else ""  # write_import formats it
+    return write_import(config, tensors, str(src / "config.json"), Path(out_spec), weights, name or spec_name(src.resolve().name),
+                        "Imported from a Hugging Face {arch} checkpoint (model_type {model_type}) by specc import hf"
+                        + note, max_length=max_length,
+                        tokenizer=(lambda vocab: hf_tokenizer(src, vocab)) if tokenizer else None, outputs=outputs)
 
 
 def check_outputs(out_spec: str | os.PathLike, force: bool) -> Path:
