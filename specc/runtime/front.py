@@ -34,7 +34,7 @@ import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Iterable
 
 from specc.decoding.errors import is_busy
 from specc.errors import first_line
@@ -169,18 +169,8 @@ class _Forward(BaseHTTPRequestHandler):
             if self.command != "HEAD":
                 self.wfile.write(data)
             return
-        chunked = self.request_version != "HTTP/1.0"
-        if chunked:
-            self.send_header("Transfer-Encoding", "chunked")
-        else:
-            self.close_connection = True
-        self.end_headers()
         try:
-            for data in reply.chunks:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
-                self.wfile.flush()
-            if chunked:
-                self.wfile.write(b"0\r\n\r\n")
+            self._stream(reply.chunks)
         except OSError:  # the client went away mid-stream: its request ends, its place comes free
             self.close_connection = True
             reply.close()
@@ -296,16 +286,18 @@ class _Forward(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             return
+        self._stream(iter(lambda: answer.read1(1 << 16), b""))  # each piece on as it comes
+
+    def _stream(self, pieces: Iterable[bytes]) -> None:
+        """End the headers and write a body of unknown length piece by piece as it comes: chunked,
+        or for an HTTP/1.0 client raw, then the connection ends. OSError: the client went away."""
         chunked = self.request_version != "HTTP/1.0"
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
         else:
             self.close_connection = True
         self.end_headers()
-        while True:  # a stream: each piece on as it comes
-            data = answer.read1(1 << 16)
-            if not data:
-                break
+        for data in pieces:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
             self.wfile.flush()
         if chunked:
