@@ -56,7 +56,7 @@ def test_quickstart_is_install_the_demo_then_four_commands_on_a_spec():
 def test_the_demo_the_pages_show_is_what_make_demo_runs():
     """The last command README.md and the quickstart show for `make demo` is the Makefile's, with
     its defaults filled in (make -n prints it)."""
-    proc = subprocess.run(["make", "-n", "demo", f"VENV={ROOT / '.venv'}"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "demo", f"VENV={ROOT / '.venv'}"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     last = proc.stdout.strip().splitlines()[-1].replace(str(ROOT / ".venv"), ".venv").replace('"', "")
