@@ -69,7 +69,8 @@ def build(variant: str, precision: str) -> tuple[Path, float]:
     if variant == "moe-loop":
         experts.FUSED_ACTIVATIONS = ()  # the loop over experts: Experts.forward, in this process only
     try:
-        out = specc.build(loads_spec(spec_text(variant)), WORK / f"{variant}-{precision}", precision=precision).out_dir
+        out = specc.build(loads_spec(spec_text(variant)), WORK / f"{variant}-{precision}", precision=precision,
+                          force=True).out_dir
     finally:
         experts.FUSED_ACTIVATIONS = fused
     return out, time.perf_counter() - start

@@ -98,7 +98,8 @@ def describe(precision: str) -> dict:
     scheme = SCHEMES[precision]
     return {"op": "MatMulNBits", "bits": scheme.bits, "block": scheme.block, "accuracy_level": scheme.accuracy_level,
             "accuracy_level_without_cache": WHOLE_SEQUENCE_ACCURACY_LEVEL,
-            "zero_points": scheme.zero_points, "offset_form": scheme.bits <= 4, "tied_head": TIED_HEAD[precision] or "fp32"}
+            "zero_points": scheme.zero_points, "offset_form": scheme.bits <= 4, "tied_head": TIED_HEAD[precision] or "fp32",
+            "routed_experts": "QMoE"}
 
 
 def accuracy_level(scheme: Scheme, sig) -> int:
