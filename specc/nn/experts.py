@@ -26,7 +26,9 @@ MoE node (specc/export/moe.py), so that a graph reads only the chosen experts' w
 hands it logits: a softmax router's own (the operator takes the top_k and their softmax over
 every expert, or over the top_k alone where the weights are renormalised), or for any other
 router the log of its weights at its choice and -inf elsewhere, the output then multiplied by the
-weights' sum (Router.as_logits). Other activations and dtypes keep the loop (Experts.forward).
+weights' sum (Router.as_logits). Other activations and dtypes keep the loop (Experts.forward),
+and so does a forward pass that records gradients (training: the operator has no backward); the
+export and verification run without them.
 """
 from __future__ import annotations
 
@@ -249,7 +251,7 @@ class MoE(nn.Module):
         """x [..., D] -> [..., D]."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if self.spec.activation in FUSED_ACTIVATIONS and flat.dtype == torch.float32:
+        if self.spec.activation in FUSED_ACTIVATIONS and flat.dtype == torch.float32 and not torch.is_grad_enabled():
             logits, normalize, factor = self.router.as_logits(flat)
             out = self.experts.routed(flat, logits, normalize)
             if factor is not None:

@@ -91,3 +91,5 @@ def test_the_loop_is_kept_where_the_operator_has_no_such_activation(monkeypatch)
     with torch.no_grad():
         swiglu(torch.randn(2, 3, D))
     assert seen == [1] and swiglu.experts.routed_weights == ("gate", "up", "down")
+    swiglu(torch.randn(2, 3, D)).sum().backward()  # gradients recorded: the loop, which has a backward
+    assert seen == [1] and swiglu.experts.up.grad is not None
