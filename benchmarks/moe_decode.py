@@ -2,7 +2,7 @@
 routed experts' active size: does the exported graph read only the experts a token chose?
 
     .venv/bin/python benchmarks/moe_decode.py [--variants moe moe-loop dense] [--precisions fp32 int8 int4]
-                                              [--prompt 32] [--new 32] [--rounds 3] [--doc]
+                                              [--prompt 32] [--new 32] [--rounds 3] [--reuse] [--doc]
 
 The model: qwen3-30b-a3b's layer (d_model 2048, 32 query heads over 4 kv heads of 128, QK-norm,
 128 SwiGLU experts of d_ff 768, 8 chosen per token by a softmax router renormalised), one layer,
@@ -62,15 +62,17 @@ def spec_text(variant: str) -> str:
     return SPEC.format(variant=variant, vocab=VOCAB, ffn=FFNS[variant])
 
 
-def build(variant: str, precision: str) -> tuple[Path, float]:
-    """The variant built at `precision` (seed 0); returns its folder and the build's seconds."""
+def build(variant: str, precision: str, reuse: bool = False) -> tuple[Path, float]:
+    """The variant built at `precision` (seed 0), or with `reuse` the build there if it is up to
+    date (its cache key sees neither the export's form nor specc's code: a run with --reuse must
+    follow one without it, on the same code); returns its folder and the build's seconds."""
     start = time.perf_counter()
     fused = experts.FUSED_ACTIVATIONS
     if variant == "moe-loop":
         experts.FUSED_ACTIVATIONS = ()  # the loop over experts: Experts.forward, in this process only
     try:
         out = specc.build(loads_spec(spec_text(variant)), WORK / f"{variant}-{precision}", precision=precision,
-                          force=True).out_dir
+                          force=not reuse).out_dir
     finally:
         experts.FUSED_ACTIVATIONS = fused
     return out, time.perf_counter() - start
@@ -98,6 +100,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reuse", action="store_true", help="take the builds an earlier run left, where up to date")
     ap.add_argument("--doc", action="store_true", help="append the tables to docs/benchmarks_moe.md")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -106,7 +109,7 @@ def main() -> None:
     rows, quality_rows, built = [], [], {}
     for precision in args.precisions:
         for v in args.variants:
-            built[(v, precision)] = build(v, precision)
+            built[(v, precision)] = build(v, precision, args.reuse)
         sessions = {v: Session(built[(v, precision)][0], threads=THREADS, inplace=False) for v in args.variants}
         got: dict[str, list[float]] = {v: [] for v in args.variants}
         for _ in range(args.rounds):
