@@ -101,3 +101,11 @@ def test_integer_builds_pack_the_experts_as_qmoe(built, name, precision):
     for graph in ("model.onnx", "inplace.onnx"):
         ops = _ops(result.out_dir / graph)
         assert ops.get("QMoE", 0) == SPECS[name][1] and "MoE" not in ops, (graph, ops)
+
+
+def test_a_streamed_build_folds_and_packs_each_layers_experts_as_it_writes_them(tmp_path):
+    """The interleaved expert weight and its integer codes are lazy: a streamed build, whose
+    layers' weights are read when written, makes them then (and verifies the graph as any other)."""
+    result = build(speclib.tiny(SPECS["softmax-normalize"][0]), tmp_path / "out", precision="int4", stream=True)
+    assert "streamed" in result.manifest["verification"] and result.manifest["verification"]["passed"] is True
+    assert _ops(result.out_dir / "model.onnx").get("QMoE") == SPECS["softmax-normalize"][1]
