@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from specc.errors import BuildError, first_line
+from specc.export import moe
 from specc.export import stitch as st
 from specc.export.external import INLINE_BYTES
 from specc.spec.io import BATCH, ENC_SEQ, INPUT_IDS, PAST, POSITION_IDS, SEQ, TOKEN_TYPE_IDS, TOTAL, concrete_dims
@@ -161,7 +162,7 @@ def export_graph(model: nn.Module, sig: GraphSig, example: dict[str, torch.Tenso
             return torch.onnx.export(
                 wrapper, args, dynamo=True, optimize=False, opset_version=opset,
                 input_names=wrapper.input_names, output_names=wrapper.output_names,
-                dynamic_shapes=(dynamic,), verbose=False,
+                dynamic_shapes=(dynamic,), verbose=False, custom_translation_table=moe.translations(),
             )
     except Exception as exc:  # the exporter raises many types; report it as a build failure
         interrupt = _interrupt(exc)  # Ctrl-C or SIGTERM inside torch.export comes back wrapped in its own error
@@ -187,6 +188,7 @@ def optimize(program, prefolded: bool = False) -> dict:
     removal, redundant-op elimination). A stitched graph whose traced layers were prefolded gets
     only what prefold left out. Returns the node counts before and after."""
     before = len(program.model.graph)
+    moe.fold_expert_weights(program.model.graph)
     if prefolded:
         fold_weight_transposes(program.model.graph)
         _finish(program.model)

@@ -28,6 +28,14 @@ decode then reads its codes, not the fp32 table, at every token, while Gather (t
 lookup) keeps the table in fp32. An int8 build keeps it fp32.
 The attention products (activation by activation) stay fp32. The graph is written back in place,
 normalized again so identical inputs give identical bytes.
+
+Routed experts (a MoE node, specc/export/moe.py) become onnxruntime's QMoE: each expert's
+weights packed by the same scheme, row by row along K ([E, N, K] as MoE holds them: codes
+[E, N, K * bits / 8], scales [E, N, K / block], int8's zero points [E, N, K / block]), always in
+the scheme's own form (QMoE has no offset form), at the graph's accuracy level, where the block
+divides both d_model and the experts' d_ff (else the experts stay fp32). The router stays fp32
+(a Gemm, which this module leaves alone), so an integer build chooses the experts the fp32 model
+would for the same input.
 """
 from __future__ import annotations
 
@@ -90,7 +98,8 @@ def describe(precision: str) -> dict:
     scheme = SCHEMES[precision]
     return {"op": "MatMulNBits", "bits": scheme.bits, "block": scheme.block, "accuracy_level": scheme.accuracy_level,
             "accuracy_level_without_cache": WHOLE_SEQUENCE_ACCURACY_LEVEL,
-            "zero_points": scheme.zero_points, "offset_form": scheme.bits <= 4, "tied_head": TIED_HEAD[precision] or "fp32"}
+            "zero_points": scheme.zero_points, "offset_form": scheme.bits <= 4, "tied_head": TIED_HEAD[precision] or "fp32",
+            "routed_experts": "QMoE"}
 
 
 def accuracy_level(scheme: Scheme, sig) -> int:
@@ -255,9 +264,26 @@ def dequantized(weight, precision: str):
     return _unpacked_rows(pack(w, scheme, offsets=offset_form(w, scheme)), scheme, w.shape[0]).contiguous()
 
 
+def experts_packed(d_model: int, d_ff: int, scheme: Scheme) -> bool:
+    """Whether routed experts of these widths are packed (QMoE's blocks divide both)."""
+    return d_model % scheme.block == 0 and d_ff % scheme.block == 0
+
+
+def dequantized_experts(weight, precision: str):
+    """Stacked expert weights [E, N, K] (torch) as QMoE multiplies by them: each expert's rows
+    packed along K in the scheme's own form and unpacked."""
+    import torch
+
+    scheme = SCHEMES[precision]
+    w = weight.detach().float()
+    return torch.stack([_unpacked_rows(pack(w[e].T.contiguous().numpy(), scheme), scheme, w.shape[2])
+                        for e in range(w.shape[0])])
+
+
 def dequantize_linears(module, precision: str) -> None:
     """Every Linear weight of `module` that an integer build quantizes replaced, in place, by
-    dequantized(), and a tied lm head given the embedding table so dequantized (TIED_HEAD) as its projection
+    dequantized() (and routed experts' stacked weights, where a MoE node holds them, by
+    dequantized_experts()), and a tied lm head given the embedding table so dequantized (TIED_HEAD) as its projection
     (the lookup keeps the table itself): torch then computes with the weights the build's graph
     holds (what verification compares it with). Not quantized: the Linears of a pooled head
     (Head.pooled_linears: the exporter writes those as Gemm)."""
@@ -267,6 +293,10 @@ def dequantize_linears(module, precision: str) -> None:
     for sub in module.modules():
         if isinstance(sub, nn.Linear) and id(sub) not in pooled:
             sub.weight.data = dequantized(sub.weight, precision)
+        for name in getattr(sub, "routed_weights", ()):  # Experts' stacked [E, N, K] weights that a MoE node holds
+            param = getattr(sub, name)
+            if experts_packed(sub.up.shape[2], sub.down.shape[2], SCHEMES[precision]):
+                param.data = dequantized_experts(param, precision)
     if hasattr(module, "heads") and hasattr(module, "embeddings"):  # the whole model (a SpeccModel), not a layer
         tied = [h for h in module.heads.values() if h.kind in ("lm", "mlm") and h.proj is None]
         if tied and TIED_HEAD[precision]:
@@ -286,6 +316,7 @@ def quantize(model, precision: str, sig) -> dict:
     try:
         level = accuracy_level(scheme, sig)
         count, offset_count = _rewrite(model.graph, scheme, level, SCHEMES.get(TIED_HEAD[precision]))
+        experts = _rewrite_experts(model.graph, scheme, level)
     except BuildError:
         raise
     except Exception as exc:  # onnx_ir's and numpy's own errors on a graph this module does not expect
@@ -296,7 +327,8 @@ def quantize(model, precision: str, sig) -> dict:
     for n in model.graph:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
     return {"graph": sig.name, "precision": precision, "float_matmuls_left": ops.get("MatMul", 0),
-            "quantized_ops": {"MatMulNBits": count}, "offset_form": offset_count, "bits": scheme.bits,
+            "quantized_ops": {"MatMulNBits": count, **({"QMoE": experts} if experts else {})},
+            **({"moe_left_fp32": ops["MoE"]} if "MoE" in ops else {}), "offset_form": offset_count, "bits": scheme.bits,
             "block": scheme.block, "accuracy_level": level}
 
 
@@ -449,3 +481,87 @@ def _rewrite(graph, scheme: Scheme, level: int, head: Scheme | None = None) -> t
         if not weight.value.uses():
             graph.initializers.pop(weight.value.name)
     return count, offset_count
+
+
+def _rewrite_experts(graph, scheme: Scheme, level: int) -> int:
+    """Every MoE node whose expert weights are fp32 initializers whose widths the scheme's block
+    divides (experts_packed) becomes QMoE, at accuracy `level`; returns how many."""
+    import onnx_ir as ir
+
+    count = 0
+    for node in list(graph):
+        if node.op_type != "MoE" or node.domain != "com.microsoft":
+            continue
+        fc1, fc2 = node.inputs[2], node.inputs[4]
+        weights = [w for w in (fc1, fc2) if w is not None and w.name in graph.initializers and w.const_value is not None
+                   and w.const_value.dtype == ir.DataType.FLOAT and len(w.const_value.shape) == 3]
+        if len(weights) != 2:
+            continue
+        d_model, d_ff = fc1.const_value.shape[2], fc2.const_value.shape[2]
+        if not experts_packed(d_model, d_ff, scheme):
+            continue
+        cache = _ExpertPacks(scheme)
+        packed = [_expert_values(graph, cache, w, scheme) for w in (fc1, fc2)]
+        bias = [node.inputs[i] if len(node.inputs) > i else None for i in (3, 5)]
+        inputs = [node.inputs[0], node.inputs[1], packed[0]["codes"], packed[0]["scales"], bias[0],
+                  packed[1]["codes"], packed[1]["scales"], bias[1], None, None, None]
+        inputs += [packed[0]["zero_points"], packed[1]["zero_points"]] if scheme.zero_points else [None, None]
+        attributes = {a.name: a.value for a in node.attributes.values()}
+        attributes.update(expert_weight_bits=scheme.bits, block_size=scheme.block, accuracy_level=level)
+        new = []
+        if not attributes.get("normalize_routing_weights", 0):
+            # QMoE (CPU) weighs by the softmax of the top k alone, unless it is given router_weights,
+            # whose values at the chosen experts it uses as they are: MoE's softmax over every logit
+            weights = ir.node("Softmax", [node.inputs[1]], attributes={"axis": -1}, name=f"{node.name}.router_weights")
+            weights.outputs[0].name = f"{node.name}.router_weights"
+            new.append(weights)
+            inputs += [None, weights.outputs[0]]  # fc3_zero_points, router_weights
+        qmoe = ir.node("QMoE", inputs, attributes=attributes, domain="com.microsoft", name=node.name)
+        new.append(qmoe)
+        ir.convenience.replace_nodes_and_values(graph, node, [node], new, [node.outputs[0]], [qmoe.outputs[0]])
+        for w in (fc1, fc2):
+            if not w.uses():
+                graph.initializers.pop(w.name)
+        count += 1
+    return count
+
+
+class _ExpertPacks:
+    """Stacked expert weights [E, N, K] packed expert by expert, the last one kept: its codes,
+    scales and zero points are written one after another."""
+
+    def __init__(self, scheme: Scheme):
+        self.scheme = scheme
+        self._last: tuple[str, dict[str, np.ndarray]] | None = None
+
+    def get(self, value) -> dict[str, np.ndarray]:
+        if self._last is None or self._last[0] != value.name:
+            self._last = None
+            w = value.const_value.numpy()
+            n = w.shape[1]
+            packs = [pack(np.ascontiguousarray(w[e].T), self.scheme) for e in range(w.shape[0])]
+            arrays = {"codes": np.stack([p.codes.reshape(n, -1) for p in packs]),
+                      "scales": np.stack([p.scales.reshape(n, -1) for p in packs])}
+            if self.scheme.zero_points:
+                arrays["zero_points"] = np.stack([p.zero_points.reshape(n, -1) for p in packs])
+            self._last = (value.name, arrays)
+        return self._last[1]
+
+
+def _expert_values(graph, cache: _ExpertPacks, value, scheme: Scheme) -> dict:
+    """QMoE's initializers for one stacked weight [E, N, K], made when written."""
+    import onnx_ir as ir
+
+    e, n, k = value.const_value.shape
+    blocks = k // scheme.block
+    shapes = {"codes": (np.uint8, (e, n, k * scheme.bits // 8)), "scales": (np.float32, (e, n, blocks))}
+    if scheme.zero_points:
+        shapes["zero_points"] = (np.uint8, (e, n, -(-blocks * scheme.bits // 8)))
+    values = {}
+    for field, (dtype, shape) in shapes.items():
+        name = f"{value.name}_q{scheme.bits}.{field}"
+        tensor = ir.LazyTensor(lambda f=field, name=name: ir.tensor(cache.get(value)[f], name=name),
+                               dtype=ir.DataType.from_numpy(np.dtype(dtype)), shape=ir.Shape(shape), name=name)
+        values[field] = ir.Value(name=name, shape=ir.Shape(shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
+        graph.register_initializer(values[field])
+    return values

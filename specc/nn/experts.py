@@ -18,8 +18,21 @@ Routers (specc.spec.schema: SoftmaxRouter, TopKSoftmaxRouter, SigmoidRouter, Spa
 each as transformers computes its families' (MixtralTopKRouter, Qwen2MoeTopKRouter, OlmoeTopKRouter,
 GptOssTopKRouter, GraniteMoeTopKRouter, DeepseekV2TopkRouter, DeepseekV3TopkRouter, phimoe's
 sparsemixer): tests/nn/test_moe_reference.py holds them to it.
+
+The routed experts of a float32 model whose activation onnxruntime's com.microsoft MoE operator
+computes (FUSED_ACTIVATIONS) run as one operator, `torch.ops.specc.moe` (routed_experts: its
+semantics are that operator's, its kernel here the loop above), which the export writes as that
+MoE node (specc/export/moe.py), so that a graph reads only the chosen experts' weights. The router
+hands it logits: a softmax router's own (the operator takes the top_k and their softmax over
+every expert, or over the top_k alone where the weights are renormalised), or for any other
+router the log of its weights at its choice and -inf elsewhere, the output then multiplied by the
+weights' sum (Router.as_logits). Other activations and dtypes keep the loop (Experts.forward),
+and so does a forward pass that records gradients (training: the operator has no backward); the
+export and verification run without them.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import nn
@@ -72,11 +85,28 @@ class Router(nn.Module):
         with_selection = spec.router.kind == "sigmoid" and spec.router.selection_bias
         self.selection_bias = nn.Parameter(torch.empty(spec.experts)) if with_selection else None
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N,D] -> the router's logits [N,E], fp32."""
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(cast(x, torch.float32), self.weight.float(), bias)
+
+    def as_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
+        """The router as routed_experts reads it: (logits [N,E] fp32, whether the weights are the
+        softmax of the top_k logits alone (else of every logit), a factor [N,1] the output is
+        multiplied by, or None). A softmax router without groups or scale, and the top_k_softmax
+        router, are their own logits; any other router is the log of its weights at its choice,
+        -inf elsewhere, renormalised, times the weights' sum."""
+        r = self.spec.router
+        if r.kind == "top_k_softmax" or (r.kind == "softmax" and r.groups is None and r.scale == 1.0):
+            return self.logits(x), r.kind == "top_k_softmax" or r.normalize, None
+        weights, index = self(x)
+        chosen = torch.full((x.shape[0], self.spec.experts), float("-inf"), dtype=torch.float32, device=x.device)
+        return chosen.scatter(-1, index, torch.log(weights)), True, weights.sum(dim=-1, keepdim=True)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N,D] -> (weights [N,k] fp32, expert index [N,k])."""
         r, k = self.spec.router, self.spec.top_k
-        bias = None if self.bias is None else self.bias.float()
-        logits = F.linear(cast(x, torch.float32), self.weight.float(), bias)
+        logits = self.logits(x)
         if r.kind == "top_k_softmax":
             top, index = logits.topk(k, dim=-1)
             return torch.softmax(top, dim=-1), index
@@ -108,30 +138,81 @@ class Experts(nn.Module):
         self.up_bias = nn.Parameter(torch.empty(e, f)) if spec.bias else None
         self.down_bias = nn.Parameter(torch.empty(e, d)) if spec.bias else None
 
+    @property
+    def routed_weights(self) -> tuple[str, ...]:
+        """The stacked weights a graph holds in one MoE node (which an integer build packs,
+        specc/export/quantize.py), where the experts run as routed_experts; else none."""
+        if self.spec.activation not in FUSED_ACTIVATIONS:
+            return ()
+        return ("up", "down") if self.gate is None else ("gate", "up", "down")
+
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e of the rows x [n, D]: [n, D]."""
         s = self.spec
-
-        def bias(b):
-            return None if b is None else b[e]
-
-        up = F.linear(x, self.up[e], bias(self.up_bias))
-        if self.gate is None:
-            h = ACTIVATIONS[s.activation](up)
-        else:
-            h = gated(s.activation, F.linear(x, self.gate[e], bias(self.gate_bias)), up, s.swiglu_alpha, s.swiglu_limit)
-        return F.linear(h, self.down[e], bias(self.down_bias))
+        return _expert(e, x, self.up, self.down, self.gate, self.up_bias, self.down_bias, self.gate_bias,
+                       s.activation, s.swiglu_alpha, s.swiglu_limit)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """x [N,D]; weights, index [N,k]: sum over each token's chosen experts of weight x expert(x).
-        Expert by expert in ascending order, the rows that chose it only (transformers' order of
-        summation, so that the two agree to the rounding)."""
-        out = torch.zeros_like(x)
-        for e in range(self.spec.experts):
-            token, slot = torch.where(index == e)
-            y = self.expert(e, x[token])
-            out.index_add_(0, token, y * cast(weights[token, slot, None], y.dtype))
-        return out
+        """x [N,D]; weights, index [N,k]: sum over each token's chosen experts of weight x expert(x)."""
+        return _mix(x, weights, index, self.spec.experts, self.expert)
+
+    def routed(self, x: torch.Tensor, logits: torch.Tensor, normalize: bool) -> torch.Tensor:
+        """x [N,D] fp32, router logits [N,E]: routed_experts over these experts."""
+        s = self.spec
+        return torch.ops.specc.moe(x, logits, self.up, self.down, self.gate, self.up_bias, self.down_bias,
+                                   self.gate_bias, s.top_k, normalize, s.activation, s.swiglu_alpha, s.swiglu_limit)
+
+
+def _expert(e: int, x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None,
+            up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, gate_bias: torch.Tensor | None,
+            activation: str, alpha: float | None, limit: float | None) -> torch.Tensor:
+    """Expert e of stacked experts (Experts' tensors) on the rows x [n, D]: [n, D]."""
+
+    def bias(b):
+        return None if b is None else b[e]
+
+    h = F.linear(x, up[e], bias(up_bias))
+    if gate is None:
+        h = ACTIVATIONS[activation](h)
+    else:
+        h = gated(activation, F.linear(x, gate[e], bias(gate_bias)), h, alpha, limit)
+    return F.linear(h, down[e], bias(down_bias))
+
+
+def _mix(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor, experts: int, expert) -> torch.Tensor:
+    """Sum over each token's chosen experts (index [N,k]) of weight x expert(e, rows). Expert by
+    expert in ascending order, the rows that chose it only (transformers' order of summation, so
+    that the two agree to the rounding)."""
+    out = torch.zeros_like(x)
+    for e in range(experts):
+        token, slot = torch.where(index == e)
+        y = expert(e, x[token])
+        out.index_add_(0, token, y * cast(weights[token, slot, None], y.dtype))
+    return out
+
+
+# the activations onnxruntime's MoE operator computes on CPU (its activation_type relu, gelu: the
+# tanh approximation, silu, and swiglu with alpha, beta and limit; not GELU with erf, nor GEGLU)
+FUSED_ACTIVATIONS = ("relu", "gelu_tanh", "silu", "swiglu", "clamped_swiglu")
+
+
+@torch.library.custom_op("specc::moe", mutates_args=())
+def routed_experts(x: torch.Tensor, logits: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                   gate: Optional[torch.Tensor], up_bias: Optional[torch.Tensor], down_bias: Optional[torch.Tensor],
+                   gate_bias: Optional[torch.Tensor], k: int, normalize: bool, activation: str,
+                   alpha: Optional[float], limit: Optional[float]) -> torch.Tensor:
+    """onnxruntime's com.microsoft MoE for the rows x [N,D] and router logits [N,E]: each row's
+    top k logits choose its experts, weighted by the softmax of every logit at those k, or, with
+    `normalize`, the softmax of the k alone; experts as Experts holds them."""
+    top, index = logits.topk(k, dim=-1)
+    weights = torch.softmax(top, dim=-1) if normalize else torch.softmax(logits, dim=-1).gather(-1, index)
+    return _mix(x, weights, index, up.shape[0],
+                lambda e, rows: _expert(e, rows, up, down, gate, up_bias, down_bias, gate_bias, activation, alpha, limit))
+
+
+@routed_experts.register_fake
+def _(x, logits, up, down, gate, up_bias, down_bias, gate_bias, k, normalize, activation, alpha, limit):
+    return torch.empty_like(x)
 
 
 class SharedExpert(nn.Module):
@@ -170,11 +251,18 @@ class MoE(nn.Module):
         """x [..., D] -> [..., D]."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        weights, index = self.router(flat)
-        out = self.experts(flat, weights, index)
-        if self.shared is not None:
-            shared = self.shared(flat)
+        if self.spec.activation in FUSED_ACTIVATIONS and flat.dtype == torch.float32 and not torch.is_grad_enabled():
+            logits, normalize, factor = self.router.as_logits(flat)
+            out = self.experts.routed(flat, logits, normalize)
+            if factor is not None:
+                out = out * factor
+        else:
+            weights, index = self.router(flat)
+            out = self.experts(flat, weights, index)
+        out = out.reshape(shape)
+        if self.shared is not None:  # on x as it came: its products are MatMuls, which an integer build packs
+            shared = self.shared(x)
             if self.shared_gate is not None:
-                shared = torch.sigmoid(self.shared_gate(flat)) * shared
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared
-        return out.reshape(shape)
+        return out

@@ -126,8 +126,9 @@ KINDS: dict[str, dict] = {
 
 DECODER_KINDS = [k for k, v in KINDS.items() if v.get("architecture", "decoder") == "decoder"]
 
-# Kinds the torch reference computes whose ONNX export forms are not written yet: routed experts,
-# attention sinks and latent attention (tests/nn only; tests/export builds KINDS)
+# Kinds the torch reference computes whose ONNX export forms are not written yet: attention sinks and
+# latent attention (tests/nn only; tests/export builds KINDS), with routed experts among them
+# (built per router kind by tests/export/test_moe_export.py)
 ROPE = {"kind": "rotary", "layout": "interleaved"}
 MOE = {"kind": "moe", "experts": 4, "top_k": 2, "d_ff": 24}
 LATENT = {"kind": "latent", "heads": 4, "d_k": 12, "d_v": 10, "rope_dims": 4, "q_rank": 20, "kv_rank": 14}
