@@ -1,0 +1,116 @@
+"""Speculative decoding of one prompt, greedy: a drafter (specc/decoding/draft.py) guesses the
+next tokens, the target checks them all in one call of its cached graph, and the tokens kept are
+the target's own, so the output is plain greedy decoding's, token for token.
+
+    logits --choose--> token --drafter--> d1..dk (k: DraftLength)
+      ^                                        |
+      |  runner.extend([token, d1..dk]): the logits after each, L0..Lk, in one call
+      |  d_i kept while choose(L_{i-1}) == d_i: a kept tokens, all the target's own choices
+      '-- L_a; runner.truncate(): the cache cut back past the first rejected draft
+
+A draft that is all rejected costs one call of k + 1 positions where plain decoding makes one of
+1; DraftLength halves k after a rejection and stops drafting for a while after rejections in a
+row, so text with nothing to copy runs (nearly) plain steps.
+
+The runner is generate.py's DecoderRunner over model.onnx, the graph whose LM output holds every
+position (the in-place graph's holds the last alone, so it cannot check a draft). Its caches must
+hold the whole sequence: a window cache has lost the positions a roll-back would need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specc.decoding.draft import DRAFTERS
+from specc.runtime.errors import RunError
+from specc.spec.io import cache_window, is_past
+
+FIRST_DRAFT, MAX_DRAFT = 4, 8  # draft lengths: the first tried, the longest
+PAUSE, MAX_PAUSE = 4, 64  # plain steps after two all-rejected drafts in a row; doubled while rejections go on
+
+
+@dataclass
+class Speculation:
+    """What a speculative generation did: target calls after the prefill, tokens drafted, drafts
+    accepted."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+class DraftLength:
+    """k, the number of tokens to draft next, from how the last drafts fared: doubled (to MAX_DRAFT)
+    when a draft is all accepted, one past the accepted count when part of it is, halved when none
+    is; after two all-rejected drafts in a row, 0 (plain steps) for PAUSE steps, the pause doubling
+    (to MAX_PAUSE) while drafts keep failing."""
+
+    def __init__(self):
+        self.k, self.misses, self.pause, self.wait = FIRST_DRAFT, 0, PAUSE, 0
+
+    def next(self) -> int:
+        if self.wait:
+            self.wait -= 1
+            return 0
+        return self.k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted == 0:
+            self.k, self.misses = max(1, self.k // 2), self.misses + 1
+            if self.misses >= 2:
+                self.wait, self.pause, self.misses = self.pause, min(2 * self.pause, MAX_PAUSE), 0
+            return
+        self.misses, self.pause = 0, PAUSE
+        self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
+
+
+def check_runner(graph, speculative: str) -> None:
+    """RunError where `graph` (model.onnx) keeps a window cache, which cannot be cut back."""
+    for name, t in graph.inputs.items():
+        if is_past(name) and cache_window(t.dims) is not None:
+            raise RunError(f"speculative={speculative!r}: {name} keeps a window of {cache_window(t.dims)} positions; "
+                           "speculative decoding needs caches of the whole sequence")
+
+
+def speculative_loop(runner, prompt: list[int], max_new: int, choose, eos: int | None, on_token, speculative: str,
+                     stats: Speculation) -> list[int]:
+    """The new tokens of one prompt (batch 1), greedy, as generate.py's _step_loop gives them:
+    stopped at EOS (kept) or max_new; on_token(step, [token]) for each as it is kept."""
+    drafter = DRAFTERS[speculative](prompt)
+    length = DraftLength()
+    new: list[int] = []
+
+    def keep(token: int) -> bool:
+        """Keep `token`; whether generation ends with it."""
+        new.append(token)
+        drafter.extend([token])
+        if on_token:
+            on_token(len(new) - 1, [token])
+        return token == eos or len(new) == max_new
+
+    logits = runner.prefill()
+    while True:
+        token = int(choose(logits)[0])
+        if keep(token):
+            return new
+        draft = drafter.propose(min(length.next(), max_new - len(new)))
+        out = runner.extend(np.asarray([[token] + draft], dtype=np.int64))[0]  # [1 + len(draft), vocab]
+        chosen = choose(out)
+        accepted = 0
+        while accepted < len(draft) and int(chosen[accepted]) == draft[accepted]:
+            accepted += 1
+        stats.steps, stats.drafted, stats.accepted = stats.steps + 1, stats.drafted + len(draft), stats.accepted + accepted
+        length.update(len(draft), accepted)
+        for d in draft[:accepted]:
+            if keep(d):
+                return new
+        if accepted < len(draft):
+            runner.truncate(len(prompt) + len(new))
+        logits = out[accepted:accepted + 1]

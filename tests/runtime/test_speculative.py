@@ -1,0 +1,198 @@
+"""Speculative decoding (specc/runtime/speculative.py) with the prompt-lookup drafter
+(specc/decoding/draft.py): greedy tokens identical to plain greedy decoding over many seeded
+prompts, repetitive ones among them so that drafts are accepted and rejected (the cache cut back),
+EOS and max_new_tokens honoured, the drafter against a brute-force search, and the refusals."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import specc
+from specc.cli import main
+from specc.decoding.draft import MAX_NGRAM, PromptLookup
+from specc.runtime import RunError, Session
+from specc.runtime.speculative import MAX_DRAFT, DraftLength
+
+from tests.helpers import speclib
+
+pytest.importorskip("onnxruntime")
+
+SMALL = speclib.tiny({"vocab": {"size": 61, "tie_output": False}})
+WINDOWED = speclib.tiny({"vocab": {"size": 61, "tie_output": False},
+                         "decoder": {"attention": {"heads": 4, "pattern": {"kind": "local", "window": 3}}}})
+TARGETS = {"tiny-llama": ("tiny-llama", 0), "tiny-gpt2": ("tiny-gpt2", 0), "small-seed3": (SMALL, 3)}
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    done: dict = {}
+
+    def get(label: str, spec=None, seed: int = 0) -> Session:
+        if label not in done:
+            spec, seed = TARGETS[label] if spec is None else (spec, seed)
+            out = tmp_path_factory.getbasetemp() / "specc-speculative-builds" / label
+            done[label] = Session(specc.build(spec, out, seed=seed).out_dir)
+        return done[label]
+
+    return get
+
+
+def prompts(vocab: int, count: int = 24) -> list[list[int]]:
+    """Seeded prompts: random ones, and ones that repeat a short random phrase (drafts to accept)."""
+    rng = np.random.default_rng(53)
+    out = [rng.integers(0, vocab, rng.integers(1, 16)).tolist() for _ in range(count // 2)]
+    for _ in range(count - len(out)):
+        phrase = rng.integers(0, vocab, rng.integers(2, 6)).tolist()
+        out.append((phrase * 8)[: rng.integers(len(phrase) + 1, 30)])
+    return out
+
+
+# --- exactness -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label", list(TARGETS))
+def test_greedy_tokens_equal_plain_greedy_decoding(built, label):
+    session = built(label)
+    drafted = accepted = rejected_steps = 0
+    for prompt in prompts(min(session.limits.vocab, 61)):
+        plain = session.generate(prompt, NEW, eos_id=-1)
+        spec = session.generate(prompt, NEW, eos_id=-1, speculative="ngram")
+        assert spec.new_ids == plain.new_ids, prompt
+        assert spec.ids == plain.ids
+        s = spec.speculation
+        drafted, accepted = drafted + s.drafted, accepted + s.accepted
+        rejected_steps += s.accepted < s.drafted
+        assert s.steps + 1 + s.accepted >= len(spec.new_ids[0])  # each call adds one token and its accepted drafts
+    # both paths ran: drafts accepted (several tokens a call) and rejected (the cache cut back)
+    assert accepted > 0 and rejected_steps > 0 and accepted < drafted
+
+
+def test_fewer_target_calls_where_the_text_repeats(built):
+    session = built("small-seed3")
+    prompt = [7, 8, 9, 10, 11] * 6
+    spec = session.generate(prompt, NEW, eos_id=-1, speculative="ngram")
+    assert spec.new_ids == session.generate(prompt, NEW, eos_id=-1).new_ids
+    if spec.speculation.accepted:  # the model continued the pattern: fewer calls than tokens
+        assert spec.speculation.steps < NEW - 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 11])
+def test_max_new_tokens_is_honoured(built, n):
+    session = built("small-seed3")
+    for prompt in prompts(61, 8):
+        spec = session.generate(prompt, n, eos_id=-1, speculative="ngram")
+        assert len(spec.new_ids[0]) == n
+        assert spec.new_ids == session.generate(prompt, n, eos_id=-1).new_ids
+
+
+def test_eos_stops_where_plain_decoding_stops(built):
+    session = built("small-seed3")
+    checked = 0
+    for prompt in prompts(61):
+        plain = session.generate(prompt, NEW, eos_id=-1).new_ids[0]
+        for eos in set(plain[1:-1]):
+            stop = plain.index(eos) + 1
+            spec = session.generate(prompt, NEW, eos_id=eos, speculative="ngram")
+            assert spec.new_ids[0] == plain[:stop]
+            assert spec.new_ids == session.generate(prompt, NEW, eos_id=eos).new_ids
+            checked += 1
+    assert checked > 10
+
+
+def test_on_token_sees_each_token_in_order(built):
+    session = built("small-seed3")
+    prompt = [3, 4, 5, 3, 4, 5, 3, 4]
+    seen = []
+    spec = session.generate(prompt, NEW, eos_id=-1, speculative="ngram", on_token=lambda step, new: seen.append((step, new)))
+    assert seen == [(i, [t]) for i, t in enumerate(spec.new_ids[0])]
+
+
+def test_model_onnx_without_the_inplace_graph_gives_the_same_tokens(built):
+    session = built("tiny-llama")
+    plain = Session(session.dir, inplace=False)
+    for prompt in prompts(61, 6):
+        assert plain.generate(prompt, NEW, eos_id=-1, speculative="ngram").new_ids == \
+            session.generate(prompt, NEW, eos_id=-1).new_ids
+
+
+def test_specc_generate_speculative_prints_the_same_tokens_and_its_acceptance(built):
+    session = built("small-seed3")
+    args = ["generate", str(session.dir), "--ids", "7,8,9,10,11,7,8,9,10,11,7,8", "--max-new-tokens", "16",
+            "--eos-id", "-1", "--json"]
+    plain, spec = CliRunner().invoke(main, args), CliRunner().invoke(main, args + ["--speculative", "ngram"])
+    assert spec.exit_code == 0, spec.output
+    assert json.loads(spec.stdout) == json.loads(plain.stdout)
+    assert "specc: speculative ngram: " in spec.stderr and "drafted tokens accepted" in spec.stderr
+    beams = CliRunner().invoke(main, args + ["--speculative", "ngram", "--beams", "2"])
+    assert beams.exit_code == 1 and "beam search" in beams.stderr and "Traceback" not in beams.output
+
+
+# --- refusals --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"speculative": "medusa"}, "the drafters are ngram"),
+    ({"speculative": ["ngram"]}, "the drafters are ngram"),
+    ({"speculative": "ngram", "beams": 2}, "beam search"),
+    ({"speculative": "ngram", "temperature": 0.7}, "greedy"),
+    ({"speculative": "ngram", "input_ids": [[1, 2], [3, 4]]}, "one prompt"),
+])
+def test_what_it_does_not_do_is_a_run_error(built, options, words):
+    session = built("small-seed3")
+    options = {"input_ids": [1, 2, 3], **options}
+    with pytest.raises(RunError, match=words):
+        session.generate(options.pop("input_ids"), 4, **options)
+
+
+def test_window_caches_are_refused(built):
+    session = built("windowed", WINDOWED, 3)
+    with pytest.raises(RunError, match="window of 3 positions"):
+        session.generate([1, 2, 3], 4, speculative="ngram")
+
+
+# --- the drafter and the draft length --------------------------------------------------------------
+
+
+def brute_force(tokens: list[int], k: int) -> list[int]:
+    for n in range(min(MAX_NGRAM, len(tokens)), 0, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # the latest occurrence before the suffix itself
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def test_prompt_lookup_proposes_what_a_brute_force_search_finds():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        tokens = rng.integers(0, rng.integers(2, 8), rng.integers(1, 40)).tolist()
+        cut = int(rng.integers(0, len(tokens) + 1))
+        drafter = PromptLookup(tokens[:cut])
+        drafter.extend(tokens[cut:])
+        for k in (1, 3, 8):
+            assert drafter.propose(k) == brute_force(tokens, k), (tokens, k)
+    assert PromptLookup([1, 2, 3]).propose(4) == []
+    assert PromptLookup([1, 2, 3, 1, 2]).propose(0) == []
+    assert PromptLookup([9, 1, 2, 3, 4, 5, 1, 2]).propose(2) == [3, 4]
+
+
+def test_draft_length_grows_shrinks_and_pauses():
+    length = DraftLength()
+    k = length.next()
+    length.update(k, k)
+    assert length.next() == 2 * k
+    for _ in range(5):
+        length.update(length.next(), length.next())
+    assert length.next() == MAX_DRAFT
+    length.update(MAX_DRAFT, 2)
+    assert length.next() == 3
+    length.update(3, 0)
+    length.update(1, 0)  # two drafts in a row all rejected: plain steps for a while
+    pauses = 0
+    while length.next() == 0:
+        pauses += 1
+    assert pauses > 0
