@@ -7,7 +7,7 @@ top-k, top-p) and beam search.
 
 A runner owns the graph calls and the cache (specc/runtime/cache.py: OrtValues kept on the
 graph's device); the loops only see [rows, vocab] logits and hand back the chosen token per row.
-Beam search reorders the cache rows after each step. Speculative decoding (one prompt, greedy)
+Beam search reorders the cache rows after each step. Speculative decoding (one prompt)
 runs specc/runtime/speculative.py's loop over a DecoderRunner, which checks drafts with `extend`
 and cuts its cache back with `truncate`.
 
@@ -224,8 +224,8 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
              beams: int = 1, length_penalty: float = 0.6, eos_id: int | None = None, pad_id: int | None = None,
              on_token: OnToken | None = None, speculative: str | None = None) -> Generated:
     """Generate from one prompt, a batch of prompts (any lengths) or an int64 array [batch, seq]
-    (as Session.generate, which calls this). speculative: a drafter's name (one prompt, greedy;
-    specc/runtime/speculative.py)."""
+    (as Session.generate, which calls this). speculative: a drafter's name (one prompt, greedy or
+    sampling; specc/runtime/speculative.py)."""
     info = model.info
     if info.architecture not in ("decoder", "encoder-decoder"):
         raise RunError("generation needs a decoder or an encoder-decoder build; use `specc run` for encoders")
@@ -240,7 +240,8 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
         check_runner(model.graphs["model"], speculative)
         stats = Speculation()
         new = speculative_loop(DecoderRunner(model, rows, pad, max_new_tokens), rows[0], max_new_tokens,
-                               Sampler(sampling=False), eos, on_token, speculative, stats)
+                               Sampler(temperature, top_k, top_p, seed, sampling=sampling), eos, on_token, speculative,
+                               stats)
         return Generated(ids=[rows[0] + new], new_ids=[new], speculation=stats)
     if info.architecture == "encoder-decoder":
         start = info.start_for(pad)

@@ -313,7 +313,7 @@ def check_generation(limits: Limits, architecture: str, input_ids, max_new_token
     max_new_tokens, an encoder-decoder's decoder start token plus max_new_tokens, within the
     context (serving.length.max, or the learned positions if fewer). Beams: prompts x beams rows
     of those positions within serving.batch.max x serving.length.max. speculative: one of
-    decoding/draft.py's DRAFTERS, for one prompt of a decoder, greedy."""
+    decoding/draft.py's DRAFTERS, for one prompt of a decoder."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise RunError(f"max_new_tokens must be at least 1, got {max_new_tokens!r}")
     if not _is_int(beams) or beams < 1:
@@ -339,7 +339,7 @@ def check_generation(limits: Limits, architecture: str, input_ids, max_new_token
         raise RunError(f"pad_id {pad_id!r} outside the vocabulary (0..{pad_vocab - 1})")
     rows = check_prompts(input_ids, limits)
     if speculative is not None:
-        _check_speculative(speculative, architecture, len(rows), beams, sampling)
+        _check_speculative(speculative, architecture, len(rows), beams)
     longest = max(len(r) for r in rows)
     context = limits.context
     if architecture == "encoder-decoder":
@@ -361,7 +361,7 @@ def check_generation(limits: Limits, architecture: str, input_ids, max_new_token
     return rows
 
 
-def _check_speculative(speculative, architecture: str, prompts: int, beams, sampling: bool) -> None:
+def _check_speculative(speculative, architecture: str, prompts: int, beams) -> None:
     what = f"speculative={speculative!r}"
     if not isinstance(speculative, str) or speculative not in DRAFTERS:
         raise RunError(f"{what}: the drafters are {', '.join(DRAFTERS)}")
@@ -370,8 +370,6 @@ def _check_speculative(speculative, architecture: str, prompts: int, beams, samp
     if beams != 1:
         raise RunError(f"{what}: speculative decoding does not combine with beam search (beams={beams}); "
                        "drop one of them")
-    if sampling:
-        raise RunError(f"{what}: speculative decoding is greedy for now; drop temperature, top_k, top_p and do_sample")
     if prompts != 1:
         raise RunError(f"{what}: speculative decoding takes one prompt at a time, got {prompts}")
 

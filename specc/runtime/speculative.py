@@ -1,12 +1,14 @@
-"""Speculative decoding of one prompt, greedy: a drafter (specc/decoding/draft.py) guesses the
-next tokens, the target checks them all in one call of its cached graph, and the tokens kept are
-the target's own, so the output is plain greedy decoding's, token for token.
+"""Speculative decoding of one prompt: a drafter (specc/decoding/draft.py) guesses the next
+tokens, the target checks them all in one call of its cached graph, and the tokens kept are the
+target's own: greedy, plain greedy decoding's, token for token; sampling, by the speculative
+sampling rule (`check`), draws from the distribution plain sampling draws from (not the same
+draws: the generator is used differently).
 
     logits --choose--> token --drafter--> d1..dk (k: DraftLength)
       ^                                        |
       |  runner.extend([token, d1..dk]): the logits after each, L0..Lk, in one call
-      |  d_i kept while choose(L_{i-1}) == d_i: a kept tokens, all the target's own choices
-      '-- L_a; runner.truncate(): the cache cut back past the first rejected draft
+      |  check: a drafts kept (greedy: while each is the target's choice) and the token after them
+      '-- runner.truncate(): the cache cut back past the first rejected draft
 
 A draft that is all rejected costs one call of k + 1 positions where plain decoding makes one of
 1; DraftLength halves k after a rejection and stops drafting for a while after rejections in a
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specc.decoding.draft import DRAFTERS
+from specc.decoding.sampling import Sampler, draw
 from specc.runtime.errors import RunError
 from specc.spec.io import cache_window, is_past
 
@@ -79,10 +82,11 @@ def check_runner(graph, speculative: str) -> None:
                            "speculative decoding needs caches of the whole sequence")
 
 
-def speculative_loop(runner, prompt: list[int], max_new: int, choose, eos: int | None, on_token, speculative: str,
-                     stats: Speculation) -> list[int]:
-    """The new tokens of one prompt (batch 1), greedy, as generate.py's _step_loop gives them:
-    stopped at EOS (kept) or max_new; on_token(step, [token]) for each as it is kept."""
+def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, eos: int | None, on_token,
+                     speculative: str, stats: Speculation) -> list[int]:
+    """The new tokens of one prompt (batch 1), stopped at EOS (kept) or max_new; on_token(step,
+    [token]) for each as it is kept. Greedy: generate.py's _step_loop's tokens; sampling: tokens
+    drawn from the distribution _step_loop draws from (`check`)."""
     drafter = DRAFTERS[speculative](prompt)
     length = DraftLength()
     new: list[int] = []
@@ -95,17 +99,11 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose, eos: int |
             on_token(len(new) - 1, [token])
         return token == eos or len(new) == max_new
 
-    logits = runner.prefill()
-    while True:
-        token = int(choose(logits)[0])
-        if keep(token):
-            return new
+    token = int(choose(runner.prefill())[0])
+    while not keep(token):
         draft = drafter.propose(min(length.next(), max_new - len(new)))
         out = runner.extend(np.asarray([[token] + draft], dtype=np.int64))[0]  # [1 + len(draft), vocab]
-        chosen = choose(out)
-        accepted = 0
-        while accepted < len(draft) and int(chosen[accepted]) == draft[accepted]:
-            accepted += 1
+        accepted, token = check(choose, out, draft)
         stats.steps, stats.drafted, stats.accepted = stats.steps + 1, stats.drafted + len(draft), stats.accepted + accepted
         length.update(len(draft), accepted)
         for d in draft[:accepted]:
@@ -113,4 +111,30 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose, eos: int |
                 return new
         if accepted < len(draft):
             runner.truncate(len(prompt) + len(new))
-        logits = out[accepted:accepted + 1]
+    return new
+
+
+def check(choose: Sampler, logits: np.ndarray, draft: list[int]) -> tuple[int, int]:
+    """(how many drafted tokens are kept, the token after them) from the target's logits after
+    each of [token] + draft [1 + len(draft), vocab].
+
+    Greedy: drafts kept while each is the target's own choice; the next token is its choice after
+    them. Sampling, the rule of Leviathan et al. 2023 and Chen et al. 2023 for a drafter that
+    proposes one token with certainty (q = 1 on it): draft x kept with probability
+    min(1, p(x) / q(x)) = p(x), p the target's distribution there (temperature, top-k, top-p as
+    the Sampler draws); at the first one rejected the next token is drawn from
+    max(0, p - q) renormalized, p without x; after all kept, from p after the last. Each token
+    so made has the target's distribution given the ones before it."""
+    if not choose.sampling:
+        chosen = choose(logits)
+        accepted = 0
+        while accepted < len(draft) and int(chosen[accepted]) == draft[accepted]:
+            accepted += 1
+        return accepted, int(chosen[accepted])
+    p = choose.probabilities(logits)
+    for i, x in enumerate(draft):
+        if choose.rng.random() >= p[i, x]:
+            residual = p[i:i + 1].copy()
+            residual[0, x] = 0.0
+            return i, int(draw(residual / residual.sum(), choose.rng)[0])
+    return len(draft), int(draw(p[len(draft):], choose.rng)[0])

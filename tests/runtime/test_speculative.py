@@ -1,7 +1,9 @@
 """Speculative decoding (specc/runtime/speculative.py) with the prompt-lookup drafter
 (specc/decoding/draft.py): greedy tokens identical to plain greedy decoding over many seeded
 prompts, repetitive ones among them so that drafts are accepted and rejected (the cache cut back),
-EOS and max_new_tokens honoured, the drafter against a brute-force search, and the refusals."""
+EOS and max_new_tokens honoured; sampling's rule drawing from the target's distribution (exact
+probabilities, and the model's own from full-sequence runs); the drafter against a brute-force
+search, and the refusals."""
 from __future__ import annotations
 
 import json
@@ -14,7 +16,8 @@ import specc
 from specc.cli import main
 from specc.decoding.draft import MAX_NGRAM, PromptLookup
 from specc.runtime import RunError, Session
-from specc.runtime.speculative import MAX_DRAFT, DraftLength
+from specc.decoding.sampling import Sampler, distribution
+from specc.runtime.speculative import MAX_DRAFT, DraftLength, check
 
 from tests.helpers import speclib
 
@@ -131,6 +134,57 @@ def test_specc_generate_speculative_prints_the_same_tokens_and_its_acceptance(bu
     assert beams.exit_code == 1 and "beam search" in beams.stderr and "Traceback" not in beams.output
 
 
+# --- sampling --------------------------------------------------------------------------------------
+
+
+def test_the_sampling_rule_draws_each_token_from_the_targets_distribution():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 1.5, (3, 5))
+    draft = [2, 1]
+    logits[0, 2] += 2.0  # drafts likely enough to be kept often, and rejected often
+    logits[1, 1] += 2.0
+    choose = Sampler(temperature=0.8, top_k=4, seed=0)
+    p = distribution(logits, 0.8, 4, None)
+    n = 60000
+    first, second_after_x = np.zeros(5), np.zeros(5)
+    kept = np.zeros(3)
+    for _ in range(n):
+        accepted, token = check(choose, logits, draft)
+        kept[accepted] += 1
+        made = draft[:accepted] + [token]
+        first[made[0]] += 1
+        if made[0] == 2 and len(made) > 1:
+            second_after_x[made[1]] += 1
+    assert kept.min() > 1000  # every path taken
+    np.testing.assert_allclose(first / n, p[0], atol=0.01)
+    np.testing.assert_allclose(second_after_x / second_after_x.sum(), p[1], atol=0.015)
+
+
+def test_speculative_sampling_keeps_the_models_distribution(built):
+    session = built("small-seed3")
+    prompt = session.generate([5, 6], 40, eos_id=-1).ids[0]  # its own text: tokens recur, drafts come
+    runs = 2000
+    seconds, drafted = np.zeros(61), 0
+    for seed in range(runs):
+        g = session.generate(prompt, 2, temperature=1.0, seed=seed, eos_id=-1, speculative="ngram")
+        seconds[g.new_ids[0][1]] += 1
+        drafted += g.speculation.drafted
+    assert drafted > runs // 4
+    again = [session.generate(prompt, 6, temperature=1.0, seed=7, speculative="ngram").new_ids for _ in range(2)]
+    assert again[0] == again[1]  # a seed's tokens, run after run
+    # the second token's exact distribution, from full-sequence runs of the graph (no cache)
+    p0 = distribution(session.run(input_ids=[prompt])["logits"][:, -1], 1.0, None, None)[0]
+    after = np.array([prompt + [t] for t in range(61)])
+    p1 = np.concatenate([distribution(session.run(input_ids=after[i:i + 16])["logits"][:, -1], 1.0, None, None)
+                         for i in range(0, 61, 16)])
+    expected = runs * (p0 @ p1)
+    big = expected >= 5  # chi-square over the cells expected 5 times or more, the rest pooled
+    observed, expected = np.append(seconds[big], seconds[~big].sum()), np.append(expected[big], expected[~big].sum())
+    observed, expected = observed[expected > 0], expected[expected > 0]
+    chi2, df = (((observed - expected) ** 2) / expected).sum(), len(expected) - 1
+    assert chi2 < df + 6 * np.sqrt(2 * df), (chi2, df)
+
+
 # --- refusals --------------------------------------------------------------------------------------
 
 
@@ -138,7 +192,6 @@ def test_specc_generate_speculative_prints_the_same_tokens_and_its_acceptance(bu
     ({"speculative": "medusa"}, "the drafters are ngram"),
     ({"speculative": ["ngram"]}, "the drafters are ngram"),
     ({"speculative": "ngram", "beams": 2}, "beam search"),
-    ({"speculative": "ngram", "temperature": 0.7}, "greedy"),
     ({"speculative": "ngram", "input_ids": [[1, 2], [3, 4]]}, "one prompt"),
 ])
 def test_what_it_does_not_do_is_a_run_error(built, options, words):
