@@ -27,6 +27,7 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
+from specc.decoding.draft import DRAFTERS
 from specc.decoding.sampling import Sampler, log_softmax, sample, samples  # noqa: F401 - sample: this module's API too
 from specc.decoding.stores import inplace_feeds
 from specc.runtime.arrays import pad_rows
@@ -35,7 +36,7 @@ from specc.runtime.captured import CapturedDecoder, CapturedRunner
 from specc.runtime.errors import RunError
 from specc.runtime.graph import Graph
 from specc.runtime.inputs import Limits, check_generation
-from specc.runtime.speculative import Speculation, check_runner, speculative_loop
+from specc.runtime.speculative import MAX_DRAFT, ModelDraft, Speculation, check_draft, check_runner, speculative_loop
 from specc.spec.io import (
     ATTENTION_MASK,
     BATCH,
@@ -222,10 +223,10 @@ def _lp(n: int, alpha: float) -> float:
 def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None, do_sample: bool = False,
              beams: int = 1, length_penalty: float = 0.6, eos_id: int | None = None, pad_id: int | None = None,
-             on_token: OnToken | None = None, speculative: str | None = None) -> Generated:
+             on_token: OnToken | None = None, speculative: str | Model | None = None) -> Generated:
     """Generate from one prompt, a batch of prompts (any lengths) or an int64 array [batch, seq]
-    (as Session.generate, which calls this). speculative: a drafter's name (one prompt, greedy or
-    sampling; specc/runtime/speculative.py)."""
+    (as Session.generate, which calls this). speculative: a drafter's name, or a draft build's Session
+    (same vocabulary), for one prompt, greedy or sampling (specc/runtime/speculative.py)."""
     info = model.info
     if info.architecture not in ("decoder", "encoder-decoder"):
         raise RunError("generation needs a decoder or an encoder-decoder build; use `specc run` for encoders")
@@ -237,10 +238,16 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
     eos = eos_id if eos_id is not None else info.tokens.eos
     pad = pad_id if pad_id is not None else info.pad_for(eos)
     if speculative is not None:
-        check_runner(model.graphs["model"], speculative)
+        check_runner(model.graphs["model"], f"speculative={speculative!r}")
+        if isinstance(speculative, str):
+            drafter = DRAFTERS[speculative](rows[0])
+        else:
+            check_draft(speculative, model, len(rows[0]) + max_new_tokens)
+            drafter = ModelDraft(DecoderRunner(speculative, rows, pad, max_new_tokens + MAX_DRAFT), rows[0],
+                                 speculative.limits.context)
         stats = Speculation()
         new = speculative_loop(DecoderRunner(model, rows, pad, max_new_tokens), rows[0], max_new_tokens,
-                               Sampler(temperature, top_k, top_p, seed, sampling=sampling), eos, on_token, speculative,
+                               Sampler(temperature, top_k, top_p, seed, sampling=sampling), eos, on_token, drafter,
                                stats)
         return Generated(ids=[rows[0] + new], new_ids=[new], speculation=stats)
     if info.architecture == "encoder-decoder":

@@ -313,7 +313,8 @@ def check_generation(limits: Limits, architecture: str, input_ids, max_new_token
     max_new_tokens, an encoder-decoder's decoder start token plus max_new_tokens, within the
     context (serving.length.max, or the learned positions if fewer). Beams: prompts x beams rows
     of those positions within serving.batch.max x serving.length.max. speculative: one of
-    decoding/draft.py's DRAFTERS, for one prompt of a decoder."""
+    decoding/draft.py's DRAFTERS or a draft build's Session, for one prompt of a
+    decoder."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise RunError(f"max_new_tokens must be at least 1, got {max_new_tokens!r}")
     if not _is_int(beams) or beams < 1:
@@ -363,8 +364,9 @@ def check_generation(limits: Limits, architecture: str, input_ids, max_new_token
 
 def _check_speculative(speculative, architecture: str, prompts: int, beams) -> None:
     what = f"speculative={speculative!r}"
-    if not isinstance(speculative, str) or speculative not in DRAFTERS:
-        raise RunError(f"{what}: the drafters are {', '.join(DRAFTERS)}")
+    model = hasattr(speculative, "graphs") and hasattr(speculative, "info")  # a draft build's Session
+    if not model and (not isinstance(speculative, str) or speculative not in DRAFTERS):
+        raise RunError(f"{what}: the drafters are {', '.join(DRAFTERS)}, or a draft build's Session")
     if architecture != "decoder":
         raise RunError(f"{what}: speculative decoding runs decoder builds only, this one is an {architecture}")
     if beams != 1:

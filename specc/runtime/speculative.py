@@ -1,5 +1,5 @@
-"""Speculative decoding of one prompt: a drafter (specc/decoding/draft.py) guesses the next
-tokens, the target checks them all in one call of its cached graph, and the tokens kept are the
+"""Speculative decoding of one prompt: a drafter (prompt lookup, specc/decoding/draft.py, or a
+draft build's greedy guesses, ModelDraft) guesses the next tokens, the target checks them all in one call of its cached graph, and the tokens kept are the
 target's own: greedy, plain greedy decoding's, token for token; sampling, by the speculative
 sampling rule (`check`), draws from the distribution plain sampling draws from (not the same
 draws: the generator is used differently).
@@ -16,7 +16,8 @@ row, so text with nothing to copy runs (nearly) plain steps.
 
 The runner is generate.py's DecoderRunner over model.onnx, the graph whose LM output holds every
 position (the in-place graph's holds the last alone, so it cannot check a draft). Its caches must
-hold the whole sequence: a window cache has lost the positions a roll-back would need.
+hold the whole sequence: a window cache has lost the positions a roll-back would need. A
+drafter has two methods: extend(tokens), the tokens kept, and propose(k), up to k guesses.
 """
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specc.decoding.draft import DRAFTERS
-from specc.decoding.sampling import Sampler, draw
+from specc.decoding.sampling import Sampler, draw, greedy
 from specc.runtime.errors import RunError
 from specc.spec.io import cache_window, is_past
 
@@ -74,20 +74,79 @@ class DraftLength:
         self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
 
 
-def check_runner(graph, speculative: str) -> None:
+def check_runner(graph, what: str) -> None:
     """RunError where `graph` (model.onnx) keeps a window cache, which cannot be cut back."""
     for name, t in graph.inputs.items():
         if is_past(name) and cache_window(t.dims) is not None:
-            raise RunError(f"speculative={speculative!r}: {name} keeps a window of {cache_window(t.dims)} positions; "
+            raise RunError(f"{what}: {name} keeps a window of {cache_window(t.dims)} positions; "
                            "speculative decoding needs caches of the whole sequence")
 
 
+def check_draft(draft, target, positions: int) -> None:
+    """RunError where `draft` (a Session) cannot draft for `target`: not a decoder, another
+    vocabulary, a window cache, or fewer than `positions` positions (prompt + max_new_tokens)."""
+    what = f"speculative: the draft build {getattr(draft, 'dir', draft)}"
+    if draft.info.architecture != "decoder":
+        raise RunError(f"{what} is an {draft.info.architecture}; a draft build is a decoder")
+    if draft.limits.vocab != target.limits.vocab:
+        raise RunError(f"{what} has a vocabulary of {draft.limits.vocab}, the model {target.limits.vocab}; "
+                       "they must share one")
+    if positions > draft.limits.context:
+        raise RunError(f"{what} takes {draft.limits.context} positions, fewer than the prompt + max_new_tokens "
+                       f"({positions})")
+    check_runner(draft.graphs["model"], what)
+
+
+class ModelDraft:
+    """A draft model's greedy guesses: `runner` is a DecoderRunner over the draft build for the
+    prompt (not yet prefilled), sized for the prompt, max_new_tokens and MAX_DRAFT more. Its cache
+    holds the K/V of `cached` tokens; before guessing, it is cut back to what they share with the
+    text so far, and the rest of the text is run in one call."""
+
+    def __init__(self, runner, prompt: list[int], context: int):
+        self.runner, self.context = runner, context
+        self.tokens = list(prompt)
+        self.cached: list[int] | None = None  # None: not prefilled yet
+
+    def extend(self, tokens) -> None:
+        self.tokens.extend(int(t) for t in tokens)
+
+    def propose(self, k: int) -> list[int]:
+        k = min(k, self.context - len(self.tokens))
+        if k < 1:
+            return []
+        logits = self._catch_up()
+        guesses: list[int] = []
+        for i in range(k):
+            guesses.append(int(greedy(logits)[0]))
+            if i < k - 1:
+                logits = self.runner.step(np.asarray(guesses[-1:], dtype=np.int64))
+                self.cached.append(guesses[-1])
+        return guesses
+
+    def _catch_up(self) -> np.ndarray:
+        """The draft's logits after the text so far, its cache holding the text's K/V but the last's."""
+        if self.cached is None:  # the prompt (the runner's rows) first; the tokens after it below
+            self.runner.prefill()
+            self.cached = self.tokens[: len(self.runner.mask[0])]
+        shared = 0
+        for a, b in zip(self.cached, self.tokens):
+            if a != b:
+                break
+            shared += 1
+        shared = min(shared, len(self.tokens) - 1)  # at least the last token runs: its logits are wanted
+        if shared < len(self.cached):
+            self.runner.truncate(shared)  # one prompt, nothing padded: positions are tokens
+        rest = self.tokens[shared:]
+        self.cached = list(self.tokens)
+        return self.runner.extend(np.asarray([rest], dtype=np.int64))[:, -1, :]
+
+
 def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, eos: int | None, on_token,
-                     speculative: str, stats: Speculation) -> list[int]:
+                     drafter, stats: Speculation) -> list[int]:
     """The new tokens of one prompt (batch 1), stopped at EOS (kept) or max_new; on_token(step,
     [token]) for each as it is kept. Greedy: generate.py's _step_loop's tokens; sampling: tokens
     drawn from the distribution _step_loop draws from (`check`)."""
-    drafter = DRAFTERS[speculative](prompt)
     length = DraftLength()
     new: list[int] = []
 

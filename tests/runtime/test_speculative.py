@@ -134,6 +134,41 @@ def test_specc_generate_speculative_prints_the_same_tokens_and_its_acceptance(bu
     assert beams.exit_code == 1 and "beam search" in beams.stderr and "Traceback" not in beams.output
 
 
+# --- a draft build -------------------------------------------------------------------------------
+
+
+def test_a_draft_build_gives_plain_greedy_tokens_and_itself_drafts_all_accepted(built):
+    session = built("small-seed3")
+    itself = Session(session.dir)  # the same weights: every guess is the model's own choice
+    other = built("small-seed4", SMALL, 4)
+    for prompt in prompts(61, 12):
+        plain = session.generate(prompt, NEW, eos_id=-1).new_ids
+        same = session.generate(prompt, NEW, eos_id=-1, speculative=itself)
+        assert same.new_ids == plain
+        assert same.speculation.accepted == same.speculation.drafted > 0
+        assert same.speculation.steps < NEW // 2
+        assert session.generate(prompt, NEW, eos_id=-1, speculative=other).new_ids == plain
+    eos = plain[0][5]
+    assert session.generate(prompts(61)[-1], NEW, eos_id=eos, speculative=itself).new_ids == \
+        session.generate(prompts(61)[-1], NEW, eos_id=eos).new_ids
+
+
+def test_a_draft_build_of_another_vocabulary_is_refused(built):
+    with pytest.raises(RunError, match="vocabulary of"):
+        built("small-seed3").generate([1, 2, 3], 4, speculative=built("tiny-llama"))
+
+
+def test_specc_generate_takes_a_draft_builds_directory(built):
+    session = built("small-seed3")
+    args = ["generate", str(session.dir), "--ids", "4,5,6", "--max-new-tokens", "12", "--eos-id", "-1", "--json"]
+    plain, spec = CliRunner().invoke(main, args), CliRunner().invoke(main, args + ["--speculative", str(session.dir)])
+    assert spec.exit_code == 0, spec.output
+    assert json.loads(spec.stdout) == json.loads(plain.stdout)
+    assert f"specc: speculative draft {session.dir}: " in spec.stderr
+    missing = CliRunner().invoke(main, args + ["--speculative", str(session.dir) + "-none"])
+    assert missing.exit_code == 1 and "not a specc build" in missing.stderr and "Traceback" not in missing.output
+
+
 # --- sampling --------------------------------------------------------------------------------------
 
 
@@ -189,7 +224,7 @@ def test_speculative_sampling_keeps_the_models_distribution(built):
 
 
 @pytest.mark.parametrize("options, words", [
-    ({"speculative": "medusa"}, "the drafters are ngram"),
+    ({"speculative": "medusa"}, "the drafters are ngram, or a draft build's Session"),
     ({"speculative": ["ngram"]}, "the drafters are ngram"),
     ({"speculative": "ngram", "beams": 2}, "beam search"),
     ({"speculative": "ngram", "input_ids": [[1, 2], [3, 4]]}, "one prompt"),
