@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from specc.decoding.draft import DRAFTERS
 from specc.errors import Issue, SpeccError, SpecError
 from specc.interrupts import Terminated, terminate_as_interrupt
 from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, TARGETS, VERIFY_PROVIDERS
@@ -632,12 +633,13 @@ def _softmax(x):
 @click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True, help="Beam search with this many beams.")
 @click.option("--length-penalty", type=float, default=0.6, show_default=True, callback=_finite, help="Beam search: alpha of ((5 + len) / 6) ** alpha (Wu et al. 2016).")
 @click.option("--eos-id", type=click.IntRange(-(2**63), 2**63 - 1), default=None, help="Stop a row at this token (default: the spec's tokens.eos).")
+@click.option("--speculative", metavar="ngram|DRAFT_BUILD", default=None, help="Speculative decoding with this drafter (ngram: prompt lookup; or a draft build's directory, a decoder with the same vocabulary): greedy: the same tokens, sampling: the same distribution (the speculative sampling rule), several tokens per step where the text repeats; one prompt; its acceptance on stderr.")
 @click.option("--provider", "providers", multiple=True, help="onnxruntime execution provider: cuda, tensorrt (trt), cpu, or onnxruntime's full name; repeat, in order (default: the best available; a GPU one that cannot run here falls back to CPU with a notice).")
 @click.option("--no-hash-check", is_flag=True, help="Open the graphs without checking them against the manifest's sha256 (faster for a large build known to be intact).")
 @click.option("--json", "as_json", is_flag=True, help='{"ids": [[...]], "new_ids": [[...]]} on stdout.')
 @click.option("--stats", is_flag=True, help="Then, on stderr: the tokens generated, the seconds taken and tokens/s (the first token's wait apart).")
 def generate(build_dir, ids, input_file, texts, chat, tokenizer, max_new_tokens, greedy, temperature, top_k, top_p,
-             seed, beams, length_penalty, eos_id, providers, no_hash_check, as_json, stats):
+             seed, beams, length_penalty, eos_id, speculative, providers, no_hash_check, as_json, stats):
     """Generate with a built decoder or encoder-decoder: greedy by default, sampling or beam search.
 
     A single prompt's tokens stream to stdout as they come (as text, whole characters at a time,
@@ -655,6 +657,8 @@ def generate(build_dir, ids, input_file, texts, chat, tokenizer, max_new_tokens,
         raise click.UsageError("--chat takes the messages of --text")
     rows = _rows(ids, input_file, texts)
     session = Session(build_dir, providers=providers or None, check_hashes=not no_hash_check)
+    if speculative is not None and speculative not in DRAFTERS:  # a draft build
+        speculative = Session(speculative, providers=providers or None, check_hashes=not no_hash_check)
     tok = _text_tokenizer(session, tokenizer, texts)
     if texts:
         if not chat and tok.chat_template is not None and not any(tok.templated(t) for t in texts):
@@ -679,8 +683,13 @@ def generate(build_dir, ids, input_file, texts, chat, tokenizer, max_new_tokens,
     start = time.perf_counter()
     result = session.generate(rows, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                               top_p=top_p, seed=seed, beams=beams, length_penalty=length_penalty, eos_id=eos_id,
-                              on_token=on_token if stream or stats else None)
+                              on_token=on_token if stream or stats else None, speculative=speculative)
     end = time.perf_counter()
+    if result.speculation is not None:
+        s = result.speculation
+        drafter = speculative if isinstance(speculative, str) else f"draft {speculative.dir}"
+        click.echo(f"specc: speculative {drafter}: {s.steps} steps after the prompt, {s.accepted} of {s.drafted} "
+                   f"drafted tokens accepted ({s.acceptance:.0%})", err=True)
     if as_json:
         doc = {"ids": result.ids, "new_ids": result.new_ids}
         if tok is not None:

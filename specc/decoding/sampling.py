@@ -41,6 +41,18 @@ def sample(logits: np.ndarray, rng: np.random.Generator, temperature: float, top
            top_p: float | None) -> np.ndarray:
     """One token per row from softmax(logits / temperature), restricted to the top_k most likely
     and to the smallest set whose probability reaches top_p: one uniform draw per row."""
+    return draw(distribution(logits, temperature, top_k, top_p), rng)
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row of the probabilities p [rows, vocab]: one uniform draw per row."""
+    u = rng.random((len(p), 1))
+    return np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)
+
+
+def distribution(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None) -> np.ndarray:
+    """The probabilities [rows, vocab] that `sample` draws from: softmax(logits / temperature),
+    restricted to the top_k most likely and to the smallest set reaching top_p, renormalized."""
     x = logits.astype(np.float64) / max(temperature, 1e-6)
     if top_k:
         kth = np.sort(x, axis=-1)[:, -min(top_k, x.shape[-1])][:, None]
@@ -54,8 +66,7 @@ def sample(logits: np.ndarray, rng: np.random.Generator, temperature: float, top
         np.put_along_axis(keep, order, keep_sorted, axis=-1)
         p = np.where(keep, p, 0.0)
         p /= p.sum(axis=-1, keepdims=True)
-    u = rng.random((len(p), 1))
-    return np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)
+    return p
 
 
 class Sampler:
@@ -75,3 +86,7 @@ class Sampler:
         if self.rng is None:
             return greedy(logits)
         return sample(logits, self.rng, self.temperature, self.top_k, self.top_p)
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """What a sampling Sampler draws each row's token from [rows, vocab]."""
+        return distribution(logits, self.temperature, self.top_k, self.top_p)

@@ -8,7 +8,8 @@ importing only those before it:
     inputs    the one validation of inputs (feeds, prompts and generation options, input files)
     cache     the KV cache: empty caches, CPU cache buffers, present.* -> past_key_values.*
     arrays    prompt padding, NPZ output
-    generate  the decode loops (greedy, sampling, beam search) over a model's graphs
+    speculative  speculative decoding of one prompt: drafts checked in one call, the cache cut back
+    generate  the decode loops (greedy, sampling, beam search, speculative) over a model's graphs
     text      the build's tokenizer: texts encoded with its padding and mask, whole characters
               streamed, chat templates rendered
     session   Session: a build directory opened, run(), generate()

@@ -103,6 +103,15 @@ class CacheBuffers:
             np.take(self.current[name], rows, axis=0, out=view)
         return self.hold(views)
 
+    def truncate(self, total: int) -> dict[str, Any]:
+        """The current cache cut back to its first `total` positions (a whole-sequence cache only:
+        a window's older positions are gone), copied into the other buffers; returns them as
+        past_key_values.* inputs."""
+        views = self.next(total)
+        for name, view in views.items():
+            view[...] = self.current[name][:, :, : view.shape[2]]
+        return self.hold(views)
+
 
 def run_cached(graph: Graph, kv: CacheBuffers | None, feeds: dict[str, Any], total: int) -> tuple[dict, dict]:
     """Run one prefill or step of `total` positions in all; returns (the next step's
@@ -118,3 +127,11 @@ def reorder_cache(graph: Graph, kv: CacheBuffers | None, cache: dict[str, Any], 
     if kv:
         return kv.reorder(rows)
     return {k: graph.value(k, v.numpy()[rows]) for k, v in cache.items()}
+
+
+def truncate_cache(graph: Graph, kv: CacheBuffers | None, cache: dict[str, Any], total: int) -> dict[str, Any]:
+    """`cache` (past_key_values.*, whole-sequence caches) cut back to its first `total` positions:
+    a speculative step's rejected tokens taken out again."""
+    if kv:
+        return kv.truncate(total)
+    return {k: graph.value(k, v.numpy()[:, :, :total]) for k, v in cache.items()}

@@ -7,7 +7,9 @@ top-k, top-p) and beam search.
 
 A runner owns the graph calls and the cache (specc/runtime/cache.py: OrtValues kept on the
 graph's device); the loops only see [rows, vocab] logits and hand back the chosen token per row.
-Beam search reorders the cache rows after each step.
+Beam search reorders the cache rows after each step. Speculative decoding (one prompt)
+runs specc/runtime/speculative.py's loop over a DecoderRunner, which checks drafts with `extend`
+and cuts its cache back with `truncate`.
 
 The loops read a model through three attributes, `graphs`, `info` and `limits` (a Session has
 them), and never import the Session: session.py imports this module, not the other way.
@@ -25,14 +27,16 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
+from specc.decoding.draft import DRAFTERS
 from specc.decoding.sampling import Sampler, log_softmax, sample, samples  # noqa: F401 - sample: this module's API too
 from specc.decoding.stores import inplace_feeds
 from specc.runtime.arrays import pad_rows
-from specc.runtime.cache import CacheBuffers, empty_cache, reorder_cache, run_cached
+from specc.runtime.cache import CacheBuffers, empty_cache, reorder_cache, run_cached, truncate_cache
 from specc.runtime.captured import CapturedDecoder, CapturedRunner
 from specc.runtime.errors import RunError
 from specc.runtime.graph import Graph
 from specc.runtime.inputs import Limits, check_generation
+from specc.runtime.speculative import MAX_DRAFT, ModelDraft, Speculation, check_draft, check_runner, speculative_loop
 from specc.spec.io import (
     ATTENTION_MASK,
     BATCH,
@@ -74,6 +78,7 @@ class Generated:
 
     ids: list[list[int]]
     new_ids: list[list[int]]
+    speculation: Speculation | None = None  # what speculative decoding did, where it ran
 
 
 # --- runners: the graph calls and the cache -------------------------------------------------------
@@ -95,12 +100,25 @@ class DecoderRunner:
     def prefill(self) -> np.ndarray:
         feeds = {INPUT_IDS: self.ids, ATTENTION_MASK: self.mask}
         feeds.update(empty_cache(self.graph, len(self.ids)))
-        return self._run(feeds, self.ids.shape[1])
+        return self._run(feeds, self.ids.shape[1])[:, -1, :]
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
-        self.mask = np.concatenate([self.mask, np.ones((len(tokens), 1), dtype=np.int64)], axis=1)
-        self.positions = self.positions[:, -1:] + 1  # one new token per row
-        return self._run({INPUT_IDS: tokens[:, None].astype(np.int64), ATTENTION_MASK: self.mask, **self.cache}, 1)
+        return self.extend(tokens[:, None])[:, -1, :]
+
+    def extend(self, tokens: np.ndarray) -> np.ndarray:
+        """Run `tokens` [rows, t] after the cache in one call: the logits of each of them [rows, t,
+        vocab] (a speculative step's check of t - 1 drafted tokens)."""
+        rows, t = tokens.shape
+        self.mask = np.concatenate([self.mask, np.ones((rows, t), dtype=np.int64)], axis=1)
+        self.positions = self.positions[:, -1:] + 1 + np.arange(t, dtype=np.int64)[None, :]
+        return self._run({INPUT_IDS: tokens.astype(np.int64), ATTENTION_MASK: self.mask, **self.cache}, t)[:, -t:, :]
+
+    def truncate(self, total: int) -> None:
+        """Keep the first `total` positions of every row (mask, positions and cache): the tokens
+        after them, a speculative step's rejected drafts, are gone. Whole-sequence caches only."""
+        self.mask = self.mask[:, :total]
+        self.positions = positions_from_mask(self.mask, 1)
+        self.cache = truncate_cache(self.graph, self.kv, self.cache, total)
 
     def _run(self, feeds: dict, t: int) -> np.ndarray:
         if POSITION_IDS in self.graph.inputs:
@@ -108,7 +126,7 @@ class DecoderRunner:
         if TOKEN_TYPE_IDS in self.graph.inputs:
             feeds[TOKEN_TYPE_IDS] = np.zeros((len(self.mask), t), dtype=np.int64)
         self.cache, out = run_cached(self.graph, self.kv, feeds, self.mask.shape[1])
-        return last_logits(out, self.logits_name)
+        return out[self.logits_name].numpy()
 
     def reorder(self, rows: np.ndarray) -> None:
         self.mask, self.positions = self.mask[rows], self.positions[rows]
@@ -205,19 +223,33 @@ def _lp(n: int, alpha: float) -> float:
 def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None, do_sample: bool = False,
              beams: int = 1, length_penalty: float = 0.6, eos_id: int | None = None, pad_id: int | None = None,
-             on_token: OnToken | None = None) -> Generated:
+             on_token: OnToken | None = None, speculative: str | Model | None = None) -> Generated:
     """Generate from one prompt, a batch of prompts (any lengths) or an int64 array [batch, seq]
-    (as Session.generate, which calls this)."""
+    (as Session.generate, which calls this). speculative: a drafter's name, or a draft build's Session
+    (same vocabulary), for one prompt, greedy or sampling (specc/runtime/speculative.py)."""
     info = model.info
     if info.architecture not in ("decoder", "encoder-decoder"):
         raise RunError("generation needs a decoder or an encoder-decoder build; use `specc run` for encoders")
     # options, prompts, lengths and beams, all before anything is allocated
     rows = check_generation(model.limits, info.architecture, input_ids, max_new_tokens, beams=beams,
                             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, do_sample=do_sample,
-                            length_penalty=length_penalty, eos_id=eos_id, pad_id=pad_id)
+                            length_penalty=length_penalty, eos_id=eos_id, pad_id=pad_id, speculative=speculative)
     sampling = do_sample or samples(temperature, top_k, top_p)
     eos = eos_id if eos_id is not None else info.tokens.eos
     pad = pad_id if pad_id is not None else info.pad_for(eos)
+    if speculative is not None:
+        check_runner(model.graphs["model"], f"speculative={speculative!r}")
+        if isinstance(speculative, str):
+            drafter = DRAFTERS[speculative](rows[0])
+        else:
+            check_draft(speculative, model, len(rows[0]) + max_new_tokens)
+            drafter = ModelDraft(DecoderRunner(speculative, rows, pad, max_new_tokens + MAX_DRAFT), rows[0],
+                                 speculative.limits.context)
+        stats = Speculation()
+        new = speculative_loop(DecoderRunner(model, rows, pad, max_new_tokens), rows[0], max_new_tokens,
+                               Sampler(temperature, top_k, top_p, seed, sampling=sampling), eos, on_token, drafter,
+                               stats)
+        return Generated(ids=[rows[0] + new], new_ids=[new], speculation=stats)
     if info.architecture == "encoder-decoder":
         start = info.start_for(pad)
         make = lambda rs: EncoderDecoderRunner(model, rs, pad, start, max_new_tokens)  # noqa: E731

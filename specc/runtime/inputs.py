@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from specc.decoding.draft import DRAFTERS
 from specc.fileio import NotARegularFile, read_bounded, regular_size
 from specc.runtime.errors import RunError
 from specc.runtime.graph import shape_of
@@ -303,7 +304,7 @@ def check_prompts(input_ids, limits: Limits, shown: str = INPUT_IDS) -> list[lis
 
 def check_generation(limits: Limits, architecture: str, input_ids, max_new_tokens, *, beams=1, temperature=None,
                      top_k=None, top_p=None, seed=None, do_sample=False, length_penalty=0.6, eos_id=None,
-                     pad_id=None) -> list[list[int]]:
+                     pad_id=None, speculative=None) -> list[list[int]]:
     """Validate a generation before anything is allocated; returns the prompts as rows of ints.
 
     Options: max_new_tokens and beams integers >= 1; sampling (temperature finite > 0, top_k >= 1,
@@ -311,7 +312,9 @@ def check_generation(limits: Limits, architecture: str, input_ids, max_new_token
     (one outside the vocabulary, e.g. -1, never stops a row); pad_id in the vocabulary. Prompts: check_prompts. Lengths: a decoder's longest prompt plus
     max_new_tokens, an encoder-decoder's decoder start token plus max_new_tokens, within the
     context (serving.length.max, or the learned positions if fewer). Beams: prompts x beams rows
-    of those positions within serving.batch.max x serving.length.max."""
+    of those positions within serving.batch.max x serving.length.max. speculative: one of
+    decoding/draft.py's DRAFTERS or a draft build's Session, for one prompt of a
+    decoder."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise RunError(f"max_new_tokens must be at least 1, got {max_new_tokens!r}")
     if not _is_int(beams) or beams < 1:
@@ -336,6 +339,8 @@ def check_generation(limits: Limits, architecture: str, input_ids, max_new_token
     if pad_id is not None and (not _is_int(pad_id) or not 0 <= pad_id < pad_vocab):
         raise RunError(f"pad_id {pad_id!r} outside the vocabulary (0..{pad_vocab - 1})")
     rows = check_prompts(input_ids, limits)
+    if speculative is not None:
+        _check_speculative(speculative, architecture, len(rows), beams)
     longest = max(len(r) for r in rows)
     context = limits.context
     if architecture == "encoder-decoder":
@@ -355,6 +360,20 @@ def check_generation(limits: Limits, architecture: str, input_ids, max_new_token
                        f"than the build's serving.batch.max x serving.length.max ({limits.batch} x "
                        f"{limits.length} = {budget}) positions; use fewer beams")
     return rows
+
+
+def _check_speculative(speculative, architecture: str, prompts: int, beams) -> None:
+    what = f"speculative={speculative!r}"
+    model = hasattr(speculative, "graphs") and hasattr(speculative, "info")  # a draft build's Session
+    if not model and (not isinstance(speculative, str) or speculative not in DRAFTERS):
+        raise RunError(f"{what}: the drafters are {', '.join(DRAFTERS)}, or a draft build's Session")
+    if architecture != "decoder":
+        raise RunError(f"{what}: speculative decoding runs decoder builds only, this one is an {architecture}")
+    if beams != 1:
+        raise RunError(f"{what}: speculative decoding does not combine with beam search (beams={beams}); "
+                       "drop one of them")
+    if prompts != 1:
+        raise RunError(f"{what}: speculative decoding takes one prompt at a time, got {prompts}")
 
 
 def _is_int(x) -> bool:

@@ -1,0 +1,54 @@
+"""Drafters for speculative decoding: guesses of the next tokens that the target model then checks
+in one multi-token step (specc/runtime/speculative.py), so a guess changes how fast tokens come,
+never which tokens come.
+
+PromptLookup needs no second model: where the last n tokens of the text so far (prompt and
+generated tokens, n from MAX_NGRAM down to 1, the longest first) occurred before, it proposes
+the tokens that followed their latest earlier occurrence. Text that copies from its prompt
+(a quotation, a rewrite, code edited in place) is drafted well; free text rarely is, and then
+nothing is proposed.
+
+Each n-gram's two latest end positions are kept in a dict updated per token, so a proposal costs
+O(MAX_NGRAM) whatever the length of the text.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+MAX_NGRAM = 3  # the longest suffix matched
+
+
+class PromptLookup:
+    """The n-gram index of one sequence: `extend` it with tokens as they come (the prompt first),
+    `propose` up to k next tokens."""
+
+    def __init__(self, tokens: Iterable[int] = ()):
+        self.tokens: list[int] = []
+        # n -> n-gram -> (its latest end position, the one before or -1)
+        self.ends: dict[int, dict[tuple[int, ...], tuple[int, int]]] = {n: {} for n in range(1, MAX_NGRAM + 1)}
+        self.extend(tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        for token in tokens:
+            self.tokens.append(int(token))
+            end = len(self.tokens) - 1
+            for n, index in self.ends.items():
+                if end + 1 >= n:
+                    gram = tuple(self.tokens[end + 1 - n:])
+                    latest = index.get(gram)
+                    index[gram] = (end, latest[0] if latest else -1)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest suffix (of at
+        most MAX_NGRAM tokens) seen before; [] where no suffix occurred before or k < 1."""
+        if k < 1 or not self.tokens:
+            return []
+        for n in range(min(MAX_NGRAM, len(self.tokens)), 0, -1):
+            found = self.ends[n].get(tuple(self.tokens[-n:]))
+            if found is not None and found[1] >= 0:
+                start = found[1] + 1  # the suffix itself is the latest occurrence; the one before
+                return self.tokens[start:start + k]
+        return []
+
+
+DRAFTERS = {"ngram": PromptLookup}  # speculative decoding's drafters by the name a caller gives

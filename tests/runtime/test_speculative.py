@@ -1,0 +1,286 @@
+"""Speculative decoding (specc/runtime/speculative.py) with the prompt-lookup drafter
+(specc/decoding/draft.py): greedy tokens identical to plain greedy decoding over many seeded
+prompts, repetitive ones among them so that drafts are accepted and rejected (the cache cut back),
+EOS and max_new_tokens honoured; sampling's rule drawing from the target's distribution (exact
+probabilities, and the model's own from full-sequence runs); the drafter against a brute-force
+search, and the refusals."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import specc
+from specc.cli import main
+from specc.decoding.draft import MAX_NGRAM, PromptLookup
+from specc.runtime import RunError, Session
+from specc.decoding.sampling import Sampler, distribution
+from specc.runtime.speculative import MAX_DRAFT, DraftLength, check
+
+from tests.helpers import speclib
+
+pytest.importorskip("onnxruntime")
+
+SMALL = speclib.tiny({"vocab": {"size": 61, "tie_output": False}})
+WINDOWED = speclib.tiny({"vocab": {"size": 61, "tie_output": False},
+                         "decoder": {"attention": {"heads": 4, "pattern": {"kind": "local", "window": 3}}}})
+TARGETS = {"tiny-llama": ("tiny-llama", 0), "tiny-gpt2": ("tiny-gpt2", 0), "small-seed3": (SMALL, 3)}
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    done: dict = {}
+
+    def get(label: str, spec=None, seed: int = 0) -> Session:
+        if label not in done:
+            spec, seed = TARGETS[label] if spec is None else (spec, seed)
+            out = tmp_path_factory.getbasetemp() / "specc-speculative-builds" / label
+            done[label] = Session(specc.build(spec, out, seed=seed).out_dir)
+        return done[label]
+
+    return get
+
+
+def prompts(vocab: int, count: int = 24) -> list[list[int]]:
+    """Seeded prompts: random ones, and ones that repeat a short random phrase (drafts to accept)."""
+    rng = np.random.default_rng(53)
+    out = [rng.integers(0, vocab, rng.integers(1, 16)).tolist() for _ in range(count // 2)]
+    for _ in range(count - len(out)):
+        phrase = rng.integers(0, vocab, rng.integers(2, 6)).tolist()
+        out.append((phrase * 8)[: rng.integers(len(phrase) + 1, 30)])
+    return out
+
+
+# --- exactness -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label", list(TARGETS))
+def test_greedy_tokens_equal_plain_greedy_decoding(built, label):
+    session = built(label)
+    drafted = accepted = rejected_steps = 0
+    for prompt in prompts(min(session.limits.vocab, 61)):
+        plain = session.generate(prompt, NEW, eos_id=-1)
+        spec = session.generate(prompt, NEW, eos_id=-1, speculative="ngram")
+        assert spec.new_ids == plain.new_ids, prompt
+        assert spec.ids == plain.ids
+        s = spec.speculation
+        drafted, accepted = drafted + s.drafted, accepted + s.accepted
+        rejected_steps += s.accepted < s.drafted
+        assert s.steps + 1 + s.accepted >= len(spec.new_ids[0])  # each call adds one token and its accepted drafts
+    # both paths ran: drafts accepted (several tokens a call) and rejected (the cache cut back)
+    assert accepted > 0 and rejected_steps > 0 and accepted < drafted
+
+
+def test_fewer_target_calls_where_the_text_repeats(built):
+    session = built("small-seed3")
+    prompt = [7, 8, 9, 10, 11] * 6
+    spec = session.generate(prompt, NEW, eos_id=-1, speculative="ngram")
+    assert spec.new_ids == session.generate(prompt, NEW, eos_id=-1).new_ids
+    if spec.speculation.accepted:  # the model continued the pattern: fewer calls than tokens
+        assert spec.speculation.steps < NEW - 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 11])
+def test_max_new_tokens_is_honoured(built, n):
+    session = built("small-seed3")
+    for prompt in prompts(61, 8):
+        spec = session.generate(prompt, n, eos_id=-1, speculative="ngram")
+        assert len(spec.new_ids[0]) == n
+        assert spec.new_ids == session.generate(prompt, n, eos_id=-1).new_ids
+
+
+def test_eos_stops_where_plain_decoding_stops(built):
+    session = built("small-seed3")
+    checked = 0
+    for prompt in prompts(61):
+        plain = session.generate(prompt, NEW, eos_id=-1).new_ids[0]
+        for eos in set(plain[1:-1]):
+            stop = plain.index(eos) + 1
+            spec = session.generate(prompt, NEW, eos_id=eos, speculative="ngram")
+            assert spec.new_ids[0] == plain[:stop]
+            assert spec.new_ids == session.generate(prompt, NEW, eos_id=eos).new_ids
+            checked += 1
+    assert checked > 10
+
+
+def test_on_token_sees_each_token_in_order(built):
+    session = built("small-seed3")
+    prompt = [3, 4, 5, 3, 4, 5, 3, 4]
+    seen = []
+    spec = session.generate(prompt, NEW, eos_id=-1, speculative="ngram", on_token=lambda step, new: seen.append((step, new)))
+    assert seen == [(i, [t]) for i, t in enumerate(spec.new_ids[0])]
+
+
+def test_model_onnx_without_the_inplace_graph_gives_the_same_tokens(built):
+    session = built("tiny-llama")
+    plain = Session(session.dir, inplace=False)
+    for prompt in prompts(61, 6):
+        assert plain.generate(prompt, NEW, eos_id=-1, speculative="ngram").new_ids == \
+            session.generate(prompt, NEW, eos_id=-1).new_ids
+
+
+def test_specc_generate_speculative_prints_the_same_tokens_and_its_acceptance(built):
+    session = built("small-seed3")
+    args = ["generate", str(session.dir), "--ids", "7,8,9,10,11,7,8,9,10,11,7,8", "--max-new-tokens", "16",
+            "--eos-id", "-1", "--json"]
+    plain, spec = CliRunner().invoke(main, args), CliRunner().invoke(main, args + ["--speculative", "ngram"])
+    assert spec.exit_code == 0, spec.output
+    assert json.loads(spec.stdout) == json.loads(plain.stdout)
+    assert "specc: speculative ngram: " in spec.stderr and "drafted tokens accepted" in spec.stderr
+    beams = CliRunner().invoke(main, args + ["--speculative", "ngram", "--beams", "2"])
+    assert beams.exit_code == 1 and "beam search" in beams.stderr and "Traceback" not in beams.output
+
+
+# --- a draft build -------------------------------------------------------------------------------
+
+
+def test_a_draft_build_gives_plain_greedy_tokens_and_itself_drafts_all_accepted(built):
+    session = built("small-seed3")
+    itself = Session(session.dir)  # the same weights: every guess is the model's own choice
+    other = built("small-seed4", SMALL, 4)
+    for prompt in prompts(61, 12):
+        plain = session.generate(prompt, NEW, eos_id=-1).new_ids
+        same = session.generate(prompt, NEW, eos_id=-1, speculative=itself)
+        assert same.new_ids == plain
+        assert same.speculation.accepted == same.speculation.drafted > 0
+        assert same.speculation.steps < NEW // 2
+        assert session.generate(prompt, NEW, eos_id=-1, speculative=other).new_ids == plain
+    eos = plain[0][5]
+    assert session.generate(prompts(61)[-1], NEW, eos_id=eos, speculative=itself).new_ids == \
+        session.generate(prompts(61)[-1], NEW, eos_id=eos).new_ids
+
+
+def test_a_draft_build_of_another_vocabulary_is_refused(built):
+    with pytest.raises(RunError, match="vocabulary of"):
+        built("small-seed3").generate([1, 2, 3], 4, speculative=built("tiny-llama"))
+
+
+def test_specc_generate_takes_a_draft_builds_directory(built):
+    session = built("small-seed3")
+    args = ["generate", str(session.dir), "--ids", "4,5,6", "--max-new-tokens", "12", "--eos-id", "-1", "--json"]
+    plain, spec = CliRunner().invoke(main, args), CliRunner().invoke(main, args + ["--speculative", str(session.dir)])
+    assert spec.exit_code == 0, spec.output
+    assert json.loads(spec.stdout) == json.loads(plain.stdout)
+    assert f"specc: speculative draft {session.dir}: " in spec.stderr
+    missing = CliRunner().invoke(main, args + ["--speculative", str(session.dir) + "-none"])
+    assert missing.exit_code == 1 and "not a specc build" in missing.stderr and "Traceback" not in missing.output
+
+
+# --- sampling --------------------------------------------------------------------------------------
+
+
+def test_the_sampling_rule_draws_each_token_from_the_targets_distribution():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 1.5, (3, 5))
+    draft = [2, 1]
+    logits[0, 2] += 2.0  # drafts likely enough to be kept often, and rejected often
+    logits[1, 1] += 2.0
+    choose = Sampler(temperature=0.8, top_k=4, seed=0)
+    p = distribution(logits, 0.8, 4, None)
+    n = 60000
+    first, second_after_x = np.zeros(5), np.zeros(5)
+    kept = np.zeros(3)
+    for _ in range(n):
+        accepted, token = check(choose, logits, draft)
+        kept[accepted] += 1
+        made = draft[:accepted] + [token]
+        first[made[0]] += 1
+        if made[0] == 2 and len(made) > 1:
+            second_after_x[made[1]] += 1
+    assert kept.min() > 1000  # every path taken
+    np.testing.assert_allclose(first / n, p[0], atol=0.01)
+    np.testing.assert_allclose(second_after_x / second_after_x.sum(), p[1], atol=0.015)
+
+
+def test_speculative_sampling_keeps_the_models_distribution(built):
+    session = built("small-seed3")
+    prompt = session.generate([5, 6], 40, eos_id=-1).ids[0]  # its own text: tokens recur, drafts come
+    runs = 2000
+    seconds, drafted = np.zeros(61), 0
+    for seed in range(runs):
+        g = session.generate(prompt, 2, temperature=1.0, seed=seed, eos_id=-1, speculative="ngram")
+        seconds[g.new_ids[0][1]] += 1
+        drafted += g.speculation.drafted
+    assert drafted > runs // 4
+    again = [session.generate(prompt, 6, temperature=1.0, seed=7, speculative="ngram").new_ids for _ in range(2)]
+    assert again[0] == again[1]  # a seed's tokens, run after run
+    # the second token's exact distribution, from full-sequence runs of the graph (no cache)
+    p0 = distribution(session.run(input_ids=[prompt])["logits"][:, -1], 1.0, None, None)[0]
+    after = np.array([prompt + [t] for t in range(61)])
+    p1 = np.concatenate([distribution(session.run(input_ids=after[i:i + 16])["logits"][:, -1], 1.0, None, None)
+                         for i in range(0, 61, 16)])
+    expected = runs * (p0 @ p1)
+    big = expected >= 5  # chi-square over the cells expected 5 times or more, the rest pooled
+    observed, expected = np.append(seconds[big], seconds[~big].sum()), np.append(expected[big], expected[~big].sum())
+    observed, expected = observed[expected > 0], expected[expected > 0]
+    chi2, df = (((observed - expected) ** 2) / expected).sum(), len(expected) - 1
+    assert chi2 < df + 6 * np.sqrt(2 * df), (chi2, df)
+
+
+# --- refusals --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"speculative": "medusa"}, "the drafters are ngram, or a draft build's Session"),
+    ({"speculative": ["ngram"]}, "the drafters are ngram"),
+    ({"speculative": "ngram", "beams": 2}, "beam search"),
+    ({"speculative": "ngram", "input_ids": [[1, 2], [3, 4]]}, "one prompt"),
+])
+def test_what_it_does_not_do_is_a_run_error(built, options, words):
+    session = built("small-seed3")
+    options = {"input_ids": [1, 2, 3], **options}
+    with pytest.raises(RunError, match=words):
+        session.generate(options.pop("input_ids"), 4, **options)
+
+
+def test_window_caches_are_refused(built):
+    session = built("windowed", WINDOWED, 3)
+    with pytest.raises(RunError, match="window of 3 positions"):
+        session.generate([1, 2, 3], 4, speculative="ngram")
+
+
+# --- the drafter and the draft length --------------------------------------------------------------
+
+
+def brute_force(tokens: list[int], k: int) -> list[int]:
+    for n in range(min(MAX_NGRAM, len(tokens)), 0, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # the latest occurrence before the suffix itself
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def test_prompt_lookup_proposes_what_a_brute_force_search_finds():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        tokens = rng.integers(0, rng.integers(2, 8), rng.integers(1, 40)).tolist()
+        cut = int(rng.integers(0, len(tokens) + 1))
+        drafter = PromptLookup(tokens[:cut])
+        drafter.extend(tokens[cut:])
+        for k in (1, 3, 8):
+            assert drafter.propose(k) == brute_force(tokens, k), (tokens, k)
+    assert PromptLookup([1, 2, 3]).propose(4) == []
+    assert PromptLookup([1, 2, 3, 1, 2]).propose(0) == []
+    assert PromptLookup([9, 1, 2, 3, 4, 5, 1, 2]).propose(2) == [3, 4]
+
+
+def test_draft_length_grows_shrinks_and_pauses():
+    length = DraftLength()
+    k = length.next()
+    length.update(k, k)
+    assert length.next() == 2 * k
+    for _ in range(5):
+        length.update(length.next(), length.next())
+    assert length.next() == MAX_DRAFT
+    length.update(MAX_DRAFT, 2)
+    assert length.next() == 3
+    length.update(3, 0)
+    length.update(1, 0)  # two drafts in a row all rejected: plain steps for a while
+    pauses = 0
+    while length.next() == 0:
+        pauses += 1
+    assert pauses > 0
