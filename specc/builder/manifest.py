@@ -68,6 +68,13 @@ class Inputs:
 # the graphs a build composes from its verified ones beside the clients' files (specc/export/inplace.py):
 # part of the cache key, so that a build made before one was added is built again, not reused
 COMPOSED_GRAPHS = ("inplace",)
+# how a spec's routed experts are exported (specc/export/moe.py: one MoE / QMoE node a layer): part of
+# the key of a build with a `moe` FFN, so that one made with the loop over experts is built again
+ROUTED_EXPERTS_FORM = "MoE"
+
+
+def _routed_experts(r: ResolvedSpec) -> bool:
+    return any(layer.ffn.kind == "moe" for stack in (r.encoder, r.decoder) if stack is not None for layer in stack.layers)
 
 
 def tokenizer_files(r: ResolvedSpec) -> list[Path]:
@@ -117,6 +124,8 @@ def inputs(r: ResolvedSpec, *, target: str, opset: int, weights: Path | None, se
         options["quantization"] = quantization(precision)
     if verify_provider != "cpu":
         options["verify_provider"] = verify_provider
+    if _routed_experts(r):
+        options["routed_experts"] = ROUTED_EXPERTS_FORM
     if tokenizer:
         options["tokenizer"] = dict(zip((p.name for p in tokenizer), sha256s(list(tokenizer))))
     vers = versions()

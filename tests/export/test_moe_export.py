@@ -78,6 +78,7 @@ def _torch_greedy(model, prompt: list[int]) -> list[int]:
 def test_routed_layers_are_moe_nodes_and_decode_as_torch(built, name):
     spec, result = built(name)
     assert result.manifest["verification"]["passed"] is True
+    assert result.manifest["options"]["routed_experts"] == "MoE"  # a build with the loop over experts is not up to date
     layers = SPECS[name][1]
     for graph in ("model.onnx", "inplace.onnx"):
         ops = _ops(result.out_dir / graph)
