@@ -37,6 +37,8 @@ from specc.nn import experts
 from specc.runtime import Session
 from specc.spec.load import loads_spec
 
+from benchmarks.gqa_decode import steps  # one decode step timing for both benchmarks
+
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "bench-moe"
 DOC = ROOT / "docs" / "benchmarks_moe.md"
@@ -85,12 +87,6 @@ def quality(out: Path, reference: Path, ids: list[int]) -> str:
     cos = np.sum(got * want, -1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1))
     agree = np.mean(got.argmax(-1) == want.argmax(-1))
     return f"{agree * 100:.1f}% | {cos.mean():.5f} | {np.abs(got - want).max():.3g}"
-
-
-def steps(session: Session, prompt: list[int], new: int) -> list[float]:
-    times: list[float] = []
-    session.generate([prompt], max_new_tokens=new + 1, on_token=lambda step, tokens: times.append(time.perf_counter()))
-    return list(np.diff(times))
 
 
 def main() -> None:
