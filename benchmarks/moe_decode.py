@@ -37,7 +37,7 @@ from specc.nn import experts
 from specc.runtime import Session
 from specc.spec.load import loads_spec
 
-from benchmarks.gqa_decode import steps  # one decode step timing for both benchmarks
+from gqa_decode import steps  # one decode step timing for both benchmarks (a script beside it)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "bench-moe"
