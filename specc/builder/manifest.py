@@ -20,6 +20,7 @@ from typing import Any
 from specc.errors import BuildError
 from specc.export.quantize import describe as quantization
 from specc.fileio import INDEX_SUFFIX, NotARegularFile, file_sha256, regular_size, sha256s, write_atomic
+from specc.spec import io
 from specc.spec.dump import spec_to_data
 from specc.spec.manifest import (
     MANIFEST,
@@ -65,9 +66,10 @@ class Inputs:
     cache_key: str
 
 
-# the graphs a build composes from its verified ones beside the clients' files (specc/export/inplace.py):
-# part of the cache key, so that a build made before one was added is built again, not reused
-COMPOSED_GRAPHS = ("inplace",)
+# the graphs a build composes from its verified ones beside the clients' files (specc/export/inplace.py),
+# each with what its form depends on: part of the cache key, so that a build made before one was
+# added or changed is built again, not reused
+COMPOSED_GRAPHS = {"inplace": {"lm_positions": io.LM_POSITIONS}}
 # how a spec's routed experts are exported (specc/export/moe.py: one MoE / QMoE node a layer): part of
 # the key of a build with a `moe` FFN, so that one made with the loop over experts is built again
 ROUTED_EXPERTS_FORM = "MoE"

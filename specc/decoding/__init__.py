@@ -14,7 +14,8 @@ triton_generate.py, over BLS calls inside Triton's Python backend). One copy of 
 Modules: errors (Refused, Busy, first_line), facts (the build's facts, limits, the endpoint's
 table; generation.json), graphs (what the engine reads of a graph; the GraphCall protocol),
 sampling (one sampler, which Session.generate uses too; temperature 0 is greedy), text (the
-tokenizer, stop strings), draft (speculative decoding's drafters), request (Request, parse, check, Answer), stores (CacheBlock,
+tokenizer, stop strings), draft (speculative decoding's drafters), speculation (its rules: draft
+lengths, the check of drafts), request (Request, parse, check, Answer), stores (CacheBlock,
 InplaceBlock, the choice between them), engine (the step loop).
 
 Imports: numpy, the standard library, the IO contract (specc/spec/io.py, which imports only the

@@ -14,9 +14,20 @@ introduced it). Host-agnostic: a host hands it its graphs (graphs.GraphCall) and
        | its cache joins the store (stores.py: the in-place store, or the block)
        v
     each iteration: ONE decode step [B, 1] for all B active sequences -> one token each
+       | (speculative requests: their drafts checked too, below)
        | a sequence leaves when it ends (eos, the sink says stop, max_tokens, cancelled)
        v
     the store regroups (rows that left dropped, rows that joined copied in)
+
+A request with `speculative` (request.Request) has a drafter (draft.py) guess the tokens after
+its text, and the target checks them (speculation.py's rule: the same greedy tokens, the
+target's distribution when sampling). GroupQueryAttention takes several new positions after a
+cache for one row at a time, so on the in-place store: a sequence decoding alone runs its token
+and its k drafts in one call of k + 1 positions (as Session.generate does); among B rows, the
+batched step gives its token's logits and a call of its own checks its drafts, which pays when
+it accepts more than B drafts a check (each call reads the weights once, a step of B rows makes B
+tokens), so a row drafts there only while its running mean of accepted drafts (DraftLength's) is
+above B. Other rows decode as they would without it. The block store (model.onnx) refuses it.
 
 Limits (facts.Limits): max_sequences rows at once; max_cache_tokens positions of the store,
 counted as it is held (stores.py), reserved at admission for every row's final length (prompt +
@@ -35,7 +46,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -43,8 +54,12 @@ from .errors import Busy, first_line
 from .facts import Limits, Model
 from .graphs import GraphCall
 from .prefix import PrefixCache
+from .draft import DRAFTERS
+from .errors import Refused
 from .request import CANCELLED, ERROR, LENGTH, STOP, Request, check
 from .sampling import Sampler
+from .speculation import DraftLength, Speculation
+from .speculation import check as check_drafts
 from .stores import CacheBlock, InplaceBlock, choose_store
 
 __all__ = ["CANCELLED", "ERROR", "LENGTH", "STOP", "Engine", "Sink", "Stats"]
@@ -75,6 +90,7 @@ class Stats:
     reused: int = 0  # prompt positions taken from the prefix cache instead
     tokens: int = 0  # tokens made
     finished: dict = field(default_factory=lambda: collections.Counter())
+    speculation: Speculation = field(default_factory=Speculation)  # checks (steps), drafted, accepted
 
 
 @dataclass(eq=False)
@@ -90,6 +106,8 @@ class _Sequence:
     made: int = 0  # tokens made so far
     present: dict | None = None  # after prefill, before it joins the store: its own [1, H, p, Dh]
     ended: str | None = None
+    drafter: Any = None  # speculative requests: the drafter, fed every token of the text
+    drafts: DraftLength | None = None
 
 
 class Engine:
@@ -123,7 +141,11 @@ class Engine:
     def check(self, request: Request) -> tuple[int, int | None]:
         """A request checked against the build and this engine's budget (request.check); returns
         (positions it needs, its eos). Refused with one line."""
-        return check(self.facts, self.limits, request)
+        checked = check(self.facts, self.limits, request)
+        if request.speculative is not None and not isinstance(self.block, InplaceBlock):
+            raise Refused("speculative: this build decodes with model.onnx (it has no in-place cache graph), "
+                          "whose store cannot check drafts; send the request without it")
+        return checked
 
     def submit(self, request: Request, sink: Sink) -> int:
         """Queue a request; returns its ticket (for cancel). Refused for a bad request, Busy when
@@ -137,6 +159,8 @@ class Engine:
                            f"waiting (max_waiting {self.limits.max_waiting}); retry later")
             seq = _Sequence(next(self._tickets), request, sink, eos, need,
                             Sampler(request.temperature, request.top_k, request.top_p, request.seed))
+            if request.speculative is not None:
+                seq.drafter, seq.drafts = DRAFTERS[request.speculative](request.ids), DraftLength()
             self._waiting.append(seq)
             self.stats.waiting = len(self._waiting)
             self._lock.notify_all()
@@ -272,7 +296,20 @@ class Engine:
         return self._emit(seq, logits)
 
     def _decode(self) -> None:
-        """One step [B, 1] for every active row: each row's last token at its own position."""
+        """One step [B, 1] for every active row: each row's last token at its own position; the
+        drafts of speculative rows checked with it (the module's doc)."""
+        rows = len(self._active)
+        drafts = [self._draft(s, rows) for s in self._active]
+        if rows == 1 and drafts[0]:
+            seq, draft = self._active[0], drafts[0]
+            try:
+                logits = self.block.extend(0, np.array([[seq.last] + draft], dtype=np.int64), seq.length)[0]
+            except Exception as exc:  # the graph call failed: its row fails
+                self._end(seq, ERROR, first_line(exc) or type(exc).__name__)
+                return
+            self.stats.steps += 1
+            self._checked(seq, draft, logits)
+            return
         ids = np.array([[s.last] for s in self._active], dtype=np.int64)
         try:
             logits = self.block.step(ids, np.array([s.length for s in self._active], dtype=np.int64))
@@ -283,16 +320,54 @@ class Engine:
             return
         self.stats.steps += 1
         for i, seq in enumerate(self._active):
-            seq.length += 1
-            if seq.ended is None:
+            if seq.ended is not None:
+                seq.length += 1
+            elif drafts[i]:
+                try:  # the token's position was written by the step; the drafts after it
+                    after = self.block.extend(i, np.array([drafts[i]], dtype=np.int64), seq.length + 1)[0]
+                except Exception as exc:  # the graph call failed: its row fails
+                    seq.length += 1
+                    self._end(seq, ERROR, first_line(exc) or type(exc).__name__)
+                    continue
+                self._checked(seq, drafts[i], np.concatenate([logits[i: i + 1], after]))
+            else:
+                seq.length += 1
                 self._emit(seq, logits[i: i + 1])
+
+    def _draft(self, seq: _Sequence, rows: int) -> list[int]:
+        """A speculative row's guesses of the tokens after its last (none for another row, none
+        among `rows` > 1 while its accepted drafts a check are not above `rows`): at most what
+        its DraftLength says, its tokens left but the last, and the store's columns after it."""
+        if seq.drafter is None or seq.ended is not None or (rows > 1 and seq.drafts.accepted <= rows):
+            return []
+        room = min(seq.request.max_tokens - seq.made - 1, self.block.capacity - seq.length - 1)
+        k = min(seq.drafts.next(), room)
+        return seq.drafter.propose(k) if k > 0 else []
+
+    def _checked(self, seq: _Sequence, draft: list[int], logits: np.ndarray) -> None:
+        """A row whose token and drafts were run ([1 + k, V] logits after each): the drafts it
+        keeps and the token after them, to the sink (speculation.check); its cache holds the token
+        and the drafts kept."""
+        accepted, token = check_drafts(seq.choose, logits, draft)
+        seq.drafts.update(len(draft), accepted)
+        spec = self.stats.speculation
+        spec.steps, spec.drafted, spec.accepted = spec.steps + 1, spec.drafted + len(draft), spec.accepted + accepted
+        seq.length += 1 + accepted
+        for t in draft[:accepted] + [token]:
+            if not self._give(seq, t):
+                return
 
     def _emit(self, seq: _Sequence, logits: np.ndarray) -> bool:
         """Choose the row's next token from its [1, V] logits (its Sampler, as Session.generate
         chooses for one prompt), hand it to the sink, and end the row where it ends. True while
         it goes on."""
-        token = int(seq.choose(logits)[0])
+        return self._give(seq, int(seq.choose(logits)[0]))
+
+    def _give(self, seq: _Sequence, token: int) -> bool:
+        """Hand `token` to the row's sink and end the row where it ends. True while it goes on."""
         seq.last, seq.made = token, seq.made + 1
+        if seq.drafter is not None:
+            seq.drafter.extend([token])
         self.stats.tokens += 1
         try:
             more = seq.sink.token(token) is not False

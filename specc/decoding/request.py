@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .draft import DRAFTERS
 from .errors import Refused
 from .facts import Endpoint, Limits, Model
 from .sampling import samples
@@ -31,7 +32,8 @@ STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
 class Request:
     """One prompt and how to continue it. Greedy unless the options sample (sampling.samples:
     temperature 0 is greedy); `eos` replaces the spec's tokens.eos (-1: none, so only max_tokens
-    ends it)."""
+    ends it); `speculative` names a drafter (draft.DRAFTERS) whose guesses the engine checks
+    (speculation.py): the same tokens, sooner where the text copies."""
 
     ids: tuple[int, ...]
     max_tokens: int
@@ -40,6 +42,7 @@ class Request:
     top_p: float | None = None
     seed: int | None = None
     eos: int | None = None
+    speculative: str | None = None
 
     @property
     def sampling(self) -> bool:
@@ -78,6 +81,8 @@ def check(model: Model, limits: Limits, r: Request) -> tuple[int, int | None]:
         raise Refused(f"seed must be an integer >= 0, got {r.seed!r}")
     if r.eos is not None and not _is_int(r.eos):  # outside the vocabulary (e.g. -1): no token ends it
         raise Refused(f"eos must be an integer, got {r.eos!r}")
+    if r.speculative is not None and r.speculative not in DRAFTERS:
+        raise Refused(f"speculative: unknown drafter {r.speculative!r}; the server drafts with {', '.join(DRAFTERS)}")
     if len(r.ids) > model.length_max:
         raise Refused(f"input_ids: a prompt of {len(r.ids)} tokens, more than the build's serving.length.max "
                       f"{model.length_max}")
@@ -201,9 +206,15 @@ def parse(endpoint: Endpoint, data: Mapping[str, Any], parameters: Mapping[str, 
         most, longest = endpoint.max_stops, endpoint.max_stop_bytes
         if len(stops) > most or any(not s or len(s.encode()) > longest for s in stops):
             raise Refused(f"stop: at most {most} strings of 1..{longest} bytes")
+    speculative = None
+    if "speculative" in given:
+        drafters = _values("speculative", given["speculative"])
+        if drafters.size != 1:
+            raise Refused(f"speculative: expected one drafter's name, got {drafters.size}")
+        speculative = _text("speculative", drafters[0])
     request = Request(ids=tuple(ids), max_tokens=opts.get("max_tokens", endpoint.default_max_tokens),
                       temperature=opts.get("temperature"), top_k=opts.get("top_k"), top_p=opts.get("top_p"),
-                      seed=opts.get("seed"), eos=opts.get("eos"))
+                      seed=opts.get("seed"), eos=opts.get("eos"), speculative=speculative)
     if request.temperature is not None and request.temperature < 0:
         raise Refused(f"temperature must be >= 0 (0 is greedy), got {request.temperature!r}")
     return Parsed(request=request, stop=stops, stream=bool(opts.get("stream", False)), text="text_input" in given)

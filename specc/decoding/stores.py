@@ -266,13 +266,14 @@ class InplaceBlock:
 
     def _run(self, ids: np.ndarray, start, caches: dict, into: dict) -> np.ndarray:
         """One call writing into `caches` (past name -> buffer; `into`: the same by present name):
-        in place where the host binds outputs, else the graph's presents copied back."""
+        in place where the host binds outputs, else the graph's presents copied back. The LM
+        output: the call's last min(t, io.LM_POSITIONS) positions [B, ., V]."""
         out = self.graph(inplace_feeds(self.inputs, ids, start, caches), into)
         for present, view in into.items():
             got = out[present]
             if got is not view:
                 view[...] = got
-        return _last(out[self.logits])
+        return np.asarray(out[self.logits])
 
     @property
     def reuses_prefixes(self) -> bool:
@@ -288,12 +289,21 @@ class InplaceBlock:
         if past is not None:
             for name, buf in caches.items():
                 buf[:, :, :k] = past[name]
-        return caches, self._run(ids, k, caches, into)
+        return caches, _last(self._run(ids, k, caches, into))
 
     def step(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """One decode step [B, 1], row i's token at position lengths[i], written in place: the
         rows' logits [B, V]."""
-        return self._run(ids, lengths, self.current, self.into)
+        return _last(self._run(ids, lengths, self.current, self.into))
+
+    def extend(self, row: int, ids: np.ndarray, length: int) -> np.ndarray:
+        """Row `row` alone: its tokens `ids` [1, t] at positions length.., written in place into its
+        own rows of the store (GroupQueryAttention takes several new positions after a cache for
+        one row at a time): their logits [1, t, V] (t at most io.LM_POSITIONS: a speculative
+        check). Positions past length + t that the row wrote before are written over later,
+        never read."""
+        caches = {name: view[row:row + 1] for name, view in self.current.items()}
+        return self._run(ids, length, caches, {self.presents[name]: v for name, v in caches.items()})
 
     def regroup(self, keep: list[tuple[int, int, int]], joining: list[tuple[dict, int, int]]) -> list[int]:
         """The rows `keep` ((row index, positions, final length)) and then `joining` ((its prefill's

@@ -10,16 +10,20 @@ present) and reads it again in the attention. inplace.onnx takes each layer's ca
              (the buffers), seqlens_k int32 [batch] (positions in the cache after this call,
              minus one), total_sequence_length int32 scalar (positions after this call)
     outputs  model.onnx's, present.N.key/value bound by the runtime to the past's own buffers; the
-             LM output holds each row's last position alone, [batch, 1, vocab] (generation reads
-             no other, and a prompt's LM head is then one position's product, not the prompt's)
+             LM output holds each row's last min(sequence, io.LM_POSITIONS) positions, [batch,
+             lm_positions, vocab]: a decode step reads its one, a speculative step its check of
+             the drafted tokens (specc/runtime/speculative.py), and a prompt's LM head is a few
+             positions' product, not the whole prompt's
 
-What it computes is model.onnx's on rows that are not padded: GroupQueryAttention masks the
+What it computes is model.onnx's on rows that are not padded, for a prompt and for any number of
+tokens after the cache (each sees the cache and the new ones before it): GroupQueryAttention masks the
 future, not padding, so it runs a batch whose rows all have the same length (a single prompt,
 or equal ones). The attention nodes are found from the cache's names and checked piece by piece
 (`rewrite`); what cannot be matched, and every spec whose attention GroupQueryAttention does not
 compute (windows, ALiBi, relative or bucketed positions, bilinear or additive scores, soft caps,
 heads of unequal key and value widths), gets no in-place graph and the reason in the manifest.
-`check` runs it against model.onnx on a prompt and a few decode steps (docs/build.md).
+`check` runs it against model.onnx on a prompt, a step of several tokens and decode steps
+(docs/build.md).
 
 Where a layer's queries and keys are turned by rotary positions in the half-split form over the
 whole head, GroupQueryAttention turns them (do_rotary) from tables that model.onnx's own rotary
@@ -165,7 +169,7 @@ def rewrite(model, r: ResolvedSpec) -> None:
             raise Unfit(f"the attention's output {o.name} is a graph output")
     flat = helper.make_tensor("inplace/flat", TensorProto.INT64, [3], [0, 0, -1])
     dropped |= _roots_as_divisions(g.node, consumers, producer)
-    added += _last_position_logits(g, producer, constants, r.lm_output) if r.lm_output else []
+    added += _last_positions_logits(g, producer, constants, r.lm_output) if r.lm_output else []
     kept = [n for n in g.node if id(n) not in dropped] + added
     g.initializer.append(flat)
     _set_nodes(g, _live(_sorted(kept, g), g))
@@ -174,9 +178,10 @@ def rewrite(model, r: ResolvedSpec) -> None:
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
 
 
-def _last_position_logits(g, producer, constants, lm: str) -> list:
-    """The LM head made to read each row's last position alone (generation reads no other): a
-    Slice of that position before the head's product, and the LM output's sequence dim 1. Only the
+def _last_positions_logits(g, producer, constants, lm: str) -> list:
+    """The LM head made to read each row's last min(sequence, io.LM_POSITIONS) positions: a Slice
+    of them before the head's product (its start -LM_POSITIONS, which a shorter sequence clamps to
+    0), and the LM output's sequence dim io.LM_POSITIONS_DIM. Only the
     product and what follows it per position (a constant bias, scale or soft cap) lie between;
     anything else leaves the graph as it is. Returns the node to add (none where it is left)."""
     from onnx import TensorProto, helper
@@ -194,14 +199,14 @@ def _last_position_logits(g, producer, constants, lm: str) -> list:
         name = node.input[0]
     else:
         return []
-    last = f"inplace/{lm}/last_position"
+    last = f"inplace/{lm}/last_positions"
     g.initializer.extend([helper.make_tensor(f"{last}/{k}", TensorProto.INT64, [1], [v])
-                          for k, v in (("starts", -1), ("ends", 2**63 - 1), ("axes", 1))])
+                          for k, v in (("starts", -io.LM_POSITIONS), ("ends", 2**63 - 1), ("axes", 1))])
     slice_node = helper.make_node("Slice", [node.input[0], f"{last}/starts", f"{last}/ends", f"{last}/axes"], [last],
                                   name=last)
     node.input[0] = last
     out = next(o for o in g.output if o.name == lm)
-    out.type.tensor_type.shape.dim[1].dim_value = 1  # clears the dim's name
+    out.type.tensor_type.shape.dim[1].dim_param = io.LM_POSITIONS_DIM
     return [slice_node]
 
 
@@ -498,18 +503,21 @@ def _set_inputs(g, r: ResolvedSpec) -> None:
 
 
 def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session, compare, feeds,
-          prompt: int = 7, steps: int = 3, seed: int = 0) -> dict:
+          prompt: int = 7, steps: int = 3, seed: int = 0, several: int = 3) -> dict:
     """inplace.onnx against model.onnx on one prompt of PROMPT seeded tokens and STEPS greedy decode
-    steps from it, each graph opened in turn (never both at once: a 7B graph is held once).
+    steps from it, the first of them SEVERAL tokens (the greedy one and seeded ones: a speculative
+    step's check), the LM output's last min(sequence, io.LM_POSITIONS) positions compared; each graph opened in turn (never both at once: a 7B graph is held once).
     COMPARE(name, got, want) -> its figures, raising BuildError where they differ past the build's
     tolerance. OPEN_SESSION(path, graph name) makes a session; FEEDS(input names, ids, start,
     caches) the in-place graph's inputs, as the runtime makes them (specc/runtime/cache.py's
     inplace_feeds). Returns the worst figures."""
     longest = r.serving.length.max  # the case fits what the build serves (learned positions too)
     steps = min(steps, longest - 1)
-    prompt = min(prompt, longest - steps)
+    several = max(1, min(several, longest - steps))
+    prompt = min(prompt, longest - steps - several + 1)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, r.input_vocab_size("decoder"), (1, prompt), dtype=np.int64)
+    seeded = rng.integers(0, r.input_vocab_size("decoder"), (1, several - 1), dtype=np.int64)
     lm = r.lm_output or next(o.name for o in r.graph(GRAPH).outputs if not io.is_present(o.name))  # what is compared
 
     session = open_session(root / graph_files[GRAPH], GRAPH)
@@ -526,15 +534,17 @@ def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session
         if io.TOKEN_TYPE_IDS in names:
             f[io.TOKEN_TYPE_IDS] = np.zeros_like(tokens)
         out = dict(zip([o.name for o in session.get_outputs()], session.run(None, f)))
-        want.append(out[lm][:, -1:])  # the in-place graph's logits are the last position's
+        want.append(out[lm][:, -io.LM_POSITIONS:])  # the in-place graph's LM output's positions
         past = io.present_to_past({k: v for k, v in out.items() if io.is_present(k)})
         tokens = out[lm][:, -1:].argmax(-1).astype(np.int64)
+        if step == 0:
+            tokens = np.concatenate([tokens, seeded], axis=1)
         chosen.append(tokens)
     del session, past
 
     session = open_session(root / FILE, FILE)
     names = {t.name: t for t in session.get_inputs()}
-    capacity = prompt + steps
+    capacity = prompt + steps + several - 1
     caches = {n: np.zeros((1, t.shape[1], capacity, t.shape[3]), dtype=_np_type(t.type)) for n, t in names.items() if io.is_past(n)}
     binding_names = [o.name for o in session.get_outputs()]
     worst: dict = {}
@@ -545,7 +555,8 @@ def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session
         except Exception as exc:  # onnxruntime's own exception types
             raise BuildError(f"{FILE} (the in-place cache graph): onnxruntime cannot run it: "
                              f"{first_line(exc)[:300]}") from None
-        figures = compare(f"{lm} ({'prompt' if step == 0 else f'decode step {step}'})", got[lm], want[step])
+        what = "prompt" if step == 0 else f"decode step {step}" + (f" of {tokens.shape[1]} tokens" if tokens.shape[1] > 1 else "")
+        figures = compare(f"{lm} ({what})", got[lm], want[step])
         for k, v in figures.items():
             if not isinstance(v, (int, float)):
                 continue

@@ -3,7 +3,7 @@ CUDA provider with CUDA graph capture (the provider's `enable_cuda_graph`), its 
 bound once to buffers that stay on the device.
 
     prefill (run normally: gpu_graph_id -1)      input_ids [rows, prompt] from the host
-         |  writes positions 0..prompt-1 into the device store, logits [rows, 1, vocab] -> host
+         |  writes positions 0..prompt-1 into the device store, its last positions' logits -> host
          v
     step (replayed: gpu_graph_id = rows)          ids, positions, seqlens_k copied into their
          |  device buffers; one cudaGraphLaunch;  bound buffers (a few bytes each); the launch
@@ -13,8 +13,8 @@ bound once to buffers that stay on the device.
 
 A CUDA graph replays the kernels it captured with the arguments they had, so every step must bind
 the same device addresses and shapes: the store is [rows, kv_heads, capacity, head_dim] per layer
-(capacity: the build's serving.length.max, which the graph's rotary tables cover), the LM output
-holds one position, and total_sequence_length (GroupQueryAttention's host-side scalar) is the
+(capacity: the build's serving.length.max, which the graph's rotary tables cover), a step's LM
+output holds its one position (a prefill's, the prompt's last few: its own buffer), and total_sequence_length (GroupQueryAttention's host-side scalar) is the
 store's capacity on every step, so that nothing captured depends on the length. The length a row
 has is seqlens_k, read on the device: GroupQueryAttention attends to positions 0..seqlens_k of each
 row, so what an earlier generation left beyond them is never read. One capture per row count is
@@ -96,13 +96,15 @@ class CapturedDecoder:
             self.step_inputs[TOKEN_TYPE_IDS] = device((rows, 1), np.int64)
             self.step_inputs[TOKEN_TYPE_IDS].update_inplace(np.zeros((rows, 1), np.int64))
         self.total = np.array(capacity, dtype=np.int32)  # the host-side scalar: the same on every step
-        self.step_binding = self._binding(self.step_inputs, self.total)
+        self.step_binding = self._binding(self.step_inputs, self.total, self.logits)
         self.plain = ort.RunOptions()
         self.plain.add_run_config_entry(RUN_OPTION, NOT_CAPTURED)
         self.replay = ort.RunOptions()  # capture=False: every step runs as the prefill does
         self.replay.add_run_config_entry(RUN_OPTION, str(rows) if capture else NOT_CAPTURED)
 
-    def _binding(self, inputs: dict[str, Any], total: np.ndarray):
+    def _binding(self, inputs: dict[str, Any], total: np.ndarray, logits: Any = None):
+        """The IO binding of a call: the store, `inputs`, and the LM output into `logits` (a
+        step's bound buffer) or, where None, wherever onnxruntime puts it (a prefill's)."""
         binding = self.graph.session.io_binding()
         for name, value in inputs.items():
             binding.bind_ortvalue_input(name, value)
@@ -111,9 +113,10 @@ class CapturedDecoder:
             binding.bind_ortvalue_input(name, value)
         for name, value in self.into.items():
             binding.bind_ortvalue_output(name, value)
-        binding.bind_ortvalue_output(self.logits_name, self.logits)
+        if logits is not None:
+            binding.bind_ortvalue_output(self.logits_name, logits)
         for name in self.graph.outputs:  # any other output: where onnxruntime puts it
-            if name != self.logits_name and name not in self.into:
+            if (name != self.logits_name or logits is None) and name not in self.into:
                 binding.bind_output(name, self.graph.device)
         return binding
 
@@ -132,9 +135,12 @@ class CapturedDecoder:
             inputs[POSITION_IDS] = self.graph.value(POSITION_IDS, np.broadcast_to(np.arange(t), (rows, t)))
         if TOKEN_TYPE_IDS in self.graph.inputs:
             inputs[TOKEN_TYPE_IDS] = self.graph.value(TOKEN_TYPE_IDS, np.zeros((rows, t)))
-        self._run(self._binding(inputs, np.array(t, dtype=np.int32)), self.plain)
+        binding = self._binding(inputs, np.array(t, dtype=np.int32))
+        self._run(binding, self.plain)
         self.length = t
-        return self._logits()
+        bound = list(self.into) + [n for n in self.graph.outputs if n not in self.into]  # the binding's order
+        outputs = dict(zip(bound, binding.get_outputs()))
+        return outputs[self.logits_name].numpy()[:, -1, :]
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """One new token per row at position `length`, written in place; the logits [rows, vocab]."""

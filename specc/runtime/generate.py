@@ -8,8 +8,9 @@ top-k, top-p) and beam search.
 A runner owns the graph calls and the cache (specc/runtime/cache.py: OrtValues kept on the
 graph's device); the loops only see [rows, vocab] logits and hand back the chosen token per row.
 Beam search reorders the cache rows after each step. Speculative decoding (one prompt)
-runs specc/runtime/speculative.py's loop over a DecoderRunner, which checks drafts with `extend`
-and cuts its cache back with `truncate`.
+runs specc/runtime/speculative.py's loop over an InplaceRunner (where the build's in-place graph
+holds the positions a check reads) or a DecoderRunner, which check drafts with `extend` and cut
+their cache back with `truncate`.
 
 The loops read a model through three attributes, `graphs`, `info` and `limits` (a Session has
 them), and never import the Session: session.py imports this module, not the other way.
@@ -40,6 +41,7 @@ from specc.runtime.speculative import MAX_DRAFT, ModelDraft, Speculation, check_
 from specc.spec.io import (
     ATTENTION_MASK,
     BATCH,
+    LM_POSITIONS_DIM,
     MAX_SEQUENCE,
     concrete_dims,
     is_past,
@@ -136,7 +138,9 @@ class DecoderRunner:
 class InplaceRunner:
     """A decoder-only build's in-place cache graph (specc/export/inplace.py), on the CPU: rows of one
     length (nothing is padded). Each layer's cache is one buffer [rows, kv_heads, prompt + new,
-    head_dim], allocated once; every call writes its new positions into it and copies nothing."""
+    head_dim], allocated once; every call writes its new positions into it and copies nothing.
+    GroupQueryAttention reads a row's positions up to the call's length alone, so cutting the
+    cache back (`truncate`) is setting the length."""
 
     def __init__(self, model: Model, rows: list[list[int]], new: int):
         self.graph = model.inplace
@@ -155,10 +159,39 @@ class InplaceRunner:
     def step(self, tokens: np.ndarray) -> np.ndarray:
         return self._run(tokens[:, None].astype(np.int64))
 
+    def extend(self, tokens: np.ndarray) -> np.ndarray:
+        """Run `tokens` [rows, t] after the cache in one call: the logits of the last min(t,
+        io.LM_POSITIONS) of them [rows, ., vocab] (a speculative step's check of t - 1 drafted
+        tokens, where checks_drafts)."""
+        return self._call(np.asarray(tokens, dtype=np.int64))
+
+    def truncate(self, total: int) -> None:
+        """Keep the first `total` positions; the next call writes over the ones after them."""
+        self.length = total
+
     def _run(self, ids: np.ndarray) -> np.ndarray:
+        return self._call(ids)[:, -1, :]
+
+    def _call(self, ids: np.ndarray) -> np.ndarray:
         out = self.graph.run(inplace_feeds(self.graph.inputs, ids, self.length, self.caches), into=self.into)
         self.length += ids.shape[1]
-        return last_logits(out, self.logits_name)
+        return out[self.logits_name].numpy()
+
+
+def checks_drafts(model: Model) -> bool:
+    """Whether the build's in-place graph runs on the CPU here and its LM output holds the positions
+    a speculative step checks (one built before it did holds the last alone)."""
+    graph = model.inplace
+    return graph is not None and graph.output_sig[lm_output(model.info)].dims[1] == LM_POSITIONS_DIM
+
+
+def speculative_runner(model: Model, rows: list[list[int]], pad: int, new: int, what: str):
+    """The runner a speculative generation checks drafts on (and a draft build guesses with): the
+    in-place graph's where checks_drafts, else model.onnx's, whose caches must hold the whole sequence."""
+    if checks_drafts(model):
+        return InplaceRunner(model, rows, new)
+    check_runner(model.graphs["model"], what)
+    return DecoderRunner(model, rows, pad, new)
 
 
 class EncoderDecoderRunner:
@@ -238,15 +271,16 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
     eos = eos_id if eos_id is not None else info.tokens.eos
     pad = pad_id if pad_id is not None else info.pad_for(eos)
     if speculative is not None:
-        check_runner(model.graphs["model"], f"speculative={speculative!r}")
+        runner = speculative_runner(model, rows, pad, max_new_tokens, f"speculative={speculative!r}")
         if isinstance(speculative, str):
             drafter = DRAFTERS[speculative](rows[0])
         else:
+            what = f"speculative: the draft build {getattr(speculative, 'dir', speculative)}"
             check_draft(speculative, model, len(rows[0]) + max_new_tokens)
-            drafter = ModelDraft(DecoderRunner(speculative, rows, pad, max_new_tokens + MAX_DRAFT), rows[0],
-                                 speculative.limits.context)
+            drafter = ModelDraft(speculative_runner(speculative, rows, pad, max_new_tokens + MAX_DRAFT, what),
+                                 rows[0], speculative.limits.context)
         stats = Speculation()
-        new = speculative_loop(DecoderRunner(model, rows, pad, max_new_tokens), rows[0], max_new_tokens,
+        new = speculative_loop(runner, rows[0], max_new_tokens,
                                Sampler(temperature, top_k, top_p, seed, sampling=sampling), eos, on_token, drafter,
                                stats)
         return Generated(ids=[rows[0] + new], new_ids=[new], speculation=stats)

@@ -128,6 +128,7 @@ class Ask:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    speculative: str | None = None  # a drafter's name (the generate API's `speculative`)
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,8 @@ _DEFAULT_ONLY = {
 }
 # fields taken and not used (they change nothing here): bookkeeping of OpenAI's platform
 _IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls", "reasoning_effort")
-_COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options")
+_COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+           "speculative")
 CHAT_FIELDS = frozenset(_COMMON + ("messages", "max_completion_tokens") + _IGNORED + tuple(_DEFAULT_ONLY))
 COMPLETION_FIELDS = frozenset(_COMMON + ("prompt",) + _IGNORED + tuple(_DEFAULT_ONLY))
 EMBEDDING_FIELDS = frozenset(("model", "input", "encoding_format", "dimensions", "user"))
@@ -275,9 +277,13 @@ def _common(body: dict, allowed: frozenset, endpoint: str) -> dict:
     include = bool(options and options.get("include_usage"))
     if options and not isinstance(options.get("include_usage", False), bool):
         raise _bad("stream_options.include_usage", f"expected true or false, got {_words(options['include_usage'])}")
+    speculative = body.get("speculative")
+    if speculative is not None and not isinstance(speculative, str):
+        raise _bad("speculative", f"expected a drafter's name (\"ngram\"), got {_words(speculative)}")
     return dict(max_tokens=_int(body, "max_tokens", 1), temperature=_number(body, "temperature", 0, 2),
                 top_p=_number(body, "top_p", 0, 1, low_open=True), top_k=_int(body, "top_k", 1),
-                seed=_int(body, "seed", 0), stop=_stops(body), stream=stream, include_usage=include)
+                seed=_int(body, "seed", 0), stop=_stops(body), stream=stream, include_usage=include,
+                speculative=speculative)
 
 
 def _content(where: str, content: Any) -> str:
@@ -552,7 +558,7 @@ class OpenAIApi:
                              f"{limits.max_cache_tokens} positions)")
         max_tokens = ask.max_tokens if ask.max_tokens is not None else room if ask.chat else COMPLETION_MAX_TOKENS
         return Request(ids=tuple(ids), max_tokens=max_tokens, temperature=ask.temperature, top_k=ask.top_k,
-                       top_p=ask.top_p, seed=ask.seed)
+                       top_p=ask.top_p, seed=ask.seed, speculative=ask.speculative)
 
     def _generate(self, model: str, ask: Ask, gone: threading.Event) -> Reply:
         if self.codec is None:  # token ids in would do, but the answer is text

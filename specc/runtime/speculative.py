@@ -14,64 +14,21 @@ A draft that is all rejected costs one call of k + 1 positions where plain decod
 1; DraftLength halves k after a rejection and stops drafting for a while after rejections in a
 row, so text with nothing to copy runs (nearly) plain steps.
 
-The runner is generate.py's DecoderRunner over model.onnx, the graph whose LM output holds every
-position (the in-place graph's holds the last alone, so it cannot check a draft). Its caches must
-hold the whole sequence: a window cache has lost the positions a roll-back would need. A
-drafter has two methods: extend(tokens), the tokens kept, and propose(k), up to k guesses.
+The runner is generate.py's InplaceRunner over the build's in-place graph, whose LM output holds
+a call's last io.LM_POSITIONS positions (MAX_DRAFT drafts and the token before them), where the
+build has one that runs here; else its DecoderRunner over model.onnx, whose LM output holds every
+position and whose caches must then hold the whole sequence (a window cache has lost the positions
+a roll-back would need). A drafter has two methods: extend(tokens), the tokens kept, and
+propose(k), up to k guesses.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from specc.decoding.sampling import Sampler, draw, greedy
+from specc.decoding.sampling import Sampler, greedy
+from specc.decoding.speculation import MAX_DRAFT, DraftLength, Speculation, check  # noqa: F401 - MAX_DRAFT: this module's API too
 from specc.runtime.errors import RunError
 from specc.spec.io import cache_window, is_past
-
-FIRST_DRAFT, MAX_DRAFT = 4, 8  # draft lengths: the first tried, the longest
-PAUSE, MAX_PAUSE = 4, 64  # plain steps after two all-rejected drafts in a row; doubled while rejections go on
-
-
-@dataclass
-class Speculation:
-    """What a speculative generation did: target calls after the prefill, tokens drafted, drafts
-    accepted."""
-
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-
-class DraftLength:
-    """k, the number of tokens to draft next, from how the last drafts fared: doubled (to MAX_DRAFT)
-    when a draft is all accepted, one past the accepted count when part of it is, halved when none
-    is; after two all-rejected drafts in a row, 0 (plain steps) for PAUSE steps, the pause doubling
-    (to MAX_PAUSE) while drafts keep failing."""
-
-    def __init__(self):
-        self.k, self.misses, self.pause, self.wait = FIRST_DRAFT, 0, PAUSE, 0
-
-    def next(self) -> int:
-        if self.wait:
-            self.wait -= 1
-            return 0
-        return self.k
-
-    def update(self, drafted: int, accepted: int) -> None:
-        if drafted == 0:
-            return
-        if accepted == 0:
-            self.k, self.misses = max(1, self.k // 2), self.misses + 1
-            if self.misses >= 2:
-                self.wait, self.pause, self.misses = self.pause, min(2 * self.pause, MAX_PAUSE), 0
-            return
-        self.misses, self.pause = 0, PAUSE
-        self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
 
 
 def check_runner(graph, what: str) -> None:
@@ -84,7 +41,8 @@ def check_runner(graph, what: str) -> None:
 
 def check_draft(draft, target, positions: int) -> None:
     """RunError where `draft` (a Session) cannot draft for `target`: not a decoder, another
-    vocabulary, a window cache, or fewer than `positions` positions (prompt + max_new_tokens)."""
+    vocabulary, or fewer than `positions` positions (prompt + max_new_tokens); its runner's
+    graph is checked where it is made (generate.speculative_runner)."""
     what = f"speculative: the draft build {getattr(draft, 'dir', draft)}"
     if draft.info.architecture != "decoder":
         raise RunError(f"{what} is an {draft.info.architecture}; a draft build is a decoder")
@@ -94,12 +52,11 @@ def check_draft(draft, target, positions: int) -> None:
     if positions > draft.limits.context:
         raise RunError(f"{what} takes {draft.limits.context} positions, fewer than the prompt + max_new_tokens "
                        f"({positions})")
-    check_runner(draft.graphs["model"], what)
 
 
 class ModelDraft:
-    """A draft model's greedy guesses: `runner` is a DecoderRunner over the draft build for the
-    prompt (not yet prefilled), sized for the prompt, max_new_tokens and MAX_DRAFT more. Its cache
+    """A draft model's greedy guesses: `runner` is generate.speculative_runner's over the draft
+    build for the prompt (not yet prefilled), sized for the prompt, max_new_tokens and MAX_DRAFT more. Its cache
     holds the K/V of `cached` tokens; before guessing, it is cut back to what they share with the
     text so far, and the rest of the text is run in one call."""
 
@@ -128,7 +85,7 @@ class ModelDraft:
         """The draft's logits after the text so far, its cache holding the text's K/V but the last's."""
         if self.cached is None:  # the prompt (the runner's rows) first; the tokens after it below
             self.runner.prefill()
-            self.cached = self.tokens[: len(self.runner.mask[0])]
+            self.cached = self.tokens[: self.runner.ids.shape[1]]
         shared = 0
         for a, b in zip(self.cached, self.tokens):
             if a != b:
@@ -173,27 +130,3 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, e
     return new
 
 
-def check(choose: Sampler, logits: np.ndarray, draft: list[int]) -> tuple[int, int]:
-    """(how many drafted tokens are kept, the token after them) from the target's logits after
-    each of [token] + draft [1 + len(draft), vocab].
-
-    Greedy: drafts kept while each is the target's own choice; the next token is its choice after
-    them. Sampling, the rule of Leviathan et al. 2023 and Chen et al. 2023 for a drafter that
-    proposes one token with certainty (q = 1 on it): draft x kept with probability
-    min(1, p(x) / q(x)) = p(x), p the target's distribution there (temperature, top-k, top-p as
-    the Sampler draws); at the first one rejected the next token is drawn from
-    max(0, p - q) renormalized, p without x; after all kept, from p after the last. Each token
-    so made has the target's distribution given the ones before it."""
-    if not choose.sampling:
-        chosen = choose(logits)
-        accepted = 0
-        while accepted < len(draft) and int(chosen[accepted]) == draft[accepted]:
-            accepted += 1
-        return accepted, int(chosen[accepted])
-    p = choose.probabilities(logits)
-    for i, x in enumerate(draft):
-        if choose.rng.random() >= p[i, x]:
-            residual = p[i:i + 1].copy()
-            residual[0, x] = 0.0
-            return i, int(draw(residual / residual.sum(), choose.rng)[0])
-    return len(draft), int(draw(p[len(draft):], choose.rng)[0])

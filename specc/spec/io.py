@@ -251,6 +251,10 @@ def empty_cache_dims(dims: Iterable[int | str], batch: int) -> list[int]:
 # the in-place cache graph's own inputs (specc/export/inplace.py): per row, the positions in the cache
 # after the call minus one; the positions after the call (a scalar); the cache buffers' length dim
 SEQLENS_K, TOTAL_SEQUENCE_LENGTH, MAX_SEQUENCE = "seqlens_k", "total_sequence_length", "max_sequence"
+# its LM output holds each row's last min(sequence, LM_POSITIONS) positions, [batch, LM_POSITIONS_DIM,
+# vocab]: a decode step's one, a prompt's last few, and a speculative step's check of up to
+# LM_POSITIONS - 1 drafted tokens after the cache (specc/runtime/speculative.py)
+LM_POSITIONS, LM_POSITIONS_DIM = 9, "lm_positions"
 
 
 def positions_from_mask(mask, length: int):

@@ -108,6 +108,7 @@ GENERATE_INPUTS = (
     Field("eos", "int64", (1,), "int"),
     Field("stream", "bool", (1,), "bool"),
     Field("chat", "bool", (1,), "bool"),
+    Field("speculative", "bytes", (1,), "text"),
 )
 GENERATE_OUTPUTS = (
     Field("text_output", "bytes", (1,), "text"),

@@ -14,7 +14,7 @@ import pytest
 import specc
 from specc.errors import VerificationError
 from specc.export import inplace
-from specc.spec import resolve
+from specc.spec import io, resolve
 from specc.spec.load import loads_spec
 
 ort = pytest.importorskip("onnxruntime")
@@ -46,8 +46,9 @@ def test_generation_through_the_inplace_graph_gives_the_model_graphs_tokens(tmp_
         if i.name.startswith("past_key_values."):
             assert [n.op_type for n in graph.node if i.name in n.input] == [inplace.OP]
     assert {i.name for i in graph.input} >= {inplace.SEQLENS_K, inplace.TOTAL_SEQUENCE_LENGTH}
-    # the LM output is the last position's alone: the head reads one position of a prompt
-    assert [o["dims"] for o in entry["outputs"] if o["name"] == "logits"] == [["batch", 1, 1000]]
+    # the LM output holds a call's last few positions: the head reads a few positions of a prompt
+    assert [o["dims"] for o in entry["outputs"] if o["name"] == "logits"] == [["batch", io.LM_POSITIONS_DIM, 1000]]
+    assert entry["check"]["against"] == inplace.GRAPH
 
     fast, plain = Session(result.out_dir), Session(result.out_dir, inplace=False)  # plain: the model graph's loop
     assert fast.inplace is not None

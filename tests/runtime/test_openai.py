@@ -98,6 +98,20 @@ def test_chat_answers_what_generate_chat_gives_the_message(api, session):
     assert got["usage"]["prompt_tokens"] == len(ids)
 
 
+def test_a_speculative_chat_answers_what_a_plain_one_does(api, session):
+    """`speculative` in the body (the openai package's extra_body) drafts by prompt lookup: the
+    same greedy answer, streamed or not."""
+    messages = [{"role": "user", "content": "Repeat after me: the cat sat on the mat, the cat sat on the mat."}]
+    ids, new = chat_alone(session, messages, 24)
+    for stream in (False, True):
+        body = {"model": MODEL, "messages": messages, "max_tokens": 24, "speculative": "ngram", "stream": stream}
+        status, _, got = post(api, "/v1/chat/completions", body)
+        assert status == 200, got
+        text = got["choices"][0]["message"]["content"] if not stream else \
+            "".join(c["choices"][0]["delta"].get("content", "") for c in got[:-1] if c["choices"])
+        assert text == session.tokenizer.decode(new)
+
+
 def test_a_streamed_chat_is_openai_chunks_ending_in_done(api, session):
     messages = [{"role": "user", "content": "Tell me a story."}]
     ids, new = chat_alone(session, messages, 15)
@@ -197,6 +211,8 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     ({**GOOD, "stream": "yes"}, 400, "stream", "stream: expected true or false"),
     ({**GOOD, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream_options: only with stream: true"),
     ({**GOOD, "messages": [{"role": "user", "content": "word " * 200}]}, 400, "messages", "messages: "),
+    ({**GOOD, "speculative": 3}, 400, "speculative", "speculative: expected a drafter's name"),
+    ({**GOOD, "speculative": "lookahead"}, 400, "speculative", "speculative: unknown drafter 'lookahead'"),
 ])
 def test_malformed_chat_bodies_are_refused_naming_the_field(api, body, status, param, start):
     got_status, _, got = post(api, "/v1/chat/completions", body)

@@ -17,7 +17,10 @@ from specc.cli import main
 from specc.decoding.draft import MAX_NGRAM, PromptLookup
 from specc.runtime import RunError, Session
 from specc.decoding.sampling import Sampler, distribution
+from specc.runtime.generate import DecoderRunner, InplaceRunner, checks_drafts
+from specc.runtime.scheduler import LENGTH, GenerationLimits, GenerationRequest, Scheduler
 from specc.runtime.speculative import MAX_DRAFT, DraftLength, check
+from specc.spec.io import LM_POSITIONS
 
 from tests.helpers import speclib
 
@@ -284,3 +287,92 @@ def test_draft_length_grows_shrinks_and_pauses():
     while length.next() == 0:
         pauses += 1
     assert pauses > 0
+
+
+# --- the in-place graph checks drafts ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label", ["tiny-llama", "small-seed3"])
+def test_the_inplace_graph_checks_drafts_as_model_onnx_does(built, label):
+    """A speculative step's check on the in-place graph (its LM output holds a call's last
+    io.LM_POSITIONS positions) gives model.onnx's logits at every checked position, after a cut back too."""
+    session = built(label)
+    assert checks_drafts(session)
+    rng, vocab = np.random.default_rng(9), session.limits.vocab
+    prompt = rng.integers(0, vocab, 5).tolist()
+    ours, theirs = InplaceRunner(session, [prompt], 3 * LM_POSITIONS), DecoderRunner(session, [prompt], 0, 3 * LM_POSITIONS)
+    np.testing.assert_allclose(ours.prefill(), theirs.prefill(), atol=1e-5)
+    for t, keep in ((LM_POSITIONS, 2), (3, 0), (1, 1)):
+        tokens = rng.integers(0, vocab, (1, t))
+        got, want = ours.extend(tokens), theirs.extend(tokens)
+        assert got.shape == want.shape == (1, t, vocab)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+        total = len(theirs.mask[0]) - t + keep
+        ours.truncate(total)
+        theirs.truncate(total)
+    longer = rng.integers(0, vocab, (1, LM_POSITIONS + 4))  # past LM_POSITIONS: the last ones alone
+    np.testing.assert_allclose(ours.extend(longer), theirs.extend(longer)[:, -LM_POSITIONS:], atol=1e-5)
+
+
+# --- in the serving engine ----------------------------------------------------------------------------
+
+
+class _Sink:
+    def __init__(self):
+        self.tokens, self.reason = [], None
+
+    def token(self, token_id: int) -> bool:
+        self.tokens.append(token_id)
+        return True
+
+    def done(self, reason: str, error: str | None = None) -> None:
+        self.reason = reason
+
+
+def _serve(session, requests, rows: int):
+    scheduler = Scheduler(session, GenerationLimits(max_sequences=rows, max_cache_tokens=rows * 128, max_waiting=100))
+    sinks = [_Sink() for _ in requests]
+    for r, s in zip(requests, sinks):
+        scheduler.submit(r, s)
+    while scheduler.step():
+        pass
+    return sinks, scheduler.stats
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_speculative_requests_in_the_engine_give_plain_greedy_tokens(built, rows):
+    """Speculative and plain requests served together (rows 1: each alone, its drafts in its
+    step's call; rows 4: drafts checked in calls of their own beside the batched step): each
+    request's tokens are plain greedy decoding's, and drafts were accepted."""
+    session = built("tiny-llama")
+    reqs = [GenerationRequest(ids=tuple(p), max_tokens=NEW, eos=-1, speculative="ngram" if i % 4 else None)
+            for i, p in enumerate(prompts(session.limits.vocab, 12))]
+    sinks, stats = _serve(session, reqs, rows)
+    for r, s in zip(reqs, sinks):
+        assert s.tokens == session.generate(list(r.ids), NEW, eos_id=-1).new_ids[0] and s.reason == LENGTH
+    assert stats.speculation.accepted > 0
+    assert stats.steps < stats.tokens - len(reqs)
+
+
+def test_sampled_speculative_requests_with_a_seed_repeat(built):
+    """The engine's speculative sampling (the rule tested above) draws with the request's own
+    generator: the same seed, the same tokens, another seed other tokens; max_tokens honoured."""
+    session = built("tiny-llama")
+    prompt = tuple([7, 8, 9, 10] * 6)
+
+    def run(seed: int) -> list[int]:
+        r = GenerationRequest(ids=prompt, max_tokens=NEW, eos=-1, temperature=0.7, seed=seed, speculative="ngram")
+        (sink,), _ = _serve(session, [r], 1)
+        assert len(sink.tokens) == NEW and sink.reason == LENGTH
+        return sink.tokens
+
+    assert run(1) == run(1) != run(2)
+
+
+def test_speculative_requests_are_refused_where_the_engine_cannot_check_drafts(built):
+    session = built("tiny-llama")
+    with pytest.raises(RunError, match="speculative: unknown drafter 'lookahead'"):
+        Scheduler(session).check(GenerationRequest(ids=(1, 2), max_tokens=2, speculative="lookahead"))
+    with pytest.raises(RunError, match="speculative: this build decodes with model.onnx"):
+        Scheduler(Session(session.dir, inplace=False)).check(GenerationRequest(ids=(1, 2), max_tokens=2,
+                                                                             speculative="ngram"))
