@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from specc.errors import BuildError
-from specc.export.quantize import TIED_HEAD
+from specc.export.quantize import SCHEMES, TIED_HEAD, experts_packed
 from specc.export.stitch import KEEP, Plan, deep_stacks, streamable
 from specc.report import human_bytes
 from specc.spec.costs import inspect_spec, parameter_shapes
@@ -65,7 +65,7 @@ def estimate_streamed(r: ResolvedSpec, stacks: dict[str, Plan] | str | None = No
     stitch.streamable, where the caller has it."""
     precision = PRECISIONS[r.serving.precision]
     linear = precision.weight_bytes  # an integer precision's packed layout
-    stored = 0  # the written graph's weights: linear weights as above, tables and vectors in the dtype (and a packed tied head)
+    stored = 0  # the written graph's weights: linear weights (and routed experts) as above, tables and vectors in the dtype (and a packed tied head)
     outside = 0  # of those, the ones in no layer (embeddings, heads, final norms)
     short = 0  # the short module's fp32 weights
     outside_fp32 = 0  # of those, the ones in no layer
@@ -75,7 +75,7 @@ def estimate_streamed(r: ResolvedSpec, stacks: dict[str, Plan] | str | None = No
     stored_layer: dict[str, int] = {}  # each layer's weights as written
     for name, shape in parameter_shapes(r).items():
         n = math.prod(shape)
-        table = name.startswith("embeddings.") or ".positions." in name or len(shape) != 2
+        table = name.startswith("embeddings.") or ".positions." in name or (len(shape) != 2 and not _routed(name, shape, precision.name))
         written = n * precision.dtype_bytes if table else math.ceil(n * linear)
         stored += written
         parts = name.split(".")
@@ -107,6 +107,16 @@ def estimate_streamed(r: ResolvedSpec, stacks: dict[str, Plan] | str | None = No
     total = max(building, verifying) + LIBRARIES
     return {"bytes": total, "building": building, "verifying": verifying, "stored": stored, "layer": layer,
             "activations": activations, "whole": whole}
+
+
+def _routed(name: str, shape: tuple[int, ...], precision: str) -> bool:
+    """Whether `name` is a stack of routed experts' weights [E, N, K] that the build writes as
+    linear weights are: packed (QMoE) in an integer build whose blocks divide both widths, else in
+    the export dtype."""
+    if len(shape) != 3 or not name.endswith((".experts.up", ".experts.down", ".experts.gate")):
+        return False
+    scheme = SCHEMES.get(precision)
+    return scheme is None or experts_packed(shape[1], shape[2], scheme)
 
 
 def _activations(r: ResolvedSpec, length: int) -> int:

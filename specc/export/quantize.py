@@ -158,31 +158,17 @@ def _pack_columns(w: np.ndarray, scheme: Scheme, offsets: bool) -> Packed:
     """pack() of one range of columns."""
     import torch  # its kernels use every core where numpy's use one (a 7B build packs 6.5e9 weights)
 
-    k, n = w.shape
-    blocks = -(-k // scheme.block)
-    cols = torch.zeros((n, blocks * scheme.block), dtype=torch.float32)
-    cols[:, :k] = torch.from_numpy(np.asarray(w, dtype=np.float32)).T
-    cols = cols.reshape(n, blocks, scheme.block)
-    lo, hi = cols.amin(dim=2), cols.amax(dim=2)
-    if offsets:
-        scale = (hi - lo) / scheme.top
-        scale[scale == 0] = 1.0  # a constant block: any scale, codes all at the zero point (or the offset)
-        zero = torch.full((n, blocks), scheme.mid, dtype=torch.uint8)
-        codes = cols.sub_(lo[..., None]).div_(scale[..., None]).round_().clamp_(0, scheme.top).to(torch.uint8)
-        lo = lo + scheme.mid * scale
-    elif scheme.zero_points:
-        lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
-        scale = (hi - lo) / scheme.top
-        scale[scale == 0] = 1.0
-        zero = (-lo / scale).round_().clamp_(0, scheme.top).to(torch.uint8)
-        codes = cols.div_(scale[..., None]).round_().add_(zero[..., None]).clamp_(0, scheme.top).to(torch.uint8)
-    else:  # symmetric: the largest magnitude, signed, is code 0
-        extreme = torch.where(-lo > hi, lo, hi)
-        scale = extreme / -scheme.mid
-        scale[scale == 0] = 1.0
-        zero = torch.full((n, blocks), scheme.mid, dtype=torch.uint8)
-        codes = cols.div_(scale[..., None]).round_().add_(scheme.mid).clamp_(0, scheme.top).to(torch.uint8)
-    del cols
+    return _pack_rows(torch.from_numpy(np.asarray(w, dtype=np.float32)).T, scheme, offsets)
+
+
+def _pack_rows(rows, scheme: Scheme, offsets: bool) -> Packed:
+    """pack() of the [K, n] weight whose transpose is `rows` (a torch float32 [n, K], a view is
+    read, never changed): each row quantized along K."""
+    import torch
+
+    codes, scale, zero, lo = _codes(rows, scheme, offsets)
+    n, blocks = scale.shape
+    codes = codes.to(torch.uint8)
     if scheme.bits == 4:  # two codes a byte, the first in the low nibble; zero points likewise, a row padded to bytes
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
         if blocks % 2:
@@ -191,6 +177,39 @@ def _pack_columns(w: np.ndarray, scheme: Scheme, offsets: bool) -> Packed:
     return Packed(codes.contiguous().numpy(), scale.reshape(-1).numpy(),
                   zero.contiguous().reshape(-1).numpy() if scheme.zero_points else None,
                   lo.T.contiguous().numpy() if offsets else None)
+
+
+def _codes(rows, scheme: Scheme, offsets: bool):
+    """_pack_rows' quantization before the codes are packed into bytes: (codes [n, blocks, block]
+    as float32 integers, scales [n, blocks], zero points [n, blocks] uint8, the offset form's
+    centres [n, blocks] (else the blocks' minima))."""
+    import torch
+
+    n, k = rows.shape
+    blocks = -(-k // scheme.block)
+    cols = torch.zeros((n, blocks * scheme.block), dtype=torch.float32)
+    cols[:, :k] = rows
+    cols = cols.reshape(n, blocks, scheme.block)
+    lo, hi = cols.amin(dim=2), cols.amax(dim=2)
+    if offsets:
+        scale = (hi - lo) / scheme.top
+        scale[scale == 0] = 1.0  # a constant block: any scale, codes all at the zero point (or the offset)
+        zero = torch.full((n, blocks), scheme.mid, dtype=torch.uint8)
+        codes = cols.sub_(lo[..., None]).div_(scale[..., None]).round_().clamp_(0, scheme.top)
+        lo = lo + scheme.mid * scale
+    elif scheme.zero_points:
+        lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
+        scale = (hi - lo) / scheme.top
+        scale[scale == 0] = 1.0
+        zero = (-lo / scale).round_().clamp_(0, scheme.top).to(torch.uint8)
+        codes = cols.div_(scale[..., None]).round_().add_(zero[..., None]).clamp_(0, scheme.top)
+    else:  # symmetric: the largest magnitude, signed, is code 0
+        extreme = torch.where(-lo > hi, lo, hi)
+        scale = extreme / -scheme.mid
+        scale[scale == 0] = 1.0
+        zero = torch.full((n, blocks), scheme.mid, dtype=torch.uint8)
+        codes = cols.div_(scale[..., None]).round_().add_(scheme.mid).clamp_(0, scheme.top)
+    return codes, scale, zero, lo
 
 
 def unpack(p: Packed, scheme: Scheme, k: int) -> np.ndarray:
@@ -276,8 +295,37 @@ def dequantized_experts(weight, precision: str):
 
     scheme = SCHEMES[precision]
     w = weight.detach().float()
-    return torch.stack([_unpacked_rows(pack(w[e].T.contiguous().numpy(), scheme), scheme, w.shape[2])
-                        for e in range(w.shape[0])])
+    e, n, k = w.shape
+    rows = w.reshape(e * n, k)
+    out = torch.empty_like(rows)
+    for i in range(0, e * n, _stack_rows(k)):
+        part = rows[i:i + _stack_rows(k)]
+        codes, scale, zero, _ = _codes(part, scheme, False)  # what the packed codes unpack to, never packed
+        out[i:i + len(part)] = codes.sub_(zero[..., None].float()).mul_(scale[..., None]).reshape(len(part), -1)[:, :k]
+    return out.reshape(e, n, k)
+
+
+def _stack_rows(k: int) -> int:
+    """Rows of a stacked expert weight packed at once: PACK_ELEMENTS weights (pack's working copies)."""
+    return max(1, PACK_ELEMENTS // max(k, 1))
+
+
+def pack_experts(w: np.ndarray, scheme: Scheme) -> dict[str, np.ndarray]:
+    """Stacked expert weights [E, N, K] as QMoE reads them: each expert's rows packed along K in
+    the scheme's own form (what pack(w[e].T) makes, for every expert at once, read in their own
+    row order: no transposed copy): codes [E, N, K * bits / 8], scales [E, N, blocks], with the
+    scheme's zero points [E, N, ceil(blocks * bits / 8)]."""
+    import torch
+
+    e, n, k = w.shape
+    rows = torch.from_numpy(np.asarray(w, dtype=np.float32)).reshape(e * n, k)
+    step = _stack_rows(k)
+    parts = [_pack_rows(rows[i:i + step], scheme, False) for i in range(0, e * n, step)]
+    arrays = {"codes": np.concatenate([p.codes.reshape(len(p.codes), -1) for p in parts]),
+              "scales": np.concatenate([p.scales.reshape(len(p.codes), -1) for p in parts])}
+    if scheme.zero_points:
+        arrays["zero_points"] = np.concatenate([p.zero_points.reshape(len(p.codes), -1) for p in parts])
+    return {field: a.reshape(e, n, -1) for field, a in arrays.items()}
 
 
 def dequantize_linears(module, precision: str) -> None:
@@ -537,14 +585,7 @@ class _ExpertPacks:
     def get(self, value) -> dict[str, np.ndarray]:
         if self._last is None or self._last[0] != value.name:
             self._last = None
-            w = value.const_value.numpy()
-            n = w.shape[1]
-            packs = [pack(np.ascontiguousarray(w[e].T), self.scheme) for e in range(w.shape[0])]
-            arrays = {"codes": np.stack([p.codes.reshape(n, -1) for p in packs]),
-                      "scales": np.stack([p.scales.reshape(n, -1) for p in packs])}
-            if self.scheme.zero_points:
-                arrays["zero_points"] = np.stack([p.zero_points.reshape(n, -1) for p in packs])
-            self._last = (value.name, arrays)
+            self._last = (value.name, pack_experts(value.const_value.numpy(), self.scheme))
         return self._last[1]
 
 

@@ -138,6 +138,31 @@ def test_int4_symmetric_form_is_llama_cpp_q4_0():
     np.testing.assert_allclose(ours[same], theirs[same], rtol=2e-3, atol=1e-6)  # fp16's 11-bit scale
 
 
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_stacked_experts_are_packed_as_each_expert_alone(precision, monkeypatch):
+    """QMoE's stacked [E, N, K] expert weights, packed for every expert at once (in pieces that
+    cross experts' boundaries), hold each expert's own pack of its [K, N] weight (the layout
+    MatMulNBits reads, the test above), and dequantized_experts() is what those codes unpack to
+    (what the torch reference of an integer build multiplies by)."""
+    import torch
+
+    monkeypatch.setattr(q, "PACK_ELEMENTS", 5 * 96)  # 5 rows of K at a time: pieces across experts
+    scheme = q.SCHEMES[precision]
+    w = np.random.default_rng(4).standard_normal((3, 7, 96)).astype(np.float32)  # [E, N, K]
+    packed = q.pack_experts(w, scheme)
+    for e in range(3):
+        alone = q.pack(np.ascontiguousarray(w[e].T), scheme)
+        np.testing.assert_array_equal(packed["codes"][e], alone.codes.reshape(7, -1))
+        np.testing.assert_array_equal(packed["scales"][e], alone.scales.reshape(7, -1))
+        if scheme.zero_points:
+            np.testing.assert_array_equal(packed["zero_points"][e], alone.zero_points.reshape(7, -1))
+        else:
+            assert "zero_points" not in packed
+        deq = q.dequantized_experts(torch.from_numpy(w), precision)[e].numpy()
+        np.testing.assert_array_equal(deq, q.unpack(alone, scheme, 96).T)
+        assert 0 < np.abs(deq - w[e]).max() <= np.abs(alone.scales).max()  # quantized, within a step
+
+
 def test_offset_form_is_exact_on_a_q4_1_grid_and_chosen_only_there():
     """Weights that sit on Q4_1's grid (4-bit codes from a float minimum per block of 32) come back
     exactly in the offset form; gaussian weights keep the symmetric form, about as good there."""
