@@ -31,12 +31,14 @@ alternated within each round. --turns 1: single questions cut from the text file
 (--system-chars of that text), its replies sent back each turn, on specc serve with its prefix
 cache on and off (--prefix-cache-tokens 0) and on llama-server with its prompt cache (its
 default). Time to first token is to the first chunk with content; tokens are the usage chunk's
-completion_tokens.
+completion_tokens. A reply not ended --cut seconds past its row's end is cut there (its
+connection closed, which both servers take for a cancel), its content chunks counted as its tokens:
+a row lasts at most --seconds plus --cut.
 
     .venv/bin/python benchmarks/serve_load.py --builds build/smollm2 --chat $GGUF \\
-        --llama-server build/llama-server/bin/llama-server --clients 1 4 16 64 --seconds 15 --rounds 2
+        --llama-server build/llama-server/bin/llama-server --clients 1 4 16 64 --seconds 20 --new 32
     .venv/bin/python benchmarks/serve_load.py --builds build/smollm2 --chat $GGUF \\
-        --llama-server build/llama-server/bin/llama-server --clients 16 --turns 4 --seconds 60
+        --llama-server build/llama-server/bin/llama-server --clients 4 --turns 3 --seconds 50 --new 32
 """
 from __future__ import annotations
 
@@ -109,13 +111,14 @@ def stream_one(port: int, model: str, ids: list[int], new: int) -> list[float]:
                        {"input_ids": ids, "max_tokens": new, "eos": -1, "stream": True}, b"finish_reason")
 
 
-def start_llama_server(binary: Path, gguf: Path, slots: int, context: int) -> tuple[subprocess.Popen, int]:
-    """llama.cpp's server on GGUF with SLOTS parallel slots of CONTEXT tokens each, the same
-    threads as specc's; returns once /health answers 200."""
+def start_llama_server(binary: Path, gguf: Path, slots: int, context: int,
+                       threads: int = THREADS) -> tuple[subprocess.Popen, int]:
+    """llama.cpp's server on GGUF with SLOTS parallel slots of CONTEXT tokens each, by default the
+    same threads as specc's; returns once /health answers 200."""
     port = free_ports(1)[0]
     log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
     proc = subprocess.Popen([str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                             "-t", str(THREADS), "-tb", str(THREADS), "--parallel", str(slots),
+                             "-t", str(threads), "-tb", str(threads), "--parallel", str(slots),
                              "-c", str(slots * context), "--no-kv-unified"],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
@@ -216,7 +219,7 @@ class ChatStream:
     usage chunk's counts (stream_options.include_usage) when it comes."""
 
     def __init__(self):
-        self.pieces, self.times, self.usage, self.done = [], [], None, False
+        self.pieces, self.times, self.usage, self.done, self.cut = [], [], None, False, False
 
     def feed(self, line: bytes, at: float) -> bool:
         """One line of the body, arrived `at`; True at `data: [DONE]`. A chunk that carries an
@@ -249,23 +252,32 @@ class ChatStream:
         return self.usage["completion_tokens"] if self.usage else len(self.times)
 
 
-def chat_one(port: int, model: str, messages: list[dict], new: int) -> ChatStream:
-    """One streamed greedy chat request: only fields both servers take (specc refuses others)."""
+def chat_one(port: int, model: str, messages: list[dict], new: int, cut: float) -> ChatStream:
+    """One streamed greedy chat request: only fields both servers take (specc refuses others).
+    At `cut` (a time.perf_counter()) a reply not yet ended is cut: its connection closed (the
+    server cancels it), `stream.cut` set, what came of it kept."""
     body = {"model": model, "messages": messages, "max_tokens": new, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    answer = conn.getresponse()
-    if answer.status != 200:
-        raise RuntimeError(f"port {port}: /v1/chat/completions answered {answer.status}: {answer.read()[:500]!r}")
     stream = ChatStream()
-    for line in answer.fp:  # the raw chunked body, up to [DONE]
-        if stream.feed(line, time.perf_counter() - t0):
-            break
-    conn.close()
-    if not stream.done:
-        raise RuntimeError(f"port {port}: the stream closed before data: [DONE]")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=max(cut - t0, 0.01))
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        if answer.status != 200:
+            raise RuntimeError(f"port {port}: /v1/chat/completions answered {answer.status}: {answer.read()[:500]!r}")
+        while True:  # the raw chunked body, up to [DONE]
+            conn.sock.settimeout(max(cut - time.perf_counter(), 0.01))
+            line = answer.fp.readline()
+            if not line:
+                raise RuntimeError(f"port {port}: the stream closed before data: [DONE]")
+            if stream.feed(line, time.perf_counter() - t0):
+                break
+    except TimeoutError:
+        stream.cut = True
+    finally:
+        conn.close()
     return stream
 
 
@@ -293,15 +305,19 @@ def question(material: list[str], client: int, conversation: int, turn: int, rou
     return f"What does this passage say? {material[pick]}"
 
 
-def chat_load(ask, clients: int, seconds: float, system: str | None, turns: int, material: list[str],
-              round_: int) -> dict:
+def chat_load(ask, clients: int, seconds: float, cut_after: float, system: str | None, turns: int,
+              material: list[str], round_: int) -> dict:
     """`clients` threads, each holding conversations of `turns` turns back to back for `seconds`
-    (each reply sent back in the next turn's messages); `ask(messages)` is one streamed request.
-    The figures: all replies' tokens over the wall time, time to first content chunk (all turns,
-    and the first turn's and the later turns' apart), tokens and prompt tokens per reply."""
+    (each reply sent back in the next turn's messages); `ask(messages, cut)` is one streamed
+    request, cut `cut_after` seconds past the end if it has not ended by then. The figures: all
+    replies' tokens (a cut reply's: its content chunks) over the wall time, time to first content
+    chunk (all turns, and the first turn's and the later turns' apart), tokens and prompt tokens
+    per reply, replies cut and those cut before their first token."""
     lock = threading.Lock()
-    firsts, laters, tokens, prompts = [], [], [], []
-    deadline = time.perf_counter() + seconds
+    firsts, laters, tokens, prompts, cuts, blanks = [], [], [], [], [0], [0]
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    cut = deadline + cut_after
 
     def client(k: int) -> None:
         conversation = 0
@@ -311,25 +327,30 @@ def chat_load(ask, clients: int, seconds: float, system: str | None, turns: int,
                 if time.perf_counter() >= deadline:
                     break
                 messages.append({"role": "user", "content": question(material, k, conversation, turn, round_)})
-                stream = ask(messages)
+                stream = ask(messages, cut)
                 messages.append({"role": "assistant", "content": stream.text})
                 with lock:
                     if stream.times:
                         (firsts if turn == 0 else laters).append(stream.times[0])
+                    else:
+                        blanks[0] += 1
+                    cuts[0] += stream.cut
                     tokens.append(stream.tokens)
                     if stream.usage:
                         prompts.append(stream.usage["prompt_tokens"])
+                if stream.cut:
+                    return
             conversation += 1
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
     pct = lambda xs, q: float(np.percentile(xs, q)) * 1000 if xs else float("nan")  # noqa: E731
-    return {"clients": clients, "tokens_per_s": sum(tokens) / wall, "replies": len(tokens),
+    return {"clients": clients, "tokens_per_s": sum(tokens) / wall, "replies": len(tokens), "cut": cuts[0],
+            "no_first_token": blanks[0], "wall_s": wall,
             "ttft_p50_ms": pct(firsts + laters, 50), "ttft_p99_ms": pct(firsts + laters, 99),
             "first_turn_ttft_p50_ms": pct(firsts, 50), "later_turns_ttft_p50_ms": pct(laters, 50),
             "tokens_per_reply": float(np.mean(tokens)) if tokens else float("nan"),
@@ -389,9 +410,13 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=1, help="--chat: turns per conversation (1: single questions)")
     ap.add_argument("--text", type=Path, default=ROOT.parent / "shared" / "seeds",
                     help="--chat: folder of .txt files the questions and the system prompt are cut from")
-    ap.add_argument("--system-chars", type=int, default=3000,
+    ap.add_argument("--system-chars", type=int, default=2750,
                     help="--chat with --turns > 1: characters of --text in the shared system prompt")
     ap.add_argument("--rounds", type=int, default=1, help="--chat: rounds, each measuring every side once")
+    ap.add_argument("--llama-threads", type=int, default=THREADS,
+                    help="--chat: llama-server's -t and -tb (default: the machine's 2 cores, as specc's session)")
+    ap.add_argument("--cut", type=float, default=60.0,
+                    help="--chat: seconds past a row's end at which replies not yet ended are cut")
     args = ap.parse_args()
     if args.chat:
         return chat_main(args)
@@ -500,6 +525,10 @@ def chat_main(args) -> None:
     system = system_prompt(args.text, args.system_chars) if args.turns > 1 else None
     # llama-server: a slot per sequence specc runs at once, each slot the context a conversation needs
     context = serving["length"]["max"] if args.turns > 1 else 512
+    heading = ("## Chat: single questions under concurrent clients" if args.turns == 1 else
+               "## Chat: conversations under a shared system prompt")
+    if args.llama_threads != THREADS:  # a section of its own beside the default's
+        heading += f", llama-server on {args.llama_threads} thread{'s' if args.llama_threads > 1 else ''}"
     servers, sides = [], {}
     try:
         proc, http_port, _ = start(build, sequences)
@@ -511,16 +540,16 @@ def chat_main(args) -> None:
             sides["specc serve, prefix cache off"] = off_port
         else:
             sides["specc serve"] = http_port
-        proc, llama_port = start_llama_server(args.llama_server, args.chat, sequences, context)
+        proc, llama_port = start_llama_server(args.llama_server, args.chat, sequences, context, args.llama_threads)
         servers.append(proc)
         sides["llama-server, prompt cache on"] = llama_port
 
         def asker(port):
-            return lambda messages: chat_one(port, name, messages, args.new)
+            return lambda messages, cut: chat_one(port, name, messages, args.new, cut)
 
         first = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": question(material, 0, 0, 0, 0)}]
-        checks = {side: asker(port)(first) for side, port in sides.items()}
+        checks = {side: asker(port)(first, time.perf_counter() + 600) for side, port in sides.items()}
         for side, got in checks.items():
             print(json.dumps({"check": side, "prompt_tokens": got.usage and got.usage["prompt_tokens"],
                               "completion_tokens": got.tokens, "reply": got.text[:120]}), flush=True)
@@ -530,9 +559,12 @@ def chat_main(args) -> None:
             for clients in args.clients:
                 for side in order:
                     row = {"round": round_ + 1, "route": side,
-                           **chat_load(asker(sides[side]), clients, args.seconds, system, args.turns, material, round_)}
+                           **chat_load(asker(sides[side]), clients, args.seconds, args.cut, system, args.turns,
+                                       material, round_)}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
+                    if args.out:  # after each row: a run stopped early leaves what it measured
+                        write_section(args.out, heading, chat_report(rows, checks, args, sequences, context, system))
     finally:
         for proc in servers:
             proc.send_signal(signal.SIGINT)
@@ -541,17 +573,13 @@ def chat_main(args) -> None:
                 proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    report = chat_report(rows, checks, args, sequences, context, system)
-    print("\n" + report)
-    if args.out:
-        heading = ("## Chat: single questions under concurrent clients" if args.turns == 1 else
-                   "## Chat: conversations under a shared system prompt")
-        write_section(args.out, heading, report)
+    print("\n" + chat_report(rows, checks, args, sequences, context, system))
 
 
 def mean_of(rows: list[dict], route: str, clients: int, key: str) -> float:
-    """The mean over the rounds of one route's `key` at `clients`."""
-    return float(np.mean([r[key] for r in rows if r["route"] == route and r["clients"] == clients]))
+    """The mean over the rounds of one route's `key` at `clients`; nan where there is none."""
+    got = [r[key] for r in rows if r["route"] == route and r["clients"] == clients]
+    return float(np.mean(got)) if got else float("nan")
 
 
 def chat_report(rows: list[dict], checks: dict, args, sequences: int, context: int, system: str | None) -> str:
@@ -571,40 +599,51 @@ def chat_report(rows: list[dict], checks: dict, args, sequences: int, context: i
     lines = [f"Run {when} on {_cpu()}, 2 cores shared by both servers and the clients (and by whatever else ran on "
              f"the machine then: the sides alternate within each round, the order reversed every other round); "
              f"command: `{command}`. Streamed `/v1/chat/completions`, greedy (temperature 0), at most {args.new} new "
-             f"tokens, `stream_options.include_usage`; {what}, back to back for {args.seconds:g} s per row. specc "
-             f"serve runs {sequences} sequences at once; llama-server (`-t {THREADS} --parallel {sequences} -c "
+             f"tokens, `stream_options.include_usage`; {what}, back to back for {args.seconds:g} s per row, a reply "
+             f"not ended {args.cut:g} s past the row's end cut there (its connection closed; its content chunks "
+             f"counted as its tokens). specc "
+             f"serve runs {sequences} sequences at once; llama-server (`-t {args.llama_threads} --parallel {sequences} -c "
              f"{sequences * context} --no-kv-unified`: {sequences} slots of {context} positions, its chat template "
              f"the file's, its prompt cache on as by default) serves the GGUF file the build was imported from. "
              f"tokens/s: the usage chunks' completion tokens of all replies over the wall time; time to first token: "
-             f"to the first chunk with content.",
+             f"to the first chunk with content, over the replies that had one (cut: the replies cut, and of them "
+             f"those cut before their first token).",
              "",
              f"The first request, sent to each side before the rows: {check}; the replies are "
              f"{'the same text' if same else 'not the same text (specc computes in fp32 from the dequantized weights, llama.cpp in its Q4_1 kernels)'}.",
              ""]
     turns = args.turns > 1
     lines += ["| round | route | clients | tokens/s | TTFT p50 / p99 ms | " +
-              ("first turn / later turns TTFT p50 ms | " if turns else "") + "tokens per reply | replies |",
-              "|---|---|---|---|---|" + ("---|" if turns else "") + "---|---|"]
+              ("first turn / later turns TTFT p50 ms | " if turns else "") + "tokens per reply | replies | cut | wall s |",
+              "|---|---|---|---|---|" + ("---|" if turns else "") + "---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['round']} | {r['route']} | {r['clients']} | {r['tokens_per_s']:.1f} | "
                      f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | " +
                      (f"{r['first_turn_ttft_p50_ms']:.0f} / {r['later_turns_ttft_p50_ms']:.0f} | " if turns else "") +
-                     f"{r['tokens_per_reply']:.1f} | {r['replies']} |")
+                     f"{r['tokens_per_reply']:.1f} | {r['replies']} | {r['cut']} ({r['no_first_token']} before a token) | "
+                     f"{r['wall_s']:.0f} |")
     lines.append("")
     llama = "llama-server, prompt cache on"
     if not turns and 16 in args.clients:
-        ratio = mean_of(rows, "specc serve", 16, "tokens_per_s") / mean_of(rows, llama, 16, "tokens_per_s")
-        lines.append(f"Goal, at 16 clients specc serve at least 1.3x llama-server's tokens/s: "
-                     f"**{'met' if ratio >= 1.3 else 'not met'}**, {ratio:.2f}x (the rounds' mean tokens/s).")
+        ours, theirs = mean_of(rows, "specc serve", 16, "tokens_per_s"), mean_of(rows, llama, 16, "tokens_per_s")
+        lines.append("Goal, at 16 clients specc serve at least 1.3x llama-server's tokens/s: " + (
+            "not measured (the run stopped before both rows)." if np.isnan(ours + theirs) else
+            f"**{'met' if ours >= 1.3 * theirs else 'not met'}**, " + (
+                f"{ours / theirs:.2f}x" if theirs else "llama-server made no token in its row") +
+            f" ({ours:.1f} against {theirs:.1f} tokens/s, the rounds' means)."))
     if turns:
         for clients in args.clients:
             ours = mean_of(rows, "specc serve, prefix cache on", clients, "ttft_p50_ms")
             theirs = mean_of(rows, llama, clients, "ttft_p50_ms")
             off = mean_of(rows, "specc serve, prefix cache off", clients, "ttft_p50_ms")
+            measured = {r["route"] for r in rows if r["clients"] == clients} >= {"specc serve, prefix cache on", llama}
+            verdict = ("not measured (the run stopped before both rows)" if not measured else
+                       "**not met**, specc serve had no first token before the cut" if np.isnan(ours) else
+                       "**met**, llama-server had no first token before the cut" if np.isnan(theirs) else
+                       f"**{'met' if ours <= theirs else 'not met'}**, {ours:.0f} ms against {theirs:.0f} ms")
             lines.append(f"Goal, with the prefix cache specc serve's time to first token p50 no worse than "
-                         f"llama-server's ({clients} clients): **{'met' if ours <= theirs else 'not met'}**, "
-                         f"{ours:.0f} ms against {theirs:.0f} ms (the rounds' mean of the p50s; {off:.0f} ms with "
-                         f"the prefix cache off).")
+                         f"llama-server's ({clients} clients): {verdict} (the rounds' mean of the p50s; {off:.0f} ms "
+                         f"with the prefix cache off).")
     return "\n".join(lines) + "\n"
 
 
