@@ -594,8 +594,9 @@ def chat_report(rows: list[dict], checks: dict, args, sequences: int, context: i
     what = (f"each client asks single questions (a passage of --text and a line asking what it says, no system "
             f"prompt: {rows[0]['prompt_tokens_p50']:.0f} prompt tokens at the median)" if args.turns == 1 else
             f"each client holds conversations of {args.turns} turns under one system prompt of "
-            f"{args.system_chars} characters of --text shared by all ({rows[0]['prompt_tokens_p50']:.0f} prompt "
-            f"tokens at a first turn's median, with the question), its replies sent back in the next turn's messages")
+            f"{args.system_chars} characters of --text shared by all (the first request's prompt below: the system "
+            f"prompt and one question), its replies sent back in the next turn's messages (the prompt tokens at "
+            f"the median over all turns: the table's first row's {rows[0]['prompt_tokens_p50']:.0f})")
     lines = [f"Run {when} on {_cpu()}, 2 cores shared by both servers and the clients (and by whatever else ran on "
              f"the machine then: the sides alternate within each round, the order reversed every other round); "
              f"command: `{command}`. Streamed `/v1/chat/completions`, greedy (temperature 0), at most {args.new} new "
