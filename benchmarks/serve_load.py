@@ -36,9 +36,10 @@ connection closed, which both servers take for a cancel), its content chunks cou
 a row lasts at most --seconds plus --cut.
 
     .venv/bin/python benchmarks/serve_load.py --builds build/smollm2 --chat $GGUF \\
-        --llama-server build/llama-server/bin/llama-server --clients 1 4 16 64 --seconds 20 --new 32
+        --llama-server build/llama-server/bin/llama-server --text DIR --clients 1 4 16 64 --seconds 20 --new 32
     .venv/bin/python benchmarks/serve_load.py --builds build/smollm2 --chat $GGUF \\
-        --llama-server build/llama-server/bin/llama-server --clients 4 --turns 3 --seconds 50 --new 32
+        --llama-server build/llama-server/bin/llama-server --text DIR --clients 4 --turns 3 --seconds 50 --cut 50 \\
+        --new 32
 """
 from __future__ import annotations
 
@@ -408,8 +409,7 @@ def main() -> None:
     ap.add_argument("--chat", type=Path, metavar="GGUF",
                     help="the chat endpoint instead, beside llama-server serving GGUF (the file the build was imported from)")
     ap.add_argument("--turns", type=int, default=1, help="--chat: turns per conversation (1: single questions)")
-    ap.add_argument("--text", type=Path, default=ROOT.parent / "shared" / "seeds",
-                    help="--chat: folder of .txt files the questions and the system prompt are cut from")
+    ap.add_argument("--text", type=Path, help="--chat: folder of .txt files the questions and the system prompt are cut from")
     ap.add_argument("--system-chars", type=int, default=2750,
                     help="--chat with --turns > 1: characters of --text in the shared system prompt")
     ap.add_argument("--rounds", type=int, default=1, help="--chat: rounds, each measuring every side once")
@@ -513,8 +513,8 @@ def write_section(path: Path, heading: str, body: str) -> None:
 def chat_main(args) -> None:
     """The chat workload (--chat) on one build beside llama-server on the GGUF file, sides
     alternated within each round; the table, and the goals, printed and written to --out."""
-    if len(args.builds) != 1 or not args.llama_server:
-        raise SystemExit("--chat: one build in --builds, and --llama-server")
+    if len(args.builds) != 1 or not args.llama_server or not args.text:
+        raise SystemExit("--chat: one build in --builds, --llama-server and --text")
     if not args.chat.is_file():
         raise SystemExit(f"--chat {args.chat}: no such file")
     build = args.builds[0]
