@@ -331,3 +331,29 @@ def test_a_conversations_next_turn_reuses_its_prefix(api, session):
     ids, new = chat_alone(session, second, 10)
     assert again["choices"][0]["message"]["content"] == session.tokenizer.decode(new)
     assert api.scheduler.stats.reused - before >= (got["usage"]["prompt_tokens"] // 16) * 16 - 16
+
+
+def test_the_load_benchmarks_chat_reader_reads_this_stream(api, session):
+    """benchmarks/serve_load.py's ChatStream, fed this API's streamed chunks as the client reads
+    them: the reply's text, one arrival per content chunk, the usage chunk's counts, [DONE]."""
+    from benchmarks.serve_load import ChatStream
+
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    ids, new = chat_alone(session, messages, 12)
+    for include_usage in (True, False):
+        body = {"model": MODEL, "messages": messages, "max_tokens": 12, "stream": True}
+        if include_usage:
+            body["stream_options"] = {"include_usage": True}
+        reply = api.handle("POST", "/v1/chat/completions", json.dumps(body).encode(), threading.Event())
+        chunks = list(reply.chunks)
+        stream = ChatStream()
+        ends = [stream.feed(line, float(k)) for k, c in enumerate(chunks) for line in c.splitlines(keepends=True)]
+        assert ends.count(True) == 1 and stream.done and stream.text == session.tokenizer.decode(new)
+        contents = [k for k, c in enumerate(chunks) if b'"content":"' in c and b'"content":""' not in c]
+        assert stream.times == [float(k) for k in contents]  # the role chunk's empty content is no token
+        if include_usage:
+            assert stream.usage["prompt_tokens"] == len(ids) and stream.tokens == len(new)
+        else:
+            assert stream.usage is None and stream.tokens == len(contents)
+    with pytest.raises(RuntimeError, match="generation failed"):
+        ChatStream().feed(b'data: {"error": {"message": "generation failed: x", "code": null}}\n', 0.0)
