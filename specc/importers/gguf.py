@@ -184,3 +184,29 @@ def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: s
                         name or spec_name(_text(_field(reader, "general.name")), path.stem),
                         f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf",
                         max_length=max_length, tokenizer=carry, outputs=outputs)
+
+
+def row_order(reader, where: str):
+    """For a file's matrices: `orders(name, n)` gives the order the import puts the N rows of the
+    GGUF matrix NAME in (its architecture's `fix`, where that only reorders rows, as it does to
+    llama's query and key projections), None where it keeps them, or the string "other" where
+    the fix does more than reorder rows (the matrix is then no GGUF matrix's rows as imported)."""
+    config, arch, layer, _ = _config(reader, where)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def orders(name: str, n: int):
+        t = tensors[name]
+        _, kind, part = _hf_name(arch, layer, name)
+        if arch.fix is None:
+            return None
+        k = int(np.prod(t.shape)) // n
+        index = np.ascontiguousarray(np.broadcast_to(np.arange(n, dtype=np.float32)[:, None], (n, k)))
+        fixed = np.asarray(arch.fix(kind, part, index.copy(), config))
+        if fixed.shape == index.shape and np.array_equal(fixed, index):
+            return None
+        rows = fixed[:, 0] if fixed.shape == index.shape else None
+        if rows is None or not (fixed == rows[:, None]).all() or not np.array_equal(np.sort(rows), index[:, 0]):
+            return "other"
+        return rows.astype(np.int64)
+
+    return orders

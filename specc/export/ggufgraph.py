@@ -1,0 +1,281 @@
+"""`--precision gguf`: an exported fp32 graph's weights replaced by the GGUF file's own blocks.
+
+Contract: `quantize_gguf(model, sig, source)` rewrites, in place, every MatMul whose constant
+weight (specc/export/quantize.py's _matmul_weight: an initializer, or a tied head's table read
+through a Transpose) is one of the file's quantized matrices into onnxruntime's MatMulNBits on
+that matrix's blocks (specc/export/ggufblocks.py), with the blocks' offsets, where the format has
+minima, added outside the kernel as the block sums of the input times the offsets; and a Gather
+of such a table (the token embedding) into a Gather of its packed rows, dequantized in the graph
+by the same arithmetic. A graph weight is taken to be a GGUF matrix only where its values are the
+values the import wrote for it, bit for bit (`GGUFSource` indexes the file's matrices by a hash of
+their dequantized values, the import's own, with the row order the importer's fix gives them), so
+no name mapping can pair the wrong tensors; a weight that matches none (a float tensor in the
+file, or one the import computed from several) stays fp32 and is counted. The file's matrices
+are read and dequantized one at a time; no more than one weight's blocks exist at once.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from specc.errors import BuildError, first_line
+from specc.export import ggufblocks
+from specc.export.quantize import SCHEMES, _matmul_weight, accuracy_level, block_sums
+
+# MatMulNBits computes at this accuracy level in a graph with a KV cache: int8 activations, what
+# the kernel's fast paths need (and what llama.cpp's own dot products do with their inputs)
+SCHEME = SCHEMES["int4"]
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(a, dtype=np.float32).tobytes(), digest_size=16).hexdigest()
+
+
+class GGUFSource:
+    """A GGUF file's quantized matrices, found by their dequantized values: `find(w)` gives the
+    (name, row order) of the matrix whose rows, so ordered, are w's ([N, K]), or None; `blocks(name,
+    rows)` its Blocks in that row order."""
+
+    def __init__(self, path: str | Path):
+        from gguf import GGUFReader, quants
+
+        from specc.importers.gguf import row_order
+
+        self.path = Path(path)
+        try:
+            self.reader = GGUFReader(self.path)
+        except (ValueError, OSError, IndexError) as exc:
+            raise BuildError(f"{self.path}: not a GGUF file gguf can read ({exc})") from None
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.index: dict[str, tuple[str, np.ndarray | None]] = {}
+        orders = row_order(self.reader, str(self.path))
+        for t in self.reader.tensors:
+            qtype = t.tensor_type.name
+            if qtype in ggufblocks.FLOAT_TYPES or len(t.shape) != 2:
+                continue
+            if not ggufblocks.readable(qtype):
+                raise ggufblocks.refuse(t.name, qtype)
+            n, k = int(t.shape[1]), int(t.shape[0])
+            w = quants.dequantize(t.data, t.tensor_type).reshape(n, k)
+            rows = orders(t.name, n)
+            if isinstance(rows, str):  # the import changed more than the row order: not this file's blocks
+                continue
+            self.index[_digest(w if rows is None else w[rows])] = (t.name, rows)
+
+    def find(self, w: np.ndarray) -> tuple[str, np.ndarray | None] | None:
+        return self.index.get(_digest(w))
+
+    def blocks(self, name: str, rows: np.ndarray | None) -> ggufblocks.Blocks:
+        t = self.tensors[name]
+        n, k = int(t.shape[1]), int(t.shape[0])
+        b = ggufblocks.blocks(name, t.tensor_type.name, np.asarray(t.data).reshape(n, -1), k)
+        if rows is None:
+            return b
+        return ggufblocks.Blocks(b.bits, b.block, b.codes[rows], b.scales[rows],
+                                 None if b.offsets is None else b.offsets[rows])
+
+
+def quantize_gguf(model, sig, source: GGUFSource) -> dict:
+    """Rewrite an onnx_ir Model's MatMuls (and the token embedding's Gather) on the file's blocks;
+    returns facts for the manifest."""
+    try:
+        level = accuracy_level(SCHEME, sig)
+        facts = _rewrite(model.graph, source, level)
+    except BuildError:
+        raise
+    except Exception as exc:  # onnx_ir's and numpy's own errors on a graph this module does not expect
+        raise BuildError(f"writing the {sig.name} graph on {source.path.name}'s blocks failed: "
+                         f"{first_line(exc) or type(exc).__name__}") from None
+    model.opset_imports.setdefault("com.microsoft", 1)
+    ops: dict[str, int] = {}
+    for n in model.graph:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    return {"graph": sig.name, "precision": "gguf", "file": source.path.name, "float_matmuls_left": ops.get("MatMul", 0)
+            - facts["offset_matmuls"], "quantized_ops": {"MatMulNBits": facts["matmuls"]},
+            "gathers": facts["gathers"], "formats": facts["formats"], "accuracy_level": level}
+
+
+class _Values:
+    """One matrix's packed initializers, made from the file when they are written (the last
+    matrix's blocks kept, so its codes, scales and offsets are read once)."""
+
+    def __init__(self, source: GGUFSource):
+        self.source = source
+        self._last: tuple[str, ggufblocks.Blocks] | None = None
+
+    def get(self, name: str, rows) -> ggufblocks.Blocks:
+        if self._last is None or self._last[0] != name:
+            self._last = None
+            self._last = (name, self.source.blocks(name, rows))
+        return self._last[1]
+
+    def initializers(self, graph, name: str, prefix: str, rows, shapes: dict) -> dict:
+        """The initializers PREFIX.codes, .scales (and .offsets) of the file's matrix NAME."""
+        import onnx_ir as ir
+
+        values = {}
+        for field, (dtype, shape) in shapes.items():
+            full = f"{prefix}.{field}"
+            tensor = ir.LazyTensor(lambda f=field, full=full: ir.tensor(np.ascontiguousarray(
+                getattr(self.get(name, rows), f)).reshape(shapes[f][1]), name=full),
+                dtype=ir.DataType.from_numpy(np.dtype(dtype)), shape=ir.Shape(shape), name=full)
+            values[field] = ir.Value(name=full, shape=ir.Shape(shape), type=ir.TensorType(tensor.dtype),
+                                     const_value=tensor)
+            graph.register_initializer(values[field])
+        return values
+
+
+def _shapes(fmt: ggufblocks.Format, n: int, k: int) -> dict:
+    blocks = k // fmt.block
+    shapes = {"codes": (np.uint8, (n, blocks, fmt.block * fmt.bits // 8)), "scales": (np.float32, (n * blocks,))}
+    if fmt.offsets:
+        shapes["offsets"] = (np.float32, (n, blocks))
+    return shapes
+
+
+def _rewrite(graph, source: GGUFSource, level: int) -> dict:
+    import onnx_ir as ir
+
+    values = _Values(source)
+    packed: dict[str, tuple[str, dict]] = {}  # initializer name (.T for a transposed read) -> (gguf name, values)
+    facts = {"matmuls": 0, "offset_matmuls": 0, "gathers": 0, "formats": {}}
+    summed: dict = {}
+
+    def pack_for(value, transposed: bool):
+        key = f"{value.name}.T" if transposed else value.name
+        if key in packed:
+            return packed[key]
+        w = value.const_value.numpy()
+        found = source.find(w if transposed else w.T)  # the matrix as [N, K] rows
+        del w
+        if found is None:
+            packed[key] = None
+            return None
+        name, rows = found
+        t = source.tensors[name]
+        fmt = ggufblocks.FORMATS[t.tensor_type.name]
+        n, k = int(t.shape[1]), int(t.shape[0])
+        made = values.initializers(graph, name, f"{value.name}_gguf", rows, _shapes(fmt, n, k))
+        facts["formats"][t.tensor_type.name] = facts["formats"].get(t.tensor_type.name, 0) + 1
+        packed[key] = (name, fmt, n, k, made)
+        return packed[key]
+
+    for node in list(graph):
+        weight = _matmul_weight(graph, node)
+        if weight is not None:
+            got = pack_for(weight.value, weight.transposed)
+            if got is None:
+                continue
+            _, fmt, n, k, made = got
+            read = node.inputs[1]
+            x, y = node.inputs[0], node.outputs[0]
+            matmul = ir.node("MatMulNBits", [x, made["codes"], made["scales"]],
+                             attributes={"K": k, "N": n, "bits": fmt.bits, "block_size": fmt.block,
+                                         "accuracy_level": level}, domain="com.microsoft", name=node.name)
+            new = [matmul]
+            if "offsets" in made:  # y = x @ ((codes - mid) * scales) + (block sums of x) @ offsets
+                matmul.outputs[0].name = f"{y.name}.codes"
+                sums = summed.get((x.name, k, fmt.block))
+                if sums is None:
+                    ones = ir.Value(name=f"{x.name}.block_sums{k}x{fmt.block}.ones",
+                                    const_value=ir.tensor(block_sums(k, fmt.block)))
+                    ones.shape, ones.type = ones.const_value.shape, ir.TensorType(ir.DataType.FLOAT)
+                    graph.register_initializer(ones)
+                    total = ir.node("MatMul", [x, ones], name=f"{node.name}.block_sums")
+                    total.outputs[0].name = f"{x.name}.block_sums{k}x{fmt.block}"
+                    new.append(total)
+                    sums = summed[(x.name, k, fmt.block)] = total.outputs[0]
+                    facts["offset_matmuls"] += 1
+                transposed = _transposed_offsets(graph, made, n, k // fmt.block)
+                offsets = ir.node("MatMul", [sums, transposed], name=f"{node.name}.offsets")
+                offsets.outputs[0].name = f"{y.name}.offsets"
+                add = ir.node("Add", [matmul.outputs[0], offsets.outputs[0]], name=f"{node.name}.add")
+                new += [offsets, add]
+                facts["offset_matmuls"] += 1
+            ir.convenience.replace_nodes_and_values(graph, node, [node], new, [y], [new[-1].outputs[0]])
+            facts["matmuls"] += 1
+            if weight.transposed and not read.uses():
+                graph.remove(read.producer(), safe=True)
+            if not weight.value.uses() and weight.value.name in graph.initializers:
+                graph.initializers.pop(weight.value.name)
+            continue
+        table = _gathered_table(graph, node)
+        if table is not None:
+            got = pack_for(table, True)
+            if got is None:
+                continue
+            _, fmt, n, k, made = got
+            new, out = _gather_nodes(graph, node, made, fmt, k)
+            ir.convenience.replace_nodes_and_values(graph, node, [node], new, [node.outputs[0]], [out])
+            facts["gathers"] += 1
+            if not table.uses() and table.name in graph.initializers:
+                graph.initializers.pop(table.name)
+    return facts
+
+
+def _transposed_offsets(graph, made: dict, n: int, blocks: int):
+    """The offsets [N, blocks] as the [blocks, N] the MatMul after the block sums multiplies by
+    (a Transpose node, once per matrix: the initializer stays in the Gather's [N, blocks] rows)."""
+    import onnx_ir as ir
+
+    if "offsets.T" not in made:
+        node = ir.node("Transpose", [made["offsets"]], attributes={"perm": [1, 0]},
+                       name=f"{made['offsets'].name}.transpose")
+        node.outputs[0].name = f"{made['offsets'].name}.T"
+        graph.insert_before(graph.node(0), node) if len(graph) else graph.append(node)
+        made["offsets.T"] = node.outputs[0]
+    return made["offsets.T"]
+
+
+def _gathered_table(graph, node):
+    """The 2-D fp32 initializer a Gather on axis 0 reads (the token embedding), or None."""
+    import onnx_ir as ir
+
+    if node.op_type != "Gather" or node.domain != "" or node.attributes.get_int("axis", 0) != 0:
+        return None
+    value = node.inputs[0]
+    if (value is None or value.name not in graph.initializers or value.const_value is None
+            or value.const_value.dtype != ir.DataType.FLOAT or len(value.const_value.shape) != 2):
+        return None
+    return value
+
+
+def _gather_nodes(graph, node, made: dict, fmt: ggufblocks.Format, k: int):
+    """A Gather of the table's packed rows, dequantized as MatMulNBits reads them:
+    ((codes - mid) * scale) + offset, each block, in fp32. Returns (nodes, output)."""
+    import onnx_ir as ir
+
+    ids, y = node.inputs[1], node.outputs[0]
+    base = node.name or y.name
+    new = []
+
+    def const(name, array):
+        v = ir.Value(name=f"{base}.{name}", const_value=ir.tensor(np.asarray(array)))
+        v.shape, v.type = v.const_value.shape, ir.TensorType(v.const_value.dtype)
+        graph.register_initializer(v)
+        return v
+
+    def op(kind, inputs, **attributes):
+        n = ir.node(kind, inputs, attributes=attributes, name=f"{base}.{kind.lower()}{len(new)}")
+        n.outputs[0].name = f"{base}.{kind.lower()}{len(new)}"
+        new.append(n)
+        return n.outputs[0]
+
+    blocks = k // fmt.block
+    codes = op("Gather", [made["codes"], ids], axis=0)  # [..., blocks, bytes]
+    if fmt.bits == 4:
+        low = op("BitwiseAnd", [codes, const("low_mask", np.uint8(15))])
+        high = op("BitShift", [codes, const("high_shift", np.uint8(4))], direction="RIGHT")
+        both = op("Concat", [op("Unsqueeze", [low, const("last", np.array([-1], np.int64))]),
+                             op("Unsqueeze", [high, const("last2", np.array([-1], np.int64))])], axis=-1)
+        codes = op("Reshape", [both, const("block_shape", np.array([0, 0, blocks, fmt.block], np.int64))])
+    centred = op("Sub", [op("Cast", [codes], to=ir.DataType.FLOAT), const("mid", np.float32(1 << (fmt.bits - 1)))])
+    scales = op("Reshape", [made["scales"], const("scale_rows", np.array([-1, blocks], np.int64))])
+    w = op("Mul", [centred, op("Unsqueeze", [op("Gather", [scales, ids], axis=0), const("axis", np.array([-1], np.int64))])])
+    if "offsets" in made:
+        w = op("Add", [w, op("Unsqueeze", [op("Gather", [made["offsets"], ids], axis=0),
+                                            const("axis2", np.array([-1], np.int64))])])
+    out = op("Reshape", [w, const("rows", np.array([0, 0, k], np.int64))])
+    return new, out
