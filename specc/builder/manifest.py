@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specc.errors import BuildError
+from specc.export.ggufgraph import describe as gguf_quantization
 from specc.export.quantize import describe as quantization
 from specc.fileio import INDEX_SUFFIX, NotARegularFile, file_sha256, regular_size, sha256s, write_atomic
 from specc.spec.dump import spec_to_data
@@ -121,7 +122,7 @@ def inputs(r: ResolvedSpec, *, target: str, opset: int, weights: Path | None, se
     options = {"target": target, "precision": precision, "opset": opset, "weights": source,
                "keep_weights": keep_weights}
     if PRECISIONS[precision].quantized:
-        options["quantization"] = quantization(precision)
+        options["quantization"] = gguf_quantization() if precision == "gguf" else quantization(precision)
     if verify_provider != "cpu":
         options["verify_provider"] = verify_provider
     if _routed_experts(r):

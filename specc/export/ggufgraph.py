@@ -36,12 +36,11 @@ def _digest(a: np.ndarray) -> str:
 class GGUFSource:
     """A GGUF file's quantized matrices, found by their dequantized values: `find(w)` gives the
     (name, row order) of the matrix whose rows, so ordered, are w's ([N, K]), or None; `blocks(name,
-    rows)` its Blocks in that row order."""
+    rows)` its Blocks in that row order. `row_order(reader, where)`: the importer's
+    (specc.importers.gguf.row_order), the order its fix gives each matrix's rows."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, row_order):
         from gguf import GGUFReader, quants
-
-        from specc.importers.gguf import row_order
 
         self.path = Path(path)
         try:
@@ -95,6 +94,19 @@ def quantize_gguf(model, sig, source: GGUFSource) -> dict:
     return {"graph": sig.name, "precision": "gguf", "file": source.path.name, "float_matmuls_left": ops.get("MatMul", 0)
             - facts["offset_matmuls"], "quantized_ops": {"MatMulNBits": facts["matmuls"]},
             "gathers": facts["gathers"], "formats": facts["formats"], "accuracy_level": level}
+
+
+def describe() -> dict:
+    """What a gguf build writes, as the manifest's options record it (and the cache key hashes)."""
+    return {"op": "MatMulNBits", "weights": "the GGUF file's blocks", "formats": list(ggufblocks.FORMATS),
+            "offsets": "block sums x offsets, outside the kernel", "accuracy_level": SCHEME.accuracy_level,
+            "accuracy_level_without_cache": accuracy_level(SCHEME, _NoCache), "embedding": "Gather of packed rows"}
+
+
+class _NoCache:
+    """A signature without a KV cache (what describe() reports the level of)."""
+
+    inputs = ()
 
 
 class _Values:
@@ -200,7 +212,8 @@ def _rewrite(graph, source: GGUFSource, level: int) -> dict:
                 graph.remove(read.producer(), safe=True)
             if not weight.value.uses() and weight.value.name in graph.initializers:
                 graph.initializers.pop(weight.value.name)
-            continue
+
+    for node in list(graph):  # after the MatMuls: a tied head is found by the Gather that reads its table
         table = _gathered_table(graph, node)
         if table is not None:
             got = pack_for(table, True)
