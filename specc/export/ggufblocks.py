@@ -2,9 +2,8 @@
 
 Contract: `blocks(name, qtype, raw, k)` turns one GGUF matrix (RAW: its bytes, one row of K
 weights after another, each row a run of the format's blocks) into a `Blocks`: codes read about
-the middle code (MatMulNBits without a zero-point input, the kernel's symmetric path, which
-onnxruntime runs at int8 compute; its float zero points are many times slower at 4 bits and
-refused at 8), a float32 scale per block, and where the format has a minimum, a float32 offset
+the middle code (MatMulNBits without a zero-point input, the kernel's symmetric path: onnxruntime
+1.32's float zero points are many times slower at 4 bits and refused at 8), a float32 scale per block, and where the format has a minimum, a float32 offset
 per block added to each of its weights (outside the kernel: the block sums of the input times the
 offsets, specc/export/quantize.py's offset form). `Blocks.dequantize()` is what the graph
 multiplies by; it equals gguf's own dequantization (gguf.quants.dequantize) exactly, or for the

@@ -3,8 +3,10 @@
 Contract: `quantize_gguf(model, sig, source)` rewrites, in place, every MatMul whose constant
 weight (specc/export/quantize.py's _matmul_weight: an initializer, or a tied head's table read
 through a Transpose) is one of the file's quantized matrices into onnxruntime's MatMulNBits on
-that matrix's blocks (specc/export/ggufblocks.py), with the blocks' offsets, where the format has
-minima, added outside the kernel as the block sums of the input times the offsets; and a Gather
+that matrix's blocks (specc/export/ggufblocks.py) at fp32 compute (ACCURACY_LEVEL), with the
+blocks' offsets, where the format has minima, added outside the kernel as the block sums of the
+input times the offsets (codes wider than the kernel takes at that level, KERNEL_BITS: the blocks
+dequantized by graph nodes before a plain MatMul, by the same arithmetic); and a Gather
 of such a table (the token embedding) into a Gather of its packed rows, dequantized in the graph
 by the same arithmetic. A graph weight is taken to be a GGUF matrix only where its values are the
 values the import wrote for it, bit for bit (`GGUFSource` indexes the file's matrices by a hash of
@@ -22,11 +24,19 @@ import numpy as np
 
 from specc.errors import BuildError, first_line
 from specc.export import ggufblocks
-from specc.export.quantize import SCHEMES, _matmul_weight, accuracy_level, block_sums
+from specc.export.quantize import _matmul_weight, block_sums
 
-# MatMulNBits computes at this accuracy level in a graph with a KV cache: int8 activations, what
-# the kernel's fast paths need (and what llama.cpp's own dot products do with their inputs)
-SCHEME = SCHEMES["int4"]
+# MatMulNBits' accuracy level in every graph: 1, fp32 compute. At 4 (int8 compute: the kernel
+# rounds its input to int8 per block, as llama.cpp's dot products do) SmolLM2's Q4_1 graph kept
+# 97% of transformers' next tokens on the same weights; at 1 it keeps the figure of
+# docs/benchmarks_quality.md ("GGUF blocks kept"), slower per token.
+ACCURACY_LEVEL = 1
+# the widest codes MatMulNBits takes at each accuracy level: at fp32 compute onnxruntime's 8-bit
+# path is some twenty times slower than its 4-bit one (it dequantizes the whole weight at every
+# call), so a matrix of 8-bit codes is written as its codes dequantized by graph nodes (Cast, Sub,
+# Mul, Add) before a MatMul, which onnxruntime folds into an fp32 weight when it loads the graph:
+# the file keeps the codes, the session's memory the fp32 weight
+KERNEL_BITS = {1: 4, 4: 8}
 
 
 def _digest(a: np.ndarray) -> str:
@@ -80,7 +90,7 @@ def quantize_gguf(model, sig, source: GGUFSource) -> dict:
     """Rewrite an onnx_ir Model's MatMuls (and the token embedding's Gather) on the file's blocks;
     returns facts for the manifest."""
     try:
-        level = accuracy_level(SCHEME, sig)
+        level = ACCURACY_LEVEL
         facts = _rewrite(model.graph, source, level)
     except BuildError:
         raise
@@ -92,21 +102,17 @@ def quantize_gguf(model, sig, source: GGUFSource) -> dict:
     for n in model.graph:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
     return {"graph": sig.name, "precision": "gguf", "file": source.path.name, "float_matmuls_left": ops.get("MatMul", 0)
-            - facts["offset_matmuls"], "quantized_ops": {"MatMulNBits": facts["matmuls"]},
-            "gathers": facts["gathers"], "formats": facts["formats"], "accuracy_level": level}
+            - facts["offset_matmuls"] - facts["dequantized"], "quantized_ops": {"MatMulNBits": facts["matmuls"]},
+            "dequantized_in_graph": facts["dequantized"], "gathers": facts["gathers"], "formats": facts["formats"],
+            "accuracy_level": level}
 
 
 def describe() -> dict:
     """What a gguf build writes, as the manifest's options record it (and the cache key hashes)."""
     return {"op": "MatMulNBits", "weights": "the GGUF file's blocks", "formats": list(ggufblocks.FORMATS),
-            "offsets": "block sums x offsets, outside the kernel", "accuracy_level": SCHEME.accuracy_level,
-            "accuracy_level_without_cache": accuracy_level(SCHEME, _NoCache), "embedding": "Gather of packed rows"}
-
-
-class _NoCache:
-    """A signature without a KV cache (what describe() reports the level of)."""
-
-    inputs = ()
+            "offsets": "block sums x offsets, outside the kernel", "accuracy_level": ACCURACY_LEVEL,
+            "kernel_bits": KERNEL_BITS[ACCURACY_LEVEL], "wider_codes": "dequantized in the graph, folded at load",
+            "embedding": "Gather of packed rows"}
 
 
 class _Values:
@@ -152,7 +158,7 @@ def _rewrite(graph, source: GGUFSource, level: int) -> dict:
 
     values = _Values(source)
     packed: dict[str, tuple[str, dict]] = {}  # initializer name (.T for a transposed read) -> (gguf name, values)
-    facts = {"matmuls": 0, "offset_matmuls": 0, "gathers": 0, "formats": {}}
+    facts = {"matmuls": 0, "offset_matmuls": 0, "gathers": 0, "dequantized": 0, "formats": {}}
     summed: dict = {}
 
     def pack_for(value, transposed: bool):
@@ -183,6 +189,21 @@ def _rewrite(graph, source: GGUFSource, level: int) -> dict:
             _, fmt, n, k, made = got
             read = node.inputs[1]
             x, y = node.inputs[0], node.outputs[0]
+            if fmt.bits > KERNEL_BITS.get(level, 8):  # the weight dequantized in the graph, folded at load
+                if "weight" not in made:
+                    nodes, rows_ = _dequantized(graph, f"{weight.value.name}_gguf.weight", made, fmt, k)
+                    t = ir.node("Transpose", [rows_], attributes={"perm": [1, 0]}, name=f"{rows_.name}.T")
+                    t.outputs[0].name = f"{rows_.name}.T"
+                    graph.insert_before(graph.node(0), [*nodes, t])  # constants of the graph: first
+                    made["weight"] = t.outputs[0]
+                matmul = ir.node("MatMul", [x, made["weight"]], name=node.name)
+                ir.convenience.replace_nodes_and_values(graph, node, [node], [matmul], [y], [matmul.outputs[0]])
+                facts["dequantized"] += 1
+                if weight.transposed and not read.uses():
+                    graph.remove(read.producer(), safe=True)
+                if not weight.value.uses() and weight.value.name in graph.initializers:
+                    graph.initializers.pop(weight.value.name)
+                continue
             matmul = ir.node("MatMulNBits", [x, made["codes"], made["scales"]],
                              attributes={"K": k, "N": n, "bits": fmt.bits, "block_size": fmt.block,
                                          "accuracy_level": level}, domain="com.microsoft", name=node.name)
@@ -258,11 +279,18 @@ def _gathered_table(graph, node):
 def _gather_nodes(graph, node, made: dict, fmt: ggufblocks.Format, k: int):
     """A Gather of the table's packed rows, dequantized as MatMulNBits reads them:
     ((codes - mid) * scale) + offset, each block, in fp32. Returns (nodes, output)."""
+    ids = node.inputs[1]
+    return _dequantized(graph, node.name or node.outputs[0].name, made, fmt, k, ids)
+
+
+def _dequantized(graph, base: str, made: dict, fmt: ggufblocks.Format, k: int, ids=None):
+    """Nodes computing the matrix's rows in fp32 from its packed initializers (those at IDS [B, S],
+    [B, S, K]; every row where IDS is None, [N, K]), by MatMulNBits' arithmetic. Returns (nodes,
+    output)."""
     import onnx_ir as ir
 
-    ids, y = node.inputs[1], node.outputs[0]
-    base = node.name or y.name
     new = []
+    lead = 1 if ids is None else 2
 
     def const(name, array):
         v = ir.Value(name=f"{base}.{name}", const_value=ir.tensor(np.asarray(array)))
@@ -276,19 +304,21 @@ def _gather_nodes(graph, node, made: dict, fmt: ggufblocks.Format, k: int):
         new.append(n)
         return n.outputs[0]
 
+    def rows(value):
+        return value if ids is None else op("Gather", [value, ids], axis=0)
+
     blocks = k // fmt.block
-    codes = op("Gather", [made["codes"], ids], axis=0)  # [..., blocks, bytes]
+    codes = rows(made["codes"])  # [..., blocks, bytes]
     if fmt.bits == 4:
         low = op("BitwiseAnd", [codes, const("low_mask", np.uint8(15))])
         high = op("BitShift", [codes, const("high_shift", np.uint8(4))], direction="RIGHT")
         both = op("Concat", [op("Unsqueeze", [low, const("last", np.array([-1], np.int64))]),
                              op("Unsqueeze", [high, const("last2", np.array([-1], np.int64))])], axis=-1)
-        codes = op("Reshape", [both, const("block_shape", np.array([0, 0, blocks, fmt.block], np.int64))])
+        codes = op("Reshape", [both, const("block_shape", np.array([0] * lead + [blocks, fmt.block], np.int64))])
     centred = op("Sub", [op("Cast", [codes], to=ir.DataType.FLOAT), const("mid", np.float32(1 << (fmt.bits - 1)))])
     scales = op("Reshape", [made["scales"], const("scale_rows", np.array([-1, blocks], np.int64))])
-    w = op("Mul", [centred, op("Unsqueeze", [op("Gather", [scales, ids], axis=0), const("axis", np.array([-1], np.int64))])])
+    w = op("Mul", [centred, op("Unsqueeze", [rows(scales), const("axis", np.array([-1], np.int64))])])
     if "offsets" in made:
-        w = op("Add", [w, op("Unsqueeze", [op("Gather", [made["offsets"], ids], axis=0),
-                                            const("axis2", np.array([-1], np.int64))])])
-    out = op("Reshape", [w, const("rows", np.array([0, 0, k], np.int64))])
+        w = op("Add", [w, op("Unsqueeze", [rows(made["offsets"]), const("axis2", np.array([-1], np.int64))])])
+    out = op("Reshape", [w, const("rows", np.array([0] * lead + [k], np.int64))])
     return new, out

@@ -1,8 +1,8 @@
 """`specc build --precision gguf`: a GGUF file imported, then built on its own blocks. A small
 llama file (its q and k rows permuted by the converter, so the importer's row order is exercised)
-in Q8_0 blocks: every matrix of whole blocks becomes MatMulNBits on the file's blocks, the
-embedding a Gather of its packed rows, and the graph's logits are those of transformers' model of
-the same dequantized weights, to the kernel's int8 rounding of its input. The packaged SmolLM2
+in Q4_0 and Q8_0 blocks: every matrix of whole blocks becomes MatMulNBits on the file's blocks
+(or, 8-bit codes, the blocks dequantized in the graph), the embedding a Gather of its packed rows,
+and the graph's logits are those of transformers' model of the same dequantized weights. The packaged SmolLM2
 Q4_1 file (slow): the graph bytes against the file's, every matrix kept. Builds without a GGUF
 record are refused."""
 from __future__ import annotations
@@ -31,9 +31,9 @@ def _facts(out) -> dict:
     return next(o for o in manifest["optimizations"] if o.get("precision") == "gguf")
 
 
-def _q8_0_round_trip(model):
-    """MODEL with the weights a Q8_0 file holds (2-D, rows of whole 32-blocks) as gguf dequantizes them."""
-    kind = gguf.GGMLQuantizationType.Q8_0
+def _round_trip(model, qtype: str):
+    """MODEL with the weights a QTYPE file holds (2-D, rows of whole 32-blocks) as gguf dequantizes them."""
+    kind = gguf.GGMLQuantizationType[qtype]
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 2 and p.shape[-1] % 32 == 0:
@@ -41,22 +41,26 @@ def _q8_0_round_trip(model):
     return model
 
 
-def test_a_q8_0_llama_file_builds_on_its_blocks(tmp_path):
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_a_llama_file_builds_on_its_blocks(tmp_path, qtype):
+    """Q4_0: MatMulNBits on the file's codes; Q8_0: codes wider than the kernel takes at fp32
+    compute, dequantized in the graph."""
     model = hf_model("llama")
-    file = tmp_path / "tiny-llama.Q8_0.gguf"
-    write_gguf(model, file, "Q8_0")
+    file = tmp_path / f"tiny-llama.{qtype}.gguf"
+    write_gguf(model, file, qtype)
     spec, weights = import_gguf(file, tmp_path / "m.yaml")
     assert gguf_source(weights) == file.resolve()
     out = tmp_path / "build"
     specc.build(spec, out, precision="gguf", progress=None)
     facts = _facts(out)
     # q, k, v, o, gate, up of each of 2 layers (down's rows, 48 weights, are no whole blocks) and the head
-    assert facts["quantized_ops"] == {"MatMulNBits": 13} and facts["gathers"] == 1
-    assert facts["formats"] == {"Q8_0": 14}
+    kernel = qtype == "Q4_0"
+    assert facts["quantized_ops"] == {"MatMulNBits": 13 if kernel else 0} and facts["gathers"] == 1
+    assert facts["dequantized_in_graph"] == (0 if kernel else 13) and facts["formats"] == {qtype: 14}
     got = Session(out).run(input_ids=[PROMPT])["logits"][0]
     with torch.no_grad():
-        want = _q8_0_round_trip(model)(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
-    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+        want = _round_trip(model, qtype)(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
@@ -77,6 +81,7 @@ def test_the_packaged_smollm2_q4_1_file_builds_within_its_bytes(tmp_path):
     specc.build(spec, out, precision="gguf", progress=None)
     facts = _facts(out)
     assert facts["formats"] == {"Q4_1": 210, "Q8_0": 1}  # every matrix of the file, the tied table once
-    assert facts["quantized_ops"] == {"MatMulNBits": 211} and facts["gathers"] == 1
+    assert facts["quantized_ops"] == {"MatMulNBits": 210} and facts["gathers"] == 1
+    assert facts["dequantized_in_graph"] == 1  # the tied head's 8-bit codes
     graphs = sum(p.stat().st_size for p in out.iterdir() if ".onnx" in p.name)
     assert graphs <= 1.5 * file.stat().st_size
