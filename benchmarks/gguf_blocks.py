@@ -140,7 +140,8 @@ def main() -> None:
     llama_rate = llama_bench(args.llama_bench, gguf)
     row = {"gguf_mib": gguf.stat().st_size / 2**20, "graph_mib": graph_bytes / 2**20, "ratio": graph_bytes / gguf.stat().st_size,
            "agreement": same / total, "positions": total, "windows": len(windows),
-           "identical": sum(a[1] for a in answers), "specc_tok_s": specc_rate, "llama_tok_s": llama_rate, "build_s": build_s}
+           "identical": sum(a[1] for a in answers), "specc_tok_s": specc_rate, "llama_tok_s": llama_rate, "build_s": build_s,
+           "load": os.getloadavg()[0]}
     print(f"[gguf] {row}", flush=True)
     versions = (f"specc's graphs: onnxruntime {onnxruntime.__version__}; reference: transformers {transformers.__version__}, "
                 f"torch {torch.__version__}")
@@ -159,7 +160,8 @@ def write(row: dict, answers: list, args, versions: str) -> None:
         "`specc import gguf` and built with `--precision gguf`, against transformers' model of the same file "
         "(`AutoModelForCausalLM.from_pretrained(..., gguf_file=...)`, fp32).",
         "",
-        f"Run: {now}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {versions}.",
+        f"Run: {now}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
+        f"{row['load']:.1f} when it ended (specc's and llama.cpp's rates are one run each, minutes apart); {versions}.",
         "",
         "| measure | value |",
         "|---|---|",

@@ -28,8 +28,8 @@ from specc.export.quantize import _matmul_weight, block_sums
 
 # MatMulNBits' accuracy level in every graph: 1, fp32 compute. At 4 (int8 compute: the kernel
 # rounds its input to int8 per block, as llama.cpp's dot products do) SmolLM2's Q4_1 graph kept
-# 97% of transformers' next tokens on the same weights; at 1 it keeps the figure of
-# docs/benchmarks_quality.md ("GGUF blocks kept"), slower per token.
+# 96.5% of transformers' next tokens on the same weights; at 1 every one of them (docs/import.md,
+# docs/benchmarks_quality.md "GGUF blocks kept")
 ACCURACY_LEVEL = 1
 # the widest codes MatMulNBits takes at each accuracy level: at fp32 compute onnxruntime's 8-bit
 # path is some twenty times slower than its 4-bit one (it dequantizes the whole weight at every
