@@ -97,6 +97,9 @@ def quantize_gguf(model, sig, source: GGUFSource) -> dict:
     except Exception as exc:  # onnx_ir's and numpy's own errors on a graph this module does not expect
         raise BuildError(f"writing the {sig.name} graph on {source.path.name}'s blocks failed: "
                          f"{first_line(exc) or type(exc).__name__}") from None
+    if not (facts["matmuls"] or facts["dequantized"] or facts["gathers"]) and source.index:
+        raise BuildError(f"{source.path}: none of its quantized matrices is a weight of the {sig.name} graph "
+                         "(was the file changed after `specc import gguf` read it?)")
     model.opset_imports.setdefault("com.microsoft", 1)
     ops: dict[str, int] = {}
     for n in model.graph:

@@ -164,6 +164,18 @@ def test_a_weight_that_is_no_files_matrix_stays_fp32():
     assert facts["matmuls"] == 0 and [n.op_type for n in model.graph] == ["MatMul"]
 
 
+def test_a_graph_that_holds_none_of_the_files_matrices_is_refused():
+    """The file the weights record was replaced after the import: nothing matches, said so."""
+    raw = crafted("Q4_0", 8, 64)
+    model = _matmul_model(np.ones((64, 8), np.float32))
+
+    class Sig:
+        name = "model"
+
+    with pytest.raises(BuildError, match=r"crafted\.gguf: none of its quantized matrices is a weight of the model graph"):
+        ggufgraph.quantize_gguf(model, Sig, _Source("Q4_0", raw, 8, 64))
+
+
 @pytest.mark.parametrize("qtype", ["IQ2_XS", "IQ4_NL", "Q8_1", "TQ1_0", "MXFP4", "no such type"])
 def test_other_block_types_are_refused_naming_tensor_and_type(qtype):
     with pytest.raises(BuildError, match=rf"blk\.3\.attn_q\.weight: GGUF type {qtype} has no exact MatMulNBits form"):
