@@ -53,6 +53,8 @@ def test_a_llama_file_builds_on_its_blocks(tmp_path, qtype):
     out = tmp_path / "build"
     specc.build(spec, out, precision="gguf", progress=None)
     facts = _facts(out)
+    recorded = json.loads((out / "manifest.json").read_text())["options"]["quantization"]["file"]
+    assert recorded["name"] == file.name and len(recorded["sha256"]) == 64  # in the cache key: the blocks' source
     # q, k, v, o, gate, up of each of 2 layers (down's rows, 48 weights, are no whole blocks) and the head
     kernel = qtype == "Q4_0"
     assert facts["quantized_ops"] == {"MatMulNBits": 13 if kernel else 0} and facts["gathers"] == 1
