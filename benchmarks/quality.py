@@ -238,7 +238,10 @@ def write(dec: list[dict], enc: list[dict], args, versions: str) -> None:
         changed = round((1 - r["nn"]) * r["n"])
         lines.append(f"| {r['variant']} | {r['cos_mean']:.5f} | {r['cos_min']:.5f} | {100 * r['nn']:.1f}% | "
                      f"{r['ties']}/{changed} | {r['batch_ms']:.0f} ms |")
-    DOC.write_text("\n".join(lines) + "\n")
+    old = DOC.read_text() if DOC.is_file() else ""
+    begin, end = "<!-- gguf_blocks -->", "<!-- /gguf_blocks -->"  # benchmarks/gguf_blocks.py's section, kept
+    kept = ["", old[old.index(begin):old.index(end) + len(end)]] if begin in old and end in old else []
+    DOC.write_text("\n".join(lines + kept) + "\n")
     print(f"[quality] wrote {DOC}")
 
 

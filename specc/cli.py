@@ -310,7 +310,8 @@ class _StageDisplay:
 @click.option("--target", type=click.Choice(list(TARGETS)), default="onnx", show_default=True,
               help="onnx: DIR/*.onnx; triton: a Triton model repository in DIR; tensorrt: engines (needs TensorRT and a GPU). See docs/serving.md.")
 @click.option("--precision", type=click.Choice([p for p in PRECISIONS if any(p in t.precisions for t in TARGETS.values())]),
-              default=None, help="Default: the spec's serving.precision. int8 and int4: the onnx and triton targets.")
+              default=None, help="Default: the spec's serving.precision. int8, int4 and gguf: the onnx and triton targets; "
+                   "gguf: the GGUF file `specc import gguf` read the weights from, its blocks kept exactly.")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="Trained weights (.safetensors, or a sharded file's .safetensors.index.json); default: the spec's weights: key, else seeded random.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random initialisation (no weights given).")
 @click.option("--opset", type=int, default=None, help=f"ONNX opset (default {DEFAULT_OPSET}; see docs/export.md).")

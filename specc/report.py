@@ -97,9 +97,12 @@ def optimization_text(o: dict[str, Any], fusions: bool = False) -> str:
         periods = ", ".join(f"{role} {n}" for role, n in (o.get("periods") or {}).items())
         blocks = f", copied in blocks of {periods}" if periods else ""
         return f"{graph} {layers} layers from {o.get('layers_traced')} traced{blocks} (specc.stitch)"
-    if "precision" in o and "quantized_ops" in o:  # specc/export/quantize.py's facts
+    if "precision" in o and "quantized_ops" in o:  # specc/export/quantize.py's facts (ggufgraph.py's: "formats")
         ops = ", ".join(f"{n} {op}" for op, n in o["quantized_ops"].items())
         offset = f", {o['offset_form']} in the offset form" if o.get("offset_form") else ""
+        if "formats" in o:
+            kept = ", ".join(f"{n} {fmt}" for fmt, n in o["formats"].items())
+            return f"{graph} {o['precision']}: {ops}, {o.get('gathers', 0)} Gather ({kept} blocks of {o.get('file')})"
         return f"{graph} {o['precision']}: {ops} ({o.get('bits')}-bit blocks of {o.get('block')}{offset})"
     if fusions and "fusions" in o:
         return f"{graph} " + (", ".join(f"{k} x{v}" for k, v in o["fusions"].items()) or "no fusions")

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from specc.errors import BuildError
+from specc.export.ggufgraph import describe as gguf_quantization
 from specc.export.quantize import describe as quantization
+from specc.importers.gguf import gguf_source
 from specc.fileio import INDEX_SUFFIX, NotARegularFile, file_sha256, regular_size, sha256s, write_atomic
 from specc.spec import io
 from specc.spec.dump import spec_to_data
@@ -123,7 +125,11 @@ def inputs(r: ResolvedSpec, *, target: str, opset: int, weights: Path | None, se
     options = {"target": target, "precision": precision, "opset": opset, "weights": source,
                "keep_weights": keep_weights}
     if PRECISIONS[precision].quantized:
-        options["quantization"] = quantization(precision)
+        options["quantization"] = gguf_quantization() if precision == "gguf" else quantization(precision)
+    if precision == "gguf" and weights is not None and (found := gguf_source(weights)) is not None and found.is_file():
+        # the blocks come from the file the weights record, not from the weights: a build made
+        # from another file of the same values is not up to date
+        options["quantization"]["file"] = {"name": found.name, "sha256": file_sha256(found)}
     if verify_provider != "cpu":
         options["verify_provider"] = verify_provider
     if _routed_experts(r):

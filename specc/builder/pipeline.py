@@ -33,6 +33,7 @@ from specc.builder.write import write as write_artifacts
 from specc.deps import require_onnxruntime, require_tensorrt
 from specc.errors import BuildError, VerificationError
 from specc.export.diagnose import first_wrong_layer
+from specc.export.ggufgraph import GGUFSource, quantize_gguf
 from specc.export.outdir import Staging, clean_leftovers
 from specc.export.passes import PASSES
 from specc.export.passes import apply as apply_passes
@@ -42,6 +43,7 @@ from specc.export.segments import verify_segments
 from specc.export.stitch import LAYER_OUTPUTS
 from specc.export.tensorrt import build_engines, engines_possible
 from specc.export.verify import new_report, verification_session, verify
+from specc.importers.gguf import gguf_source, row_order
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
 from specc.malloc import trim
@@ -148,6 +150,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
         r = _resolve(spec, precision, target)
         facts["name"] = r.name
     weights_file = _weights_file(weights, r)
+    gguf = _gguf_file(r, weights_file)
     tokenizer = build_manifest.tokenizer_files(r)  # copied into DIR's root, hashed in the manifest
     engines = _builds_engines(target, r.serving.precision)
     made = build_manifest.inputs(r, target=target, opset=opset, weights=weights_file,
@@ -182,7 +185,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
                           layers=tuple(plan.streamed_stacks) if plan.segmented else ()) as references:
             exported, optimizations = _export(clock, r, plan, model, opset, built.source)
             _optimize(clock, r, exported, made.passes, optimizations)
-            _quantize(clock, r, exported, optimizations)
+            _quantize(clock, r, exported, optimizations, gguf)
             layer_outputs: dict = {}
             files = _save(clock, r, exported, n_params, opset, stage.tmp, layer_outputs)
             refs, report = _verify(clock, r, plan, references, built, files, seed, layer_outputs, weights_file,
@@ -233,6 +236,20 @@ def _weights_file(weights: str | os.PathLike | None, r: ResolvedSpec) -> Path | 
     if path is not None and not path.is_file():
         raise BuildError(f"{path}: no such weights file")
     return path
+
+
+def _gguf_file(r: ResolvedSpec, weights_file: Path | None) -> Path | None:
+    """The GGUF file a gguf build writes the blocks of: the one its weights were imported from
+    (specc.importers.gguf records it in the weights file); None for any other precision."""
+    if r.serving.precision != "gguf":
+        return None
+    found = gguf_source(weights_file) if weights_file is not None else None
+    if found is None:
+        raise BuildError(f"precision gguf keeps a GGUF file's blocks: build it from the weights `specc import gguf` "
+                         f"wrote{f' ({weights_file} records no GGUF file)' if weights_file else ' (this build has none)'}")
+    if not found.is_file():
+        raise BuildError(f"{weights_file} was imported from {found}, which is not there any more")
+    return found
 
 
 def _builds_engines(target: str, precision: str) -> bool:
@@ -428,16 +445,19 @@ def _save(clock: _Clock, r: ResolvedSpec, exported: dict, n_params: int, opset: 
     return files
 
 
-def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, optimizations: list[dict]) -> None:
+def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, optimizations: list[dict],
+              gguf: Path | None = None) -> None:
     """An integer precision's quantizer on each optimized fp32 graph, before it is written
-    (specc/export/quantize.py)."""
+    (specc/export/quantize.py; gguf: the GGUF file's own blocks, specc/export/ggufgraph.py)."""
     precision = r.serving.precision
     if not PRECISIONS[precision].quantized:
         return
     with clock.stage("quantize") as facts:
+        source = GGUFSource(gguf, row_order) if gguf is not None else None
         for sig in r.graphs:
             program, _ = exported[sig.name]
-            optimizations.append(quantize(program.model, precision, sig))
+            optimizations.append(quantize(program.model, precision, sig) if source is None
+                                 else quantize_gguf(program.model, sig, source))
         facts["quantized"] = [o for o in optimizations if "precision" in o]
 
 

@@ -32,6 +32,11 @@ classifier without its pooler), and the family's table what it refuses of the co
 tokenizer in the file's metadata is carried as import hf carries a folder's (OUT.tokenizer/),
 converted to a tokenizer.json by specc.importers.hf.tokenizer.gguf_tokenizer where transformers
 converts it (the row's `tokenizer`: not bert's, gemma's, gptneox's or olmo2's).
+
+The weights file records the GGUF file it was read from (its header's metadata, SOURCE_KEY: the
+file's absolute path): `specc build --precision gguf` finds it there (`gguf_source`) and writes
+the file's own quantized blocks into the graphs instead of the fp32 values (specc/export/ggufgraph.py,
+with `row_order`: the order this import's fix gives each matrix's rows).
 """
 from __future__ import annotations
 
@@ -49,6 +54,8 @@ from specc.importers.hf.importer import check_outputs, spec_name, write_import
 from specc.importers.hf.tokenizer import gguf_tokenizer
 
 # tensors some converters write for rope scaling: refused by name rather than as "no place"
+SOURCE_KEY = "specc.gguf_file"  # the weights file's metadata key naming the GGUF file it was read from
+
 _ROPE_FACTORS = {"rope_freqs.weight": "llama 3's rope scaling (per-frequency factors)",
                  "rope_factors_long.weight": "Phi-3's long-context rope scaling (longrope)",
                  "rope_factors_short.weight": "Phi-3's long-context rope scaling (longrope)"}
@@ -183,4 +190,39 @@ def import_gguf(path: str | os.PathLike, out_spec: str | os.PathLike, *, name: s
     return write_import(config, tensors, where, Path(out_spec), weights,
                         name or spec_name(_text(_field(reader, "general.name")), path.stem),
                         f"Imported from a GGUF file ({config['model_type']}, {label}) by specc import gguf",
-                        max_length=max_length, tokenizer=carry, outputs=outputs)
+                        max_length=max_length, tokenizer=carry, outputs=outputs,
+                        metadata={SOURCE_KEY: str(path.resolve())})
+
+
+def gguf_source(weights: str | os.PathLike) -> Path | None:
+    """The GGUF file a weights file was imported from (as import_gguf records it), or None."""
+    from specc.weights.io import open_weights  # imports torch
+
+    recorded = getattr(open_weights(weights), "metadata", {}).get(SOURCE_KEY)
+    return Path(recorded) if recorded else None
+
+
+def row_order(reader, where: str):
+    """For a file's matrices: `orders(name, n)` gives the order the import puts the N rows of the
+    GGUF matrix NAME in (its architecture's `fix`, where that only reorders rows, as it does to
+    llama's query and key projections), None where it keeps them, or the string "other" where
+    the fix does more than reorder rows (the matrix is then no GGUF matrix's rows as imported)."""
+    config, arch, layer, _ = _config(reader, where)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def orders(name: str, n: int):
+        t = tensors[name]
+        _, kind, part = _hf_name(arch, layer, name)
+        if arch.fix is None:
+            return None
+        k = int(np.prod(t.shape)) // n
+        index = np.ascontiguousarray(np.broadcast_to(np.arange(n, dtype=np.float32)[:, None], (n, k)))
+        fixed = np.asarray(arch.fix(kind, part, index.copy(), config))
+        if fixed.shape == index.shape and np.array_equal(fixed, index):
+            return None
+        rows = fixed[:, 0] if fixed.shape == index.shape else None
+        if rows is None or not (fixed == rows[:, None]).all() or not np.array_equal(np.sort(rows), index[:, 0]):
+            return "other"
+        return rows.astype(np.int64)
+
+    return orders

@@ -53,6 +53,10 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("int8", "float32", 1.3125, quantized=True),
     # weight-only 4-bit blocks of 32, no zero points: 0.5 + 4 / 32
     Precision("int4", "float32", 0.625, quantized=True),
+    # weights imported from a GGUF file, kept in the file's own blocks (specc/export/ggufgraph.py);
+    # the bytes counted are those of Q4_1, the commonest such file, as the graph holds it: a 4-bit
+    # code and, per block of 32, a float scale and a float offset, 0.5 + 8 / 32
+    Precision("gguf", "float32", 0.75, quantized=True),
 )}
 
 PrecisionName = Literal[tuple(PRECISIONS)]  # serving.precision's accepted values
@@ -80,7 +84,7 @@ class Target:
 
 
 # bf16 has tolerances but no target builds it yet: onnxruntime (CPU) cannot verify the graph first
-_ONNX_PRECISIONS = ("fp32", "fp16", "int8", "int4")
+_ONNX_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 
 TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("onnx", _ONNX_PRECISIONS,
@@ -117,6 +121,9 @@ class QualityBar:
 QUALITY_BARS: dict[str, QualityBar] = {
     "int8": QualityBar(cosine_mean=0.995, cosine_min=0.98, kl_mean=0.02),
     "int4": QualityBar(cosine_mean=0.94, cosine_min=0.85, kl_mean=0.1),
+    # the graph's weights are the model's own (the file's values): what is left is the kernel's
+    # int8 rounding of its inputs, int8's noise
+    "gguf": QualityBar(cosine_mean=0.995, cosine_min=0.98, kl_mean=0.02),
 }
 # With seeded weights, whose quantization noise a deep random model amplifies (a correct
 # llama-2-7b int4 graph: 0.71 logits cosine from fp32), it is compared with torch computing with

@@ -76,6 +76,8 @@ class SafetensorsFile(Mapping):
         if not isinstance(header, dict):
             raise WeightsError(f"{self.path}: the safetensors header is not a JSON object")
         start, end = 8 + n, size
+        meta = header.get("__metadata__")
+        self.metadata: dict[str, str] = {k: v for k, v in meta.items() if isinstance(v, str)} if isinstance(meta, dict) else {}
         for name, e in header.items():
             if name == "__metadata__":
                 continue
@@ -215,14 +217,15 @@ def check_weights(file, shapes: Mapping[str, tuple[int, ...]]) -> None:
 
 
 def write_safetensors(entries: Mapping[str, torch.Tensor], tensor_of: Callable[[str], torch.Tensor],
-                      path: str | os.PathLike) -> None:
+                      path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> None:
     """Write a safetensors file one tensor at a time, atomically (temp file, then rename): the
     header from `entries` (name -> a tensor of the right dtype and shape, such as a meta one), then
     each tensor's bytes from `tensor_of(name)`, released before the next. The bytes are those
-    safetensors' own writer makes of the same tensors (with the metadata {"format": "pt"})."""
+    safetensors' own writer makes of the same tensors (with the metadata {"format": "pt"}, and
+    METADATA's strings beside it: SafetensorsFile.metadata reads them back)."""
     path = Path(path)
     order = sorted(entries, key=lambda n: (_LAYOUT.index(DTYPE_NAMES[entries[n].dtype]), n))
-    header: dict = {"__metadata__": {"format": "pt"}}
+    header: dict = {"__metadata__": {"format": "pt", **(metadata or {})}}
     offset = 0
     for name in order:
         t = entries[name]

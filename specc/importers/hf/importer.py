@@ -81,12 +81,13 @@ def check_outputs(out_spec: str | os.PathLike, force: bool) -> Path:
 def write_import(config: dict, tensors, where: str, out_spec: Path, weights: Path, name: str,
                  description: str, *, max_length: int | None = None,
                  tokenizer: Callable[[int], dict[str, bytes] | None] | None = None,
-                 outputs: list[dict] | None = None) -> tuple[Path, Path]:
+                 outputs: list[dict] | None = None, metadata: dict[str, str] | None = None) -> tuple[Path, Path]:
     """A Hugging Face config and its tensors (by Hugging Face's names) as OUT.yaml + weights
     (+ OUT.tokenizer/), all or none; WHERE names the config in messages; DESCRIPTION may name
     {arch} (the config's architectures entry) and {model_type}. max_length: serving.length.max
     (default: the checkpoint's context). tokenizer(vocab size): the tokenizer's files to carry,
     or None. OUTPUTS (parameter-free, such as a pooled embedding) follow the family head's.
+    METADATA: strings the weights file's header carries (import gguf's record of its file).
     Shared by import hf and import gguf (which reads a GGUF file into that form, with the pooled
     output its pooling type names)."""
     from specc.weights.io import write_safetensors  # imports torch
@@ -112,7 +113,7 @@ def write_import(config: dict, tensors, where: str, out_spec: Path, weights: Pat
             raise CheckpointError(f"spec name {data['name']!r}: {named[0].message}") from None
         raise spec_error(exc, fam, config, where) from None
     params = convert_tensors(fam, config, tensors, resolved, where)
-    write_safetensors(params.entries, params.__getitem__, weights)  # one tensor in memory at a time
+    write_safetensors(params.entries, params.__getitem__, weights, metadata)  # one tensor in memory at a time
     try:
         if files is not None:
             write_folder(files, folder)

