@@ -37,6 +37,8 @@ WORK = ROOT / "build" / "quality"
 DOC = ROOT / "docs" / "benchmarks_quality.md"
 THREADS = 2
 NEW_TOKENS = 32
+# the page's last section, written by benchmarks/int4_chat.py: kept as it is when this writes the page
+INT4_CHAT = "## int4 and SmolLM2's chat answers"
 
 
 def specc_cli(*args: str) -> None:
@@ -238,7 +240,8 @@ def write(dec: list[dict], enc: list[dict], args, versions: str) -> None:
         changed = round((1 - r["nn"]) * r["n"])
         lines.append(f"| {r['variant']} | {r['cos_mean']:.5f} | {r['cos_min']:.5f} | {100 * r['nn']:.1f}% | "
                      f"{r['ties']}/{changed} | {r['batch_ms']:.0f} ms |")
-    DOC.write_text("\n".join(lines) + "\n")
+    kept = DOC.read_text().partition(INT4_CHAT) if DOC.is_file() else ("", "", "")
+    DOC.write_text("\n".join(lines) + "\n" + ("\n" + kept[1] + kept[2] if kept[1] else ""))
     print(f"[quality] wrote {DOC}")
 
 
