@@ -1,7 +1,7 @@
 """int4 of a trained checkpoint against its fp32 build, one quantizer knob at a time: whether the
 greedy chat answers stay fp32's, and what each knob costs in decode speed and graph bytes.
 
-    .venv/bin/python benchmarks/int4_chat.py [--rounds 3] [--seeds DIR] [VARIANT ...]
+    .venv/bin/python benchmarks/int4_chat.py --texts DIR [--rounds 3] [VARIANT ...]
 
 SmolLM2-135M-Instruct imported from its HF folder (benchmarks/realmodels.py), built in fp32 and in
 each int4 variant (VARIANTS: specc/export/quantize.py's int4 scheme, its accuracy level or its tied
@@ -10,8 +10,8 @@ quantizes it; see build). For each:
 - chat: the eight questions of realmodels.CHAT_QUESTIONS as `specc generate --chat` puts them
   (Session.prompts(chat=True)), greedy, the spec's end token; a question agrees when its first
   CHAT_TOKENS new tokens are fp32's;
-- argmax: next-token argmax agreement with fp32 on windows of the seeds' text (the lecture notes
-  beside the repository, ../shared/seeds; benchmarks/quality.py's metrics), with the KL;
+- argmax: next-token argmax agreement with fp32 on windows of a folder of plain texts (--texts DIR,
+  its *.txt files in name order; benchmarks/quality.py's metrics), with the KL;
 - decode: tokens/s after the first (benchmarks/quality.py's specc_greedy: 32 new tokens a question,
   2 threads, median over the questions), each round in its own process, the variants in turn; the
   median over rounds;
@@ -46,8 +46,9 @@ from specc.export import quantize as q  # noqa: E402
 from specc.runtime import Session  # noqa: E402
 
 WORK = Q.WORK
-SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
 CHAT_TOKENS = 16
+# what --texts held when the page's figures were measured
+TEXTS = "five lecture notes on self-attention and the Transformer in plain text, 72 KB"
 ROW = "int4_chat.json"  # a variant's measured row, kept in its build beside what it was measured on
 # name -> the int4 build's settings that the variant sets (None: the fp32 build), the others as
 # the int4 build has them: fields of the int4 Scheme (block, accuracy_level, zero_points),
@@ -120,7 +121,7 @@ def chat_answers(out: Path) -> list[list[int]]:
 def seed_windows(folder: Path, tok, count: int, length: int) -> np.ndarray:
     files = sorted(folder.glob("*.txt"))
     if not files:
-        raise SystemExit(f"int4_chat: no seed texts (*.txt) in {folder}; pass --seeds DIR")
+        raise SystemExit(f"int4_chat: no texts (*.txt) in {folder}")
     text = "\n\n".join(f.read_text() for f in files)
     return rm.token_windows(tok(text)["input_ids"], count, length)
 
@@ -137,7 +138,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--length", type=int, default=512)
-    ap.add_argument("--seeds", type=Path, default=SEEDS)
+    ap.add_argument("--texts", type=Path, required=True, help="a folder of .txt files: the text of the argmax agreement")
     ap.add_argument("--untimed", nargs="*", default=[], choices=list(VARIANTS), help="variants whose speed is not timed")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a timed round of one variant, in its own process
     args = ap.parse_args()
@@ -151,9 +152,9 @@ def main() -> None:
         return
     names = ["fp32"] + [n for n in (args.variants or VARIANTS) if n != "fp32"]
     tok = AutoTokenizer.from_pretrained(folder)
-    windows = seed_windows(args.seeds, tok, args.windows, args.length)
+    windows = seed_windows(args.texts, tok, args.windows, args.length)
     rows, ref = {}, None
-    measured = {"windows": args.windows, "length": args.length, "seeds": str(args.seeds.resolve())}
+    measured = {"windows": args.windows, "length": args.length, "texts": str(args.texts.resolve())}
     for name in names:
         out = build(spec, name)
         saved = out / ROW
@@ -202,9 +203,8 @@ def write(table: list[str], args) -> None:
         "blocks at level 4 or 1; block size). Each int4 variant is the fp32 build's graph quantized by the "
         "build's own quantize stage with that setting (with int4's settings, byte for byte the int4 build's).",
         "",
-        f"Command: `.venv/bin/python benchmarks/int4_chat.py --rounds {args.rounds}"
-        f"{' --untimed ' + ' '.join(args.untimed) if args.untimed else ''}` (the seeds' text in "
-        "`--seeds DIR`, default ../shared/seeds)",
+        f"Command: `.venv/bin/python benchmarks/int4_chat.py --texts DIR --rounds {args.rounds}"
+        f"{' --untimed ' + ' '.join(args.untimed) if args.untimed else ''}` (DIR: {TEXTS})",
         "",
         f"Run: {now}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared with other "
         f"work (speeds are comparable within a run, variants timed in turn); onnxruntime {onnxruntime.__version__}.",
@@ -212,7 +212,7 @@ def write(table: list[str], args) -> None:
         f"Chat: {len(rm.CHAT_QUESTIONS)} questions (`realmodels.CHAT_QUESTIONS`) put as `specc generate --chat` puts "
         f"them, greedy, the spec's end token; agreeing when the first {CHAT_TOKENS} new tokens are fp32's; "
         "differ: which questions do not. Argmax and KL: next tokens against fp32 on "
-        f"{args.windows} windows of {args.length} tokens of the seeds' text. Decode: tokens/s after the first, "
+        f"{args.windows} windows of {args.length} tokens of DIR's text. Decode: tokens/s after the first, "
         f"{Q.THREADS} threads, the median over the questions (32 new tokens each), each round in its own process. "
         "Graph: the graph files. int4 is now `level-1`; it was `level-4` (the `specc int4` row of the table above "
         "was measured then).",
