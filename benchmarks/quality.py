@@ -37,6 +37,8 @@ WORK = ROOT / "build" / "quality"
 DOC = ROOT / "docs" / "benchmarks_quality.md"
 THREADS = 2
 NEW_TOKENS = 32
+# the page's last section, written by benchmarks/int4_chat.py: kept as it is when this writes the page
+INT4_CHAT = "## int4 and SmolLM2's chat answers"
 
 
 def specc_cli(*args: str) -> None:
@@ -241,6 +243,8 @@ def write(dec: list[dict], enc: list[dict], args, versions: str) -> None:
     old = DOC.read_text() if DOC.is_file() else ""
     begin, end = "<!-- gguf_blocks -->", "<!-- /gguf_blocks -->"  # benchmarks/gguf_blocks.py's section, kept
     kept = ["", old[old.index(begin):old.index(end) + len(end)]] if begin in old and end in old else []
+    if INT4_CHAT in old:  # benchmarks/int4_chat.py's section, kept, last
+        kept += ["", old[old.index(INT4_CHAT):].rstrip("\n")]
     DOC.write_text("\n".join(lines + kept) + "\n")
     print(f"[quality] wrote {DOC}")
 

@@ -27,6 +27,17 @@ CHAT_PROMPTS = (
     "Explain in one sentence what a transformer model is.",
     "List three colors of the rainbow.",
 )
+# short questions whose greedy answers an int4 build should keep (benchmarks/int4_chat.py)
+CHAT_QUESTIONS = (
+    "What is the capital of France?",
+    "What is the capital of Germany?",
+    "Name three colours.",
+    "Who wrote Hamlet?",
+    "What is 2+2?",
+    "Translate 'good morning' to French.",
+    "What is the largest planet?",
+    "Give me a synonym for happy.",
+)
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:

@@ -4,10 +4,13 @@ integer blocks, one tensor at a time.
 Every MatMul whose weight is a constant [K, N] fp32 tensor becomes onnxruntime's com.microsoft
 MatMulNBits: the weight is stored as `bits`-bit codes in blocks of consecutive rows of one
 column, each block with its own float scale, and dequantizes as (code - zero_point) x scale.
-Activations stay fp32 outside the kernel; with accuracy_level 4 (graphs with a KV cache, which
-decode a token at a time) the kernel computes in int8, quantizing its input per block along K as
-well (the weight's block length), so an outlier channel only coarsens the block it sits in; a
-graph without a cache (an encoder) computes in fp32 (level 1: accuracy_level()).
+Activations stay fp32 outside the kernel. Inside it, each scheme has its accuracy level for graphs
+with a KV cache, which decode a token at a time: int8's is 4 (the kernel computes in int8,
+quantizing its input per block along K as well, the weight's block length, so an outlier channel
+only coarsens the block it sits in), int4's is 1 (fp32: the input meets the 4-bit weights
+unrounded; rounded to 8 bits it changed 3 of SmolLM2's 8 greedy chat answers, at about two thirds
+of the decode speed, docs/benchmarks_quality.md). A graph without a cache (an encoder) computes in
+fp32 (level 1: accuracy_level()); a tied head (below) at its own scheme's level.
 
 - int8: 8-bit codes in blocks of 16, an integer zero point per block (the block's range widened
   to include 0). Chosen over dynamic quantization (DynamicQuantizeMatMul, one int8 scale for the
@@ -48,7 +51,7 @@ from specc.errors import BuildError, first_line
 from specc.spec.io import is_past
 
 BLOCK = 32  # rows of one column that share a scale and a zero point, unless a scheme says otherwise
-ACCURACY_LEVEL = 4  # MatMulNBits computes in int8 (0: dequantizes the weight at every call, 30x slower)
+ACCURACY_LEVEL = 4  # MatMulNBits computes in int8 (0: dequantizes the weight at every call, 30x slower at 8 bits)
 # a graph that takes no KV cache runs whole sequences, never one token at a time (an encoder, an
 # encoder-decoder's encoder): its products are large enough that the kernel's fp32 path, which
 # dequantizes each weight block once per call and leaves the activations unquantized, is both
@@ -83,7 +86,7 @@ class Scheme:
         return self.bits / 8 + (4 + (self.bits / 8 if self.zero_points else 0)) / self.block
 
 
-SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4, zero_points=False)}
+SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4, zero_points=False, accuracy_level=1)}
 # the scheme a tied output projection is packed in, by precision (None: it stays fp32). Measured on
 # SmolLM2-135M (docs/build.md): at 4 bits its tied head failed the build's verification, at 8 bits
 # an int4 build kept its next tokens and perplexity (llama.cpp too keeps an output projection at 6
@@ -99,12 +102,13 @@ def describe(precision: str) -> dict:
     return {"op": "MatMulNBits", "bits": scheme.bits, "block": scheme.block, "accuracy_level": scheme.accuracy_level,
             "accuracy_level_without_cache": WHOLE_SEQUENCE_ACCURACY_LEVEL,
             "zero_points": scheme.zero_points, "offset_form": scheme.bits <= 4, "tied_head": TIED_HEAD[precision] or "fp32",
+            **({"tied_head_accuracy_level": SCHEMES[TIED_HEAD[precision]].accuracy_level} if TIED_HEAD[precision] else {}),
             "routed_experts": "QMoE"}
 
 
 def accuracy_level(scheme: Scheme, sig) -> int:
-    """MatMulNBits' accuracy level for a graph: the scheme's (int8 compute, for decoding a token at
-    a time) where the graph takes a KV cache, else WHOLE_SEQUENCE_ACCURACY_LEVEL."""
+    """MatMulNBits' accuracy level for a graph: the scheme's (for decoding a token at a time)
+    where the graph takes a KV cache, else WHOLE_SEQUENCE_ACCURACY_LEVEL."""
     return scheme.accuracy_level if any(is_past(t.name) for t in sig.inputs) else WHOLE_SEQUENCE_ACCURACY_LEVEL
 
 
@@ -363,7 +367,8 @@ def quantize(model, precision: str, sig) -> dict:
         raise BuildError(f"no quantizer for precision {precision!r}")
     try:
         level = accuracy_level(scheme, sig)
-        count, offset_count = _rewrite(model.graph, scheme, level, SCHEMES.get(TIED_HEAD[precision]))
+        head = SCHEMES.get(TIED_HEAD[precision])
+        count, offset_count = _rewrite(model.graph, scheme, level, head, accuracy_level(head, sig) if head else None)
         experts = _rewrite_experts(model.graph, scheme, level)
     except BuildError:
         raise
@@ -474,11 +479,12 @@ def _lazy(packs: _Packs, weight, field: str, dtype, shape: tuple, name: str):
     return ir.Value(name=name, shape=ir.Shape(shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
 
 
-def _rewrite(graph, scheme: Scheme, level: int, head: Scheme | None = None) -> tuple[int, int]:
-    """Every MatMul with a constant 2-D fp32 weight (_matmul_weight) becomes MatMulNBits (at
-    accuracy `level`), in `scheme`, or a tied head's in `head` (None: left fp32); returns how many,
-    and how many of them are in the offset form. A weight, or a Transpose, that no other node
-    reads is dropped from the graph."""
+def _rewrite(graph, scheme: Scheme, level: int, head: Scheme | None = None,
+             head_level: int | None = None) -> tuple[int, int]:
+    """Every MatMul with a constant 2-D fp32 weight (_matmul_weight) becomes MatMulNBits, in
+    `scheme` at accuracy `level`, or a tied head's in `head` at `head_level` (default: `level`;
+    head None: left fp32); returns how many, and how many of them are in the offset form. A
+    weight, or a Transpose, that no other node reads is dropped from the graph."""
     import onnx_ir as ir
 
     packs = _Packs()
@@ -503,7 +509,7 @@ def _rewrite(graph, scheme: Scheme, level: int, head: Scheme | None = None) -> t
         inputs = [x, values["codes"], values["scales"]] + ([values["zero_points"]] if own.zero_points else [])
         matmul = ir.node("MatMulNBits", inputs,
                          attributes={"K": k, "N": n, "bits": own.bits, "block_size": own.block,
-                                     "accuracy_level": level},
+                                     "accuracy_level": head_level if weight.transposed and head_level is not None else level},
                          domain="com.microsoft", name=node.name)
         new = [matmul]
         if "offsets" in values:  # y = x @ (scale * codes) + (block sums of x) @ minima

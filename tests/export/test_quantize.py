@@ -355,6 +355,28 @@ def test_a_tied_head_is_packed_from_the_table_the_lookup_keeps_in_fp32(builds):
     assert model.heads["logits"].tied_projection.numel() == 0
 
 
+def test_an_int4_decoder_computes_in_fp32_and_its_tied_head_in_int8(builds):
+    """int4's own weights are computed at accuracy level 1 even where the graph decodes a token at
+    a time: the activations meet the 4-bit weights unrounded (rounded to 8 bits per block, level 4,
+    they changed 3 of 8 greedy chat answers of SmolLM2, docs/benchmarks_quality.md); the tied head,
+    in int8's blocks, keeps int8's level 4. Read from the written graphs (the model and the
+    in-place one) and the manifest."""
+    res = builds("tiny-gpt2", "int4")
+    assert q.SCHEMES["int4"].accuracy_level == 1 and q.SCHEMES[q.TIED_HEAD["int4"]].accuracy_level == 4
+    for graph in ("model.onnx", "inplace.onnx"):
+        levels: dict[bool, set[int]] = {}
+        for n in onnx.load(str(res.out_dir / graph), load_external_data=False).graph.node:
+            if n.op_type == "MatMulNBits":
+                attrs = {a.name: a.i for a in n.attribute}
+                head = n.input[1].endswith(".T_q8.codes")
+                assert attrs["bits"] == (8 if head else 4)
+                levels.setdefault(head, set()).add(attrs["accuracy_level"])
+        assert levels == {False: {1}, True: {4}}, (graph, levels)
+    options = res.manifest["options"]["quantization"]
+    assert (options["accuracy_level"], options["tied_head_accuracy_level"]) == (1, 4)
+    assert [o["accuracy_level"] for o in res.manifest["optimizations"] if "precision" in o] == [1]
+
+
 def test_an_int8_build_keeps_a_tied_head_in_fp32(builds):
     """int8 is the precision that keeps a trained model's next tokens (docs/build.md): its tied
     head stays the fp32 table, read through the Transpose, and torch's reference computes with
