@@ -40,6 +40,11 @@ a row lasts at most --seconds plus --cut.
     .venv/bin/python benchmarks/serve_load.py --builds build/smollm2 --chat $GGUF \\
         --llama-server build/llama-server/bin/llama-server --text DIR --clients 4 --turns 3 --seconds 50 --cut 50 \\
         --new 32
+
+--speculative adds a side: specc serve with `"speculative": "ngram"` in each body (speculative
+decoding by prompt lookup, docs/serving.md), on the same server; --ask repeat asks each passage
+back word for word (an answer that copies its prompt, what prompt lookup drafts well) where the
+default asks what it says.
 """
 from __future__ import annotations
 
@@ -253,12 +258,12 @@ class ChatStream:
         return self.usage["completion_tokens"] if self.usage else len(self.times)
 
 
-def chat_one(port: int, model: str, messages: list[dict], new: int, cut: float) -> ChatStream:
-    """One streamed greedy chat request: only fields both servers take (specc refuses others).
-    At `cut` (a time.perf_counter()) a reply not yet ended is cut: its connection closed (the
-    server cancels it), `stream.cut` set, what came of it kept."""
+def chat_one(port: int, model: str, messages: list[dict], new: int, cut: float, extra: dict | None = None) -> ChatStream:
+    """One streamed greedy chat request: only fields both servers take (specc refuses others),
+    and `extra`'s (a side's own). At `cut` (a time.perf_counter()) a reply not yet ended is cut:
+    its connection closed (the server cancels it), `stream.cut` set, what came of it kept."""
     body = {"model": model, "messages": messages, "max_tokens": new, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, **(extra or {})}
     t0 = time.perf_counter()
     stream = ChatStream()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=max(cut - t0, 0.01))
@@ -299,15 +304,18 @@ def system_prompt(folder: Path, chars: int) -> str:
     return "You answer questions about these lecture notes, briefly.\n\n" + text[:chars]
 
 
-def question(material: list[str], client: int, conversation: int, turn: int, round_: int) -> str:
+ASKS = {"explain": "What does this passage say? {}", "repeat": "Repeat this passage word for word: {}"}
+
+
+def question(material: list[str], client: int, conversation: int, turn: int, round_: int, ask: str = "explain") -> str:
     """The user's turn: a passage chosen by (round, client, conversation, turn) alone, so that
-    every side is asked the same things in the same order."""
+    every side is asked the same things in the same order, in the words of ASKS[ask]."""
     pick = np.random.default_rng([round_, client, conversation, turn]).integers(len(material))
-    return f"What does this passage say? {material[pick]}"
+    return ASKS[ask].format(material[pick])
 
 
 def chat_load(ask, clients: int, seconds: float, cut_after: float, system: str | None, turns: int,
-              material: list[str], round_: int) -> dict:
+              material: list[str], round_: int, words: str = "explain") -> dict:
     """`clients` threads, each holding conversations of `turns` turns back to back for `seconds`
     (each reply sent back in the next turn's messages); `ask(messages, cut)` is one streamed
     request, cut `cut_after` seconds past the end if it has not ended by then. The figures: all
@@ -327,7 +335,7 @@ def chat_load(ask, clients: int, seconds: float, cut_after: float, system: str |
             for turn in range(turns):
                 if time.perf_counter() >= deadline:
                     break
-                messages.append({"role": "user", "content": question(material, k, conversation, turn, round_)})
+                messages.append({"role": "user", "content": question(material, k, conversation, turn, round_, words)})
                 stream = ask(messages, cut)
                 messages.append({"role": "assistant", "content": stream.text})
                 with lock:
@@ -417,6 +425,10 @@ def main() -> None:
                     help="--chat: llama-server's -t and -tb (default: the machine's 2 cores, as specc's session)")
     ap.add_argument("--cut", type=float, default=60.0,
                     help="--chat: seconds past a row's end at which replies not yet ended are cut")
+    ap.add_argument("--speculative", action="store_true",
+                    help="--chat: a side with \"speculative\": \"ngram\" on specc serve (single questions)")
+    ap.add_argument("--ask", choices=sorted(ASKS), default="explain",
+                    help="--chat: what the single questions ask of their passage")
     args = ap.parse_args()
     if args.chat:
         return chat_main(args)
@@ -527,6 +539,9 @@ def chat_main(args) -> None:
     context = serving["length"]["max"] if args.turns > 1 else 512
     heading = ("## Chat: single questions under concurrent clients" if args.turns == 1 else
                "## Chat: conversations under a shared system prompt")
+    if args.speculative or args.ask != "explain":  # a section of its own beside the default's
+        heading += (", with speculative decoding" if args.speculative else "") + \
+            (", passages asked back word for word" if args.ask == "repeat" else "")
     if args.llama_threads != THREADS:  # a section of its own beside the default's
         heading += f", llama-server on {args.llama_threads} thread{'s' if args.llama_threads > 1 else ''}"
     servers, sides = [], {}
@@ -540,16 +555,19 @@ def chat_main(args) -> None:
             sides["specc serve, prefix cache off"] = off_port
         else:
             sides["specc serve"] = http_port
+        if args.speculative:
+            sides["specc serve, speculative ngram"] = http_port
         proc, llama_port = start_llama_server(args.llama_server, args.chat, sequences, context, args.llama_threads)
         servers.append(proc)
         sides["llama-server, prompt cache on"] = llama_port
 
-        def asker(port):
-            return lambda messages, cut: chat_one(port, name, messages, args.new, cut)
+        def asker(side):
+            extra = {"speculative": "ngram"} if side.endswith("speculative ngram") else None
+            return lambda messages, cut: chat_one(sides[side], name, messages, args.new, cut, extra)
 
         first = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": question(material, 0, 0, 0, 0)}]
-        checks = {side: asker(port)(first, time.perf_counter() + 600) for side, port in sides.items()}
+            {"role": "user", "content": question(material, 0, 0, 0, 0, args.ask)}]
+        checks = {side: asker(side)(first, time.perf_counter() + 600) for side in sides}
         for side, got in checks.items():
             print(json.dumps({"check": side, "prompt_tokens": got.usage and got.usage["prompt_tokens"],
                               "completion_tokens": got.tokens, "reply": got.text[:120]}), flush=True)
@@ -559,8 +577,8 @@ def chat_main(args) -> None:
             for clients in args.clients:
                 for side in order:
                     row = {"round": round_ + 1, "route": side,
-                           **chat_load(asker(sides[side]), clients, args.seconds, args.cut, system, args.turns,
-                                       material, round_)}
+                           **chat_load(asker(side), clients, args.seconds, args.cut, system, args.turns,
+                                       material, round_, args.ask)}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
                     if args.out:  # after each row: a run stopped early leaves what it measured
@@ -591,7 +609,8 @@ def chat_report(rows: list[dict], checks: dict, args, sequences: int, context: i
     check = "; ".join(f"{side}: {got.usage['prompt_tokens'] if got.usage else '?'} prompt tokens, "
                       f"{got.tokens} in the reply" for side, got in checks.items())
     same = len({got.text for got in checks.values()}) == 1
-    what = (f"each client asks single questions (a passage of --text and a line asking what it says, no system "
+    what = (f"each client asks single questions (a passage of --text and a line asking "
+            f"{'for it word for word' if args.ask == 'repeat' else 'what it says'}, no system "
             f"prompt: {rows[0]['prompt_tokens_p50']:.0f} prompt tokens at the median)" if args.turns == 1 else
             f"each client holds conversations of {args.turns} turns under one system prompt of "
             f"{args.system_chars} characters of --text shared by all (the first request's prompt below: the system "
