@@ -314,6 +314,20 @@ def question(material: list[str], client: int, conversation: int, turn: int, rou
     return ASKS[ask].format(material[pick])
 
 
+def run_clients(client, clients: int, daemon: bool = False) -> None:
+    """client(k) on a thread of its own for k in 0..clients-1, all started, then all joined."""
+    threads = [threading.Thread(target=client, args=(k,), daemon=daemon) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def percentile_ms(xs: list[float], q: float) -> float:
+    """The q-th percentile of seconds `xs` in milliseconds; nan for none."""
+    return float(np.percentile(xs, q)) * 1000 if xs else float("nan")
+
+
 def chat_load(ask, clients: int, seconds: float, cut_after: float, system: str | None, turns: int,
               material: list[str], round_: int, words: str = "explain") -> dict:
     """`clients` threads, each holding conversations of `turns` turns back to back for `seconds`
@@ -351,13 +365,9 @@ def chat_load(ask, clients: int, seconds: float, cut_after: float, system: str |
                     return
             conversation += 1
 
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_clients(client, clients, daemon=True)
     wall = time.perf_counter() - t0
-    pct = lambda xs, q: float(np.percentile(xs, q)) * 1000 if xs else float("nan")  # noqa: E731
+    pct = percentile_ms
     return {"clients": clients, "tokens_per_s": sum(tokens) / wall, "replies": len(tokens), "cut": cuts[0],
             "no_first_token": blanks[0], "wall_s": wall,
             "ttft_p50_ms": pct(firsts + laters, 50), "ttft_p99_ms": pct(firsts + laters, 99),
@@ -384,13 +394,9 @@ def load(fn, clients: int, seconds: float, prompt_len: int, new: int, vocab: int
                     gaps.extend(np.diff(times).tolist())
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_clients(client, clients)
     wall = time.perf_counter() - t0
-    pct = lambda xs, q: float(np.percentile(xs, q)) * 1000 if xs else float("nan")  # noqa: E731
+    pct = percentile_ms
     return {"clients": clients, "tokens_per_s": tokens[0] / wall, "ttft_p50_ms": pct(ttft, 50),
             "ttft_p99_ms": pct(ttft, 99), "token_p50_ms": pct(gaps, 50), "token_p99_ms": pct(gaps, 99)}
 
