@@ -70,6 +70,8 @@ def choose(r: ResolvedSpec, stream: bool | None, max_memory: int | None, stacks:
     what the machine has available."""
     have = max_memory if max_memory is not None else memory.available_memory()
     hint = memory.streamed_hint(r, stacks, streaming)
+    if stream is None and r.serving.precision == "gguf" and not isinstance(stacks, str):
+        stream = True  # the file's blocks are its weights: never the whole model in fp32
     if stream is False:
         memory.check_memory(r, whole, have, hint=hint)
         return False

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import specc
+from specc.builder import pipeline, plan
 from specc.errors import BuildError
 from specc.importers.gguf import gguf_source, import_gguf
 from specc.runtime import Session
+from specc.spec.load import loads_spec
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf", reason="the gguf package (make install-real-models)")
@@ -87,3 +89,12 @@ def test_the_packaged_smollm2_q4_1_file_builds_within_its_bytes(tmp_path):
     assert facts["dequantized_in_graph"] == 1  # the tied head's 8-bit codes
     graphs = sum(p.stat().st_size for p in out.iterdir() if ".onnx" in p.name)
     assert graphs <= 1.5 * file.stat().st_size
+
+
+def test_a_gguf_build_streams_unless_told_not_to():
+    """The file's blocks are the weights: by default the build holds one layer in fp32 at a time,
+    never the whole model (docs/build.md), where its stacks can stream; --no-stream builds it whole."""
+    spec = loads_spec("specc: 1\nname: deep\nextends: tiny-llama\ndecoder: {layers: 4}\n")
+    for precision, streamed in (("gguf", True), ("fp32", False)):
+        assert plan.make(pipeline._resolve(spec, precision, "onnx")).streamed == streamed
+    assert not plan.make(pipeline._resolve(spec, "gguf", "onnx"), stream=False).streamed
