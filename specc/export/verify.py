@@ -43,6 +43,8 @@ from specc.spec.io import (
     POSITION_IDS,
     SEQ,
     TOKEN_TYPE_IDS,
+    cache_slots,
+    concrete_dims,
     empty_cache_dims,
     numpy_dtype,
     parse_cache,
@@ -418,25 +420,27 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
     "{role}.layers.{i}" (what a streamed build's segments read and are compared with, segments.py)."""
     import torch
 
+    from specc.nn.streamed import lockstep_possible
+
     steps = _steps(r, seed, longest)
     continued = _continued(steps)
+    if layers and r.architecture == "decoder" and lockstep_possible(reference):
+        out = _lockstep_outputs(r, reference, steps, layers)
+        if spill is not None:
+            for step in steps:
+                if spill_all or sum(v.nbytes for v in out[step.key].values()) >= SPILL_BYTES:
+                    _spill(out, step.key, spill)
+        return out
     out: dict[tuple[str, str], dict[str, np.ndarray | Spilled]] = {}
     for step in steps:
         feed = {**step.base, **_cache_inputs(step.sig, step.case, out.get(step.prev), out.get(step.src))}
         with torch.no_grad():
-            tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
-                       for k, v in feed.items()}
             with recording(reference, layers) as recorded:
-                if step.case.graph == "encoder":
-                    result = reference.encode(**tensors)
-                elif step.case.graph == "decoder":
-                    result = reference.decode(**tensors)
-                else:
-                    result = reference(**tensors)
+                result = _forward(reference, step, _tensors(feed))
             out[step.key] = {k: v.float().numpy() for k, v in result.items()}
             for role, outputs in recorded.items():
                 out[step.key].update({f"{role}.layers.{i}": h for i, h in enumerate(outputs)})
-            del result, tensors, recorded
+            del result, recorded
         large = step.key not in continued and sum(v.nbytes for v in out[step.key].values()) >= SPILL_BYTES
         if spill is not None and large:
             _spill(out, step.key, spill)
@@ -446,19 +450,70 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
     return out
 
 
+def _tensors(feed: dict[str, np.ndarray]) -> dict:
+    import torch
+
+    return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
+            for k, v in feed.items()}
+
+
+def _forward(reference, step: _Step, tensors: dict) -> dict:
+    if step.case.graph == "encoder":
+        return reference.encode(**tensors)
+    if step.case.graph == "decoder":
+        return reference.decode(**tensors)
+    return reference(**tensors)
+
+
+def _lockstep_outputs(r: ResolvedSpec, reference, steps: list[_Step], layers: tuple[str, ...]) -> dict:
+    """reference_outputs of a decoder streamed with one cut stack: every case's forward at once,
+    in lockstep (specc/nn/streamed.py), so that each layer is made once rather than once a case.
+    A case's caches are made empty at its signature's shape and filled, layer by layer, from the
+    presents of the case it continues as that case runs the layer (before this one does)."""
+    import torch
+
+    from specc.nn.streamed import in_lockstep
+
+    (role,) = layers
+    slots = cache_slots(len(getattr(r, role).layers), pair=r.cache_pair)
+    pasts = {step.key: {s.name: torch.empty(concrete_dims(s.dims, step.shapes)) for s in step.sig.inputs
+                        if parse_cache(s.name) is not None}
+             for step in steps if step.prev}
+    after = {step.prev: pasts[step.key] for step in steps if step.prev}  # a case -> the caches it fills
+
+    def job(step: _Step):
+        def run() -> dict:
+            tensors = _tensors({**step.base, **_cache_inputs(step.sig, step.case, None, None)})
+            tensors.update(pasts.get(step.key, {}))
+            fills = after.get(step.key)
+
+            def fill(i: int, out: tuple) -> None:
+                for slot, value in zip(slots[2 * i:2 * i + 2], out[1]):
+                    fills[slot.past].copy_(value)
+
+            with torch.no_grad(), recording(reference, layers) as recorded, \
+                    (getattr(reference, role).layers.tap(fill) if fills else contextlib.nullcontext()):
+                result = _forward(reference, step, tensors)
+            outputs = {k: v.float().numpy() for k, v in result.items()}
+            outputs.update({f"{role}.layers.{i}": h for i, h in enumerate(recorded[role])})
+            return outputs
+        return run
+
+    results = in_lockstep(reference, [job(step) for step in steps])
+    return {step.key: outputs for step, outputs in zip(steps, results)}
+
+
 @contextlib.contextmanager
 def recording(model, roles) -> Iterator[dict[str, list]]:
     """While inside, each layer's output of the `roles` stacks of a streamed model (their
-    StreamedLayers' `record`, specc/nn/streamed.py), appended as the forward runs:
+    StreamedLayers' taps, specc/nn/streamed.py), appended as this thread's forward runs:
     {role: [[B, T, D] fp32 arrays, in layer order]}."""
     got: dict[str, list] = {role: [] for role in roles}
-    for role in roles:
-        getattr(model, role).layers.record = got[role]
-    try:
-        yield got
-    finally:
+    with contextlib.ExitStack() as taps:
         for role in roles:
-            getattr(model, role).layers.record = None
+            taps.enter_context(getattr(model, role).layers.tap(
+                lambda _i, out, role=role: got[role].append(out[0].float().numpy().copy())))
+        yield got
 
 
 def _spill(out: dict, key: tuple[str, str], spill: Path) -> None:

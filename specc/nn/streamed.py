@@ -12,12 +12,18 @@
   layers, each made from the source when reached and let go of after: the whole model's forward
   (the same Layer code, the same weights) holding one layer at a time. What a streamed build's
   reference run and weights file come from.
+- in_lockstep(model, jobs): several forwards of a streamed model, each in its own thread, taking
+  each layer in turn, so that a layer is made once for all of them (a layer of a large model takes
+  longer to make than to run: a streamed build's reference run, specc/export/verify.py).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -93,6 +99,7 @@ class StreamedWeights:
             self.file = open_weights(weights)
             check_weights(self.file, parameter_shapes(r))
         self._held: tuple[tuple[str, int], nn.Module] | None = None
+        self.turns: Turns | None = None  # while forwards run in lockstep (in_lockstep)
         self.on_layer = None  # on_layer(role, index, layers in the stack): called as each layer is made
         # transform(layer): applied to each layer as it is made; with one, the short module's
         # layers are made too rather than its own changed (a forked process shares those)
@@ -165,31 +172,123 @@ class StreamedWeights:
 
 class StreamedLayers(nn.Module):
     """Stands for a stack's `layers` ModuleList: iterating it yields every layer of the whole
-    stack, each made from the source when reached. With `record` a list, each layer's output
-    hidden state is appended to it as it runs (specc/export/diagnose.py)."""
+    stack, each made from the source when reached. tap(fn): while inside, fn(index, output) is
+    called with each layer's output as it runs in this thread (a layer's (hidden, present,
+    cross present)): recorded hidden states (specc/export/verify.py), a later case's caches."""
 
     def __init__(self, source: StreamedWeights, role: str, count: int):
         super().__init__()
         self._source, self._role, self._count = source, role, count
-        self.record: list | None = None
+        self._taps: dict[int, list[Callable]] = {}  # thread -> its taps
 
     def __len__(self) -> int:
         return self._count
 
+    @contextlib.contextmanager
+    def tap(self, fn: Callable[[int, tuple], None]) -> Iterator[None]:
+        taps = self._taps.setdefault(threading.get_ident(), [])
+        taps.append(fn)
+        try:
+            yield
+        finally:
+            taps.remove(fn)
+
     def __iter__(self) -> Iterator[nn.Module]:
+        turns = self._source.turns
         for index in range(self._count):
+            if turns is not None:
+                turns.take(index)
             layer = self._source.layer(self._role, index)
-            if self.record is None:
+            taps = list(self._taps.get(threading.get_ident(), ()))
+            if not taps:
                 yield layer
                 continue
-            hook = layer.register_forward_hook(lambda _m, _i, out: self.record.append(out[0].float().numpy().copy()))
+            def tapped(_module, _inputs, out, index=index) -> None:  # None: the output stays as it is
+                for fn in taps:
+                    fn(index, out)
+
+            # a hook is the module's, not the thread's: in lockstep one thread runs a layer at a time
+            hook = layer.register_forward_hook(tapped)
             try:
                 yield layer
             finally:
                 hook.remove()
+        if turns is not None:
+            turns.take(self._count)  # done with the last layer
 
     def __getitem__(self, index: int) -> nn.Module:
         return self._source.layer(self._role, range(self._count)[index])
+
+
+class Turns:
+    """Who may take a layer, for forwards in lockstep: job j takes layer i once every job before
+    it has run layer i and every job after it layer i - 1 (or has ended). So each layer is made
+    once, and job j runs it after the jobs before it: a job whose caches come from an earlier
+    job's presents finds that layer's filled (verify.py)."""
+
+    def __init__(self, jobs: int):
+        self._done = [0] * jobs  # layers each job has run (math.inf once it has ended)
+        self._who: dict[int, int] = {}  # thread -> job
+        self._cond = threading.Condition()
+
+    def join(self, job: int) -> None:
+        with self._cond:
+            self._who[threading.get_ident()] = job
+
+    def take(self, index: int) -> None:
+        """This thread's job has run the layers below `index` and waits for its turn at it."""
+        with self._cond:
+            j = self._who[threading.get_ident()]
+            self._done[j] = index
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: all(d > index for d in self._done[:j])
+                                and all(d >= index for d in self._done[j + 1:]))
+
+    def end(self) -> None:
+        """This thread's job has ended (done, or failed): nobody waits for it."""
+        with self._cond:
+            self._done[self._who[threading.get_ident()]] = math.inf
+            self._cond.notify_all()
+
+
+def lockstep_possible(model: nn.Module) -> bool:
+    """Whether `model` is a streamed model with one cut stack (in_lockstep's case)."""
+    return len([m for m in model.modules() if isinstance(m, StreamedLayers)]) == 1
+
+
+def in_lockstep(model: nn.Module, jobs: list[Callable[[], object]]) -> list:
+    """Each job's result, the jobs run in threads of their own whose forwards of the streamed
+    `model` (one cut stack) take each layer in turn (Turns), job 0 first. A job's failure is
+    raised here once every job has ended (the others run on, reading what it left unfilled)."""
+    (layers,) = [m for m in model.modules() if isinstance(m, StreamedLayers)]
+    source = layers._source
+    turns = Turns(len(jobs))
+    results: list = [None] * len(jobs)
+    failures: list[BaseException] = []
+
+    def run(j: int) -> None:
+        turns.join(j)
+        try:
+            results[j] = jobs[j]()
+        except BaseException as exc:  # raised by the caller's thread
+            failures.append(exc)
+        finally:
+            turns.end()
+
+    source.turns = turns
+    threads = [threading.Thread(target=run, args=(j,), name=f"specc-lockstep-{j}", daemon=True)
+               for j in range(len(jobs))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # a Ctrl-C reaches this thread between waits
+    finally:
+        source.turns = None
+    if failures:
+        raise failures[0]
+    return results
 
 
 def streamed_model(short: SpeccModel, source: StreamedWeights) -> SpeccModel:

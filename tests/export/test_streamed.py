@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import weakref
 
 import onnx
@@ -153,6 +154,53 @@ def test_the_reference_run_makes_each_layer_once_per_case():
     verify.reference_outputs(r, st.streamed_model(short, source).eval(), 0)
     cases = len(verify.cases(r))
     assert cases >= 3 and sorted(made) == sorted(list(range(stitch.KEEP, 6)) * cases)
+
+
+@pytest.mark.parametrize("spec", ["plain", "windows"])
+def test_a_reference_run_that_keeps_layer_outputs_makes_each_layer_once_for_all_cases(monkeypatch, spec):
+    """A streamed build's reference run (it keeps each layer's output for the segments) runs every
+    case's forward in lockstep: each cut layer is made once, not once a case, and every output,
+    the caches a later case reads included, is what the cases run one after another give."""
+    from specc.export import verify
+
+    r = as_resolved(_deep(layers=6) if spec == "plain" else _patterned(layers=8))
+    short, source = st.short_and_source(r, streamable(r), 0)
+    made = []
+    source.on_layer = lambda role, index, of: made.append(index)
+    model = st.streamed_model(short, source).eval()
+    together = verify.reference_outputs(r, model, 0, layers=("decoder",))
+    kept = streamable(r)["decoder"].kept
+    assert sorted(made) == list(range(kept, len(r.decoder.layers)))
+    made.clear()
+    monkeypatch.setattr(st, "lockstep_possible", lambda model: False)
+    apart = verify.reference_outputs(r, model, 0, layers=("decoder",))
+    assert len(made) == (len(r.decoder.layers) - kept) * len(verify.cases(r))
+    assert together.keys() == apart.keys()
+    for key, outputs in apart.items():
+        assert outputs.keys() == together[key].keys()
+        assert any(name.startswith("present.") for name in outputs)
+        for name, want in outputs.items():
+            torch.testing.assert_close(torch.from_numpy(together[key][name]), torch.from_numpy(want),
+                                       rtol=0, atol=0, msg=f"{key} {name}")
+
+
+def test_a_failing_case_in_lockstep_fails_the_run_without_stalling_the_others():
+    from specc.export import verify
+
+    r = as_resolved(_deep(layers=6))
+    short, source = st.short_and_source(r, streamable(r), 0)
+    model = st.streamed_model(short, source).eval()
+    real = source.layer
+
+    def layer(role, index):
+        got = real(role, index)
+        if index == 4 and threading.current_thread().name.endswith("-1"):
+            raise RuntimeError("made wrong")
+        return got
+
+    source.layer = layer
+    with pytest.raises(RuntimeError, match="made wrong"):
+        verify.reference_outputs(r, model, 0, layers=("decoder",))
 
 
 def _plant(monkeypatch, weight: str, factor: float, layer: int = 3) -> None:
