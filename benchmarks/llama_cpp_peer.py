@@ -16,6 +16,15 @@ file (model.safetensors, the seeded fp32 weights, which the build keeps only whe
 (`write_gguf`: never the whole model in memory), then quantized to Q4_0 by llama.cpp's own
 quantizer; the F16 file is deleted after. Appends its table to docs/benchmarks_streamed.md.
 
+A mixture of experts of Qwen3-MoE's shape (qwen3-30b-a3b: llama.cpp's `qwen3moe`) is too large for
+its fp32 weights file or an F16 GGUF on this disk: give its build with --build (a streamed build of
+seeded weights, e.g. `benchmarks/streamed_build.py --keep`), and the same seeded weights are made
+again tensor by tensor (specc/nn/streamed.py) and written straight to Q4_0 by gguf's own Q4_0
+routine (llama.cpp's reference quantizer), every matrix Q4_0 (as `llama-quantize --pure`), the
+router and the norms fp32 (as llama-quantize keeps them). The bandwidth floor then counts the
+weights a token reads: the active parameters (top-k experts, not the embedding table) at each
+side's bytes per parameter.
+
 The model has random weights: the prompt is random token ids and greedy decoding runs for
 exactly --new tokens (no end token), on both sides. The vocabulary written to the GGUF is a
 placeholder (ids only; llama.cpp needs one to load).
@@ -26,6 +35,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -47,16 +57,26 @@ NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
 # --- the same weights as a GGUF ------------------------------------------------------------------
 
 
+def is_moe(spec: dict) -> bool:
+    return spec["decoder"]["ffn"]["kind"] == "moe"
+
+
 def gguf_names(spec: dict) -> dict[str, str]:
-    """specc's weight names of a LLaMA-shaped decoder → llama.cpp's (its `llama` architecture)."""
+    """specc's weight names of a LLaMA-shaped decoder → llama.cpp's (its `llama` architecture), or
+    of a Qwen3-MoE-shaped one (`qwen3moe`: QK-norm, routed experts stacked as llama.cpp stacks them)."""
     out = {"embeddings.tokens.weight": "token_embd.weight", "decoder.final_norm.weight": "output_norm.weight"}
     if not spec["vocab"]["tie_output"]:
         out["heads.logits.proj.weight"] = "output.weight"
     per_layer = {"attention_norm.weight": "attn_norm.weight", "attention.q.weight": "attn_q.weight",
                  "attention.k.weight": "attn_k.weight", "attention.v.weight": "attn_v.weight",
-                 "attention.o.weight": "attn_output.weight", "ffn_norm.weight": "ffn_norm.weight",
-                 "ffn.gate.weight": "ffn_gate.weight", "ffn.up.weight": "ffn_up.weight",
-                 "ffn.down.weight": "ffn_down.weight"}
+                 "attention.o.weight": "attn_output.weight", "ffn_norm.weight": "ffn_norm.weight"}
+    if is_moe(spec):
+        per_layer.update({"attention.q_norm.weight": "attn_q_norm.weight", "attention.k_norm.weight": "attn_k_norm.weight",
+                          "ffn.router.weight": "ffn_gate_inp.weight", "ffn.experts.gate": "ffn_gate_exps.weight",
+                          "ffn.experts.up": "ffn_up_exps.weight", "ffn.experts.down": "ffn_down_exps.weight"})
+    else:
+        per_layer.update({"ffn.gate.weight": "ffn_gate.weight", "ffn.up.weight": "ffn_up.weight",
+                          "ffn.down.weight": "ffn_down.weight"})
     for i in range(spec["decoder"]["layers"]):
         out.update({f"decoder.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in per_layer.items()})
     return out
@@ -74,10 +94,15 @@ def check_llama_shaped(spec: dict) -> None:
              "no biases": att["bias"] or bool(att.get("output_bias")) or dec["ffn"]["bias"],
              "swiglu": dec["ffn"]["activation"] != "swiglu", "full attention": att["pattern"]["kind"] != "full",
              "scaled dot scores": att["score"] != "scaled_dot" or att.get("scale") is not None,
-             "uncapped scores": att.get("softcap") is not None, "no qk norm": att.get("qk_norm", "none") != "none",
+             "uncapped scores": att.get("softcap") is not None,
+             "qk norm as the architecture has it": att.get("qk_norm", "none") != ("head" if is_moe(spec) else "none"),
              "sequential layers": dec.get("parallel", "none") != "none", "alike layers": bool(dec.get("overrides")),
              "unscaled embeddings": spec.get("vocab", {}).get("scale", "none") != "none",
              "a plain lm head": any(h.get("bias") or h.get("softcap") or h.get("scale") for h in heads)}
+    if is_moe(spec):  # llama.cpp's qwen3moe: softmax over all experts, the chosen weights renormalised
+        ffn = dec["ffn"]
+        wrong.update({"a softmax router, renormalised": ffn["router"]["kind"] != "softmax" or not ffn["router"].get("normalize"),
+                      "no shared experts": bool(ffn.get("shared")), "every layer routed": bool(ffn.get("dense"))})
     if any(wrong.values()):
         raise SystemExit(f"{spec['name']} is not LLaMA-shaped: needs {', '.join(k for k, v in wrong.items() if v)}")
 
@@ -90,18 +115,23 @@ def to_interleaved(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def write_gguf(weights: Path, spec: dict, out: Path, dtype=np.float16) -> None:
-    """The weights of a LLaMA-shaped specc build as a GGUF file, read and written a tensor at a
-    time (matrices in `dtype`, norms in fp32), with the `llama` architecture's metadata and a
-    placeholder vocabulary of the spec's size."""
+def write_gguf(shapes: dict[str, tuple[int, ...]], tensor, spec: dict, out: Path, matrices: str = "F16") -> None:
+    """A specc model's weights as a GGUF file written a tensor at a time (`tensor(name)`: its fp32
+    array by specc's name; `shapes`: every name's shape), matrices in `matrices` (F16, or Q4_0 by
+    gguf's own routine), norms and a router in fp32, with the `llama` (or `qwen3moe`)
+    architecture's metadata and a placeholder vocabulary of the spec's size."""
     import gguf
-    from safetensors import safe_open
 
     check_llama_shaped(spec)
     dec, att = spec["decoder"], spec["decoder"]["attention"]
     names = gguf_names(spec)
-    heads = {"attn_q.weight": att["heads"], "attn_k.weight": att["kv_heads"]}
-    w = gguf.GGUFWriter(out, "llama")
+    missing = sorted(set(names) - set(shapes))
+    if missing:
+        raise SystemExit(f"no {missing[0]} in the weights (of {len(missing)} missing)")
+    moe = is_moe(spec)
+    # llama.cpp's llama rotates adjacent pairs; qwen3moe rotates halves (NEOX), as specc does
+    heads = {} if moe else {"attn_q.weight": att["heads"], "attn_k.weight": att["kv_heads"]}
+    w = gguf.GGUFWriter(out, "qwen3moe" if moe else "llama")
     w.add_name(spec["name"])
     w.add_context_length(spec["position"]["max_length"])
     w.add_embedding_length(spec["d_model"])
@@ -114,7 +144,11 @@ def write_gguf(weights: Path, spec: dict, out: Path, dtype=np.float16) -> None:
     w.add_rope_dimension_count(att["d_k"])
     w.add_rope_freq_base(spec["position"]["base"])
     w.add_layer_norm_rms_eps(spec["norm"]["eps"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == np.float16 else gguf.LlamaFileType.ALL_F32)
+    if moe:
+        w.add_expert_count(dec["ffn"]["experts"])
+        w.add_expert_used_count(dec["ffn"]["top_k"])
+        w.add_expert_feed_forward_length(dec["ffn"]["d_ff"])
+    w.add_file_type({"F16": gguf.LlamaFileType.MOSTLY_F16, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[matrices])
     size = spec["vocab"]["size"]
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
     kinds = [UNKNOWN, CONTROL, CONTROL, *([BYTE] * 256)]
@@ -126,26 +160,53 @@ def write_gguf(weights: Path, spec: dict, out: Path, dtype=np.float16) -> None:
     w.add_token_types(kinds[:size])
     w.add_bos_token_id(spec["tokens"]["bos"] if spec["tokens"]["bos"] is not None else 1)
     w.add_eos_token_id(spec["tokens"]["eos"] if spec["tokens"]["eos"] is not None else 2)
-    with safe_open(weights, "np") as f:
-        missing = sorted(set(names) - set(f.keys()))
-        if missing:
-            raise SystemExit(f"{weights}: no {missing[0]} (of {len(missing)} missing)")
+    q4 = gguf.GGMLQuantizationType.Q4_0
 
-        def kind(name: str) -> np.dtype:
-            return np.dtype(np.float32 if name.endswith("norm.weight") else dtype)
+    def kind(name: str):  # the tensor's GGML type
+        if name.endswith("norm.weight") or name.endswith("ffn_gate_inp.weight"):
+            return gguf.GGMLQuantizationType.F32
+        return q4 if matrices == "Q4_0" else gguf.GGMLQuantizationType.F16
 
-        for ours, theirs in names.items():
-            shape = f.get_slice(ours).get_shape()
-            w.add_tensor_info(theirs, shape, kind(theirs), int(np.prod(shape)) * kind(theirs).itemsize)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for ours, theirs in names.items():
-            t = f.get_tensor(ours)
-            if theirs.split(".", 2)[-1] in heads:
-                t = to_interleaved(t, heads[theirs.split(".", 2)[-1]])
-            w.write_tensor_data(np.ascontiguousarray(t, dtype=kind(theirs)))
+    for ours, theirs in names.items():
+        shape = tuple(shapes[ours])
+        t = kind(theirs)
+        if t == q4:
+            stored = gguf.quant_shape_to_byte_shape(shape, q4)
+            w.add_tensor_info(theirs, stored, np.dtype(np.uint8), int(np.prod(stored)), raw_dtype=q4)
+        else:
+            dtype = np.dtype(np.float32 if t == gguf.GGMLQuantizationType.F32 else np.float16)
+            w.add_tensor_info(theirs, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for ours, theirs in names.items():
+        t = np.asarray(tensor(ours), dtype=np.float32)
+        if theirs.split(".", 2)[-1] in heads:
+            t = to_interleaved(t, heads[theirs.split(".", 2)[-1]])
+        w.write_tensor_data(gguf.quants.quantize(np.ascontiguousarray(t), kind(theirs)))
     w.close()
+
+
+def file_tensors(weights: Path) -> tuple[dict, object]:
+    """(shapes, tensor) of a safetensors weights file, for write_gguf."""
+    from safetensors import safe_open
+
+    f = safe_open(weights, "np")
+    return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, f.get_tensor
+
+
+def seeded_tensors(spec_name: str, seed: int = 0) -> tuple[dict, object]:
+    """(shapes, tensor) of a spec's seeded weights, each made alone as a streamed build makes it
+    (specc/nn/streamed.py: the values the build's graph was made from), for write_gguf."""
+    from specc.export.stitch import streamable
+    from specc.nn import as_resolved
+    from specc.nn import streamed as st
+    from specc.spec.costs import parameter_shapes
+
+    r = as_resolved(spec_name)
+    short, source = st.short_and_source(r, streamable(r), seed)
+    return ({k: tuple(v) for k, v in parameter_shapes(r).items()},
+            lambda name: source.tensor(name).float().numpy())
 
 
 def quantize(src: Path, out: Path, kind: str = "Q4_0") -> None:
@@ -204,10 +265,38 @@ def run_llama_cpp(gguf_path: Path, prompt: list[int], new: int) -> dict:
             "ids": ids}
 
 
+LLAMA_BENCH = ROOT / "build" / "llama-server" / "bin" / "llama-bench"
+
+
+def run_llama_bench(gguf_path: Path, prompt: int, new: int) -> dict:
+    """llama.cpp's side where llama-cpp-python is not installed: llama-bench (`make llama-server`,
+    then its llama-bench target) on the same file and threads, its prompt of `prompt` tokens and
+    its decode of `new` at that depth, one repetition each. Time to first token is the prompt's
+    time plus one step (llama-bench reports no load time); peak memory is llama-bench's own."""
+    import resource
+
+    def bench(*flags: str) -> float:
+        out = subprocess.run([str(LLAMA_BENCH), "-m", str(gguf_path), "-t", str(THREADS), "-r", "1", "-o", "json", *flags],
+                             check=True, capture_output=True, text=True).stdout
+        return float(json.loads(out)[0]["avg_ts"])
+
+    t0 = time.perf_counter()
+    prompt_rate = bench("-p", str(prompt), "-n", "0")
+    decode_rate = bench("-p", "0", "-n", str(new), "-d", str(prompt))
+    return {"load_s": float("nan"), "ttft_s": prompt / prompt_rate + 1 / decode_rate, "decode_tok_s": decode_rate,
+            "ids": [], "peak": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+            "wall_s": time.perf_counter() - t0}
+
+
 def side(args) -> None:
     """The child: one side's run, its figures as JSON on stdout."""
     prompt = prompt_ids(args.vocab, args.prompt)
     if args.side == "llama.cpp":
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print(json.dumps(run_llama_bench(Path(args.path), args.prompt, args.new)))
+            return
         fig = run_llama_cpp(Path(args.path), prompt, args.new)
     else:
         fig = run_specc(Path(args.path), prompt, args.new, inplace=args.side == SPECC)
@@ -246,6 +335,11 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--build", help="an int4 build of SPEC's seeded weights to measure (else built with --keep-weights "
+                                    "into build/bench); the GGUF is then made from the seeds")
+    ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks_streamed.md",
+                    help="the document whose section for SPEC the table replaces (or is appended to)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
@@ -254,30 +348,38 @@ def main() -> None:
         return side(args)
 
     WORK.mkdir(parents=True, exist_ok=True)
-    build = WORK / f"peer-{args.spec}-int4"
-    if not (build / "model.safetensors").is_file():
+    build = Path(args.build) if args.build else WORK / f"peer-{args.spec}-int4"
+    if not args.build and not (build / "model.safetensors").is_file():
         t0 = time.perf_counter()
         subprocess.run([str(Path(sys.executable).parent / "specc"), "build", args.spec, "-o", str(build),
                         "--precision", "int4", "--keep-weights", "--force"], check=True)
         print(f"[peer] specc build: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    spec = json.loads((build / "manifest.json").read_text())["spec"]
-    q4 = WORK / f"peer-{args.spec}.Q4_0.gguf"
+    manifest = json.loads((build / "manifest.json").read_text())
+    spec = manifest["spec"]
+    q4 = WORK / f"peer-{spec['name']}.Q4_0.gguf"
     if not q4.is_file():
-        f16 = WORK / f"peer-{args.spec}.F16.gguf"
         t0 = time.perf_counter()
-        write_gguf(build / "model.safetensors", spec, f16)
-        quantize(f16, q4)
-        f16.unlink()
-        print(f"[peer] GGUF F16 written and quantized to Q4_0: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        if (build / "model.safetensors").is_file():
+            f16 = WORK / f"peer-{spec['name']}.F16.gguf"
+            write_gguf(*file_tensors(build / "model.safetensors"), spec, f16)
+            quantize(f16, q4)
+            f16.unlink()
+            print(f"[peer] GGUF F16 written and quantized to Q4_0: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        else:
+            partial = q4.with_suffix(".partial")
+            write_gguf(*seeded_tensors(args.spec, manifest["options"]["weights"]["seed"]), spec, partial,
+                       matrices="Q4_0")
+            partial.rename(q4)
+            print(f"[peer] GGUF Q4_0 written from the seeds: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
     sizes = {SPECC: graph_bytes(build), SPECC_MODEL: graph_bytes(build), "llama.cpp": q4.stat().st_size}
-    runs: dict[str, list[dict]] = {which: [] for which in SIDES}
+    runs: dict[str, list[dict]] = {which: [] for which in args.sides}
     for r in range(args.rounds):
-        for which in SIDES:
+        for which in args.sides:
             runs[which].append(measure(which, q4 if which == "llama.cpp" else build, spec["vocab"]["size"], args))
             print(f"[peer] round {r + 1}, {which}: {runs[which][-1]['decode_tok_s']:.2f} tok/s decode", file=sys.stderr)
     bandwidth = read_bandwidth()
-    write(args, spec, runs, sizes, bandwidth)
+    write(args, spec, runs, sizes, bandwidth, manifest["parameters"])
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -285,28 +387,59 @@ def median_run(runs: list[dict]) -> dict:
     return {k: (runs[0][k] if k == "ids" else float(np.median([r[k] for r in runs]))) for k in runs[0]}
 
 
-def write(args, spec: dict, runs: dict, sizes: dict, bandwidth: float) -> None:
-    import llama_cpp
+def read_per_token(spec: dict, ref: str, parameters: int, size: int) -> float:
+    """Bytes of weights a decode step reads from a file of `size` bytes holding `parameters`: all
+    of it for a dense model (the graph files; the GGUF), the active parameters at the file's bytes
+    per parameter for a mixture of experts (its top-k experts, not the embedding table; `ref`: the
+    spec as the command line named it)."""
+    if not is_moe(spec):
+        return size
+    from specc.nn import as_resolved
+    from specc.spec.costs import inspect_spec
+
+    active = inspect_spec(as_resolved(ref))["active_parameters"] - spec["vocab"]["size"] * spec["d_model"]
+    return size * active / parameters
+
+
+def write(args, spec: dict, runs: dict, sizes: dict, bandwidth: float, parameters: int) -> None:
     import onnxruntime
+
+    try:
+        import llama_cpp
+
+        peer = f"llama-cpp-python {llama_cpp.__version__}"
+    except ImportError:
+        peer = ("llama.cpp's llama-bench (built from llama-cpp-python's vendored source, `make llama-server`; "
+                "its prompt, then its decode at the prompt's depth)")
 
     rows = {which: median_run(r) for which, r in runs.items()}
     ratios = {which: [a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(r, runs["llama.cpp"])] for which, r in runs.items()}
     same = sum(1 for _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(rows[SPECC]["ids"], rows["llama.cpp"]["ids"])))
+    # the sides measured (a run may leave out the model graph)
+    rows = {which: rows[which] for which in SIDES if which in rows}
+    options = (f" --build {args.build}" if args.build else "") + (
+        f" --sides {' '.join(args.sides)}" if args.sides != list(SIDES) else "")
+    gguf_from = ("its weights file written as an F16 GGUF and quantized to Q4_0 by llama.cpp's quantizer"
+                 if not args.build else "the same seeded weights made again tensor by tensor and written as Q4_0 by "
+                 "gguf's Q4_0 routine (every matrix Q4_0, as llama-quantize --pure; router and norms fp32)")
+    floor = ("the bytes of weights a decode step reads (the graph files; the GGUF)" if not is_moe(spec) else
+             "the bytes of weights a decode step reads: the active parameters (top-k experts, no embedding table) "
+             "at each file's bytes per parameter")
     lines = [
         f"## {spec['name']}: specc int4 against llama.cpp Q4_0 (benchmarks/llama_cpp_peer.py)",
         "",
         f"`{Path(sys.executable).relative_to(ROOT) if ROOT in Path(sys.executable).parents else sys.executable} "
-        f"benchmarks/llama_cpp_peer.py {args.spec} --prompt {args.prompt} --new {args.new} --rounds {args.rounds}`, "
+        f"benchmarks/llama_cpp_peer.py {args.spec} --prompt {args.prompt} --new {args.new} --rounds {args.rounds}"
+        f"{options}`, "
         f"{datetime.date.today()}, {_cpu()}, {THREADS} threads each, onnxruntime {onnxruntime.__version__}, "
-        f"llama-cpp-python {llama_cpp.__version__}, Python {platform.python_version()}. The same seeded weights: "
-        "specc's build, and its weights file written as an F16 GGUF and quantized to Q4_0 by llama.cpp's "
-        f"quantizer. Prompt: {args.prompt} random token ids; then {args.new} greedy tokens. Each side in its "
+        f"{peer}, Python {platform.python_version()}. The same seeded weights: "
+        f"specc's build, and {gguf_from}. Prompt: {args.prompt} random token ids; then {args.new} greedy tokens. Each side in its "
         f"own process, the sides in turn, {args.rounds} rounds: each figure is the median over the rounds; "
         "\"vs llama.cpp\" is the ratio of the medians, and in brackets the range of the ratio within a round. "
         "specc generates through its in-place cache graph; \"specc, model graph\" is the same build through "
         "model.onnx. Memory is a side's peak resident set. Read bandwidth "
         f"{bandwidth:.1f} GB/s (suite.read_bandwidth): "
-        "the floor is that bandwidth over the bytes of weights a decode step reads (the graph files; the GGUF).",
+        f"the floor is that bandwidth over {floor}.",
         "",
         "| | decode tok/s | vs llama.cpp | share of the bandwidth floor | prompt tok/s | time to first token | "
         "load | peak memory | weights |",
@@ -314,16 +447,18 @@ def write(args, spec: dict, runs: dict, sizes: dict, bandwidth: float) -> None:
     ]
     base = rows["llama.cpp"]["decode_tok_s"]
     for which, r in rows.items():
-        floor = bandwidth * 1e9 / sizes[which]
+        floor = bandwidth * 1e9 / read_per_token(spec, args.spec, parameters, sizes[which])
         within = f" ({min(ratios[which]):.2f}-{max(ratios[which]):.2f})" if which != "llama.cpp" else ""
+        load = "-" if math.isnan(r["load_s"]) else f"{r['load_s']:.1f} s"
         lines.append(f"| {which} | {r['decode_tok_s']:.2f} | {r['decode_tok_s'] / base:.2f}x{within} | "
                      f"{r['decode_tok_s'] / floor:.0%} | {args.prompt / r['ttft_s']:.1f} | {r['ttft_s']:.2f} s | "
-                     f"{r['load_s']:.1f} s | {r['peak'] / GIB:.2f} GiB | {sizes[which] / GIB:.2f} GiB |")
-    lines += ["", f"Greedy tokens the two sides share from the start: {same} of {args.new} (random weights "
-              "give near-flat logits, so quantization noise flips early choices; agreement on a trained model is "
-              "in docs/benchmarks_quality.md).", ""]
-    doc = ROOT / "docs" / "benchmarks_streamed.md"
-    text = doc.read_text()
+                     f"{load} | {r['peak'] / GIB:.2f} GiB | {sizes[which] / GIB:.2f} GiB |")
+    if rows["llama.cpp"]["ids"]:
+        lines += ["", f"Greedy tokens the two sides share from the start: {same} of {args.new} (random weights "
+                  "give near-flat logits, so quantization noise flips early choices; agreement on a trained model is "
+                  "in docs/benchmarks_quality.md).", ""]
+    doc = args.out
+    text = doc.read_text() if doc.is_file() else ""
     head = lines[0]
     if head in text:  # replace this spec's earlier table
         start = text.index(head)

@@ -34,8 +34,9 @@ ROWS = ["gpt2-small:fp32:whole", "gpt2-small:fp32:stream", "gpt2-small:fp32:opti
         "llama-3-8b:int4:stream"]
 
 
-def measure(spec: str, precision: str, how: str) -> dict:
-    """One build in its own process: wall seconds, peak bytes, the manifest's stage times."""
+def measure(spec: str, precision: str, how: str, keep: bool = False) -> dict:
+    """One build in its own process: wall seconds, peak bytes, the manifest's stage times. With
+    `keep`, its build folder stays (build/bench/streamed-SPEC-PRECISION-HOW) for a run after."""
     out = WORK / f"streamed-{spec}-{precision}-{how}"
     cmd = [str(Path(sys.executable).parent / "specc"), "build", spec, "-o", str(out), "--quiet", "--force",
            "--precision", precision, "--stream" if how == "stream" else "--no-stream"]
@@ -48,7 +49,8 @@ def measure(spec: str, precision: str, how: str) -> dict:
     except SystemExit as failed:  # run_measured's word on a build that failed: its last lines
         return {"error": str(failed).strip().splitlines()[-1]}
     finally:
-        shutil.rmtree(out, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(out, ignore_errors=True)
 
 
 def hf_checkpoint(spec: str) -> Path:
@@ -100,12 +102,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", nargs="+", default=ROWS, help="SPEC:PRECISION:whole|stream")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks_streamed.md"))
+    ap.add_argument("--keep", action="store_true", help="keep each build folder (build/bench/streamed-*) for "
+                                                        "specc generate or a peer run after")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     rows = []
     for row in args.rows:
         spec, precision, how = row.split(":")
-        rows.append((spec, precision, how, measure_optimum(spec) if how == "optimum" else measure(spec, precision, how)))
+        rows.append((spec, precision, how, measure_optimum(spec) if how == "optimum" else measure(spec, precision, how, args.keep)))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Build memory against model size",
