@@ -33,7 +33,7 @@ from specc.spec.targets import PRECISIONS
 
 LIBRARIES = 1024**3  # torch, onnxruntime, the exporter: what a build's process holds before any weight
 # A streamed build's verification cases stop at this many tokens (serving.length.max otherwise):
-# each case makes every layer again, and the long case's cost grows with the square of its length.
+# the long case's cost grows with the square of its length, and every case runs every layer.
 # What that leaves unproved: docs/build.md, "Streamed builds".
 STREAMED_LONGEST = 128
 # A whole build's verification cases stop at this many tokens: an imported checkpoint serves its

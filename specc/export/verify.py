@@ -424,7 +424,7 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
 
     steps = _steps(r, seed, longest)
     continued = _continued(steps)
-    if layers and r.architecture == "decoder" and lockstep_possible(reference):
+    if r.architecture == "decoder" and lockstep_possible(reference):
         out = _lockstep_outputs(r, reference, steps, layers)
         if spill is not None:
             for step in steps:
@@ -474,7 +474,7 @@ def _lockstep_outputs(r: ResolvedSpec, reference, steps: list[_Step], layers: tu
 
     from specc.nn.streamed import in_lockstep
 
-    (role,) = layers
+    role = "decoder"
     slots = cache_slots(len(getattr(r, role).layers), pair=r.cache_pair)
     pasts = {step.key: {s.name: torch.empty(concrete_dims(s.dims, step.shapes)) for s in step.sig.inputs
                         if parse_cache(s.name) is not None}
@@ -495,7 +495,8 @@ def _lockstep_outputs(r: ResolvedSpec, reference, steps: list[_Step], layers: tu
                     (getattr(reference, role).layers.tap(fill) if fills else contextlib.nullcontext()):
                 result = _forward(reference, step, tensors)
             outputs = {k: v.float().numpy() for k, v in result.items()}
-            outputs.update({f"{role}.layers.{i}": h for i, h in enumerate(recorded[role])})
+            for stack, hidden in recorded.items():
+                outputs.update({f"{stack}.layers.{i}": h for i, h in enumerate(hidden)})
             return outputs
         return run
 

@@ -142,11 +142,12 @@ def test_a_streamed_build_holds_one_made_layer_at_a_time(tmp_path, monkeypatch):
     assert most[0] == 1
 
 
-def test_the_reference_run_makes_each_layer_once_per_case():
+def test_the_reference_run_makes_each_layer_once_per_case(monkeypatch):
     """A streamed model's forward reaches each cut layer once: nothing else walks its layers (a
     walk to read each layer's cache window once made all 32 of a 7B model again per case)."""
     from specc.export import verify
 
+    monkeypatch.setattr(st, "lockstep_possible", lambda model: False)  # the cases one after another
     r = as_resolved(_deep(layers=6))
     short, source = st.short_and_source(r, streamable(r), 0)
     made = []
@@ -156,11 +157,12 @@ def test_the_reference_run_makes_each_layer_once_per_case():
     assert cases >= 3 and sorted(made) == sorted(list(range(stitch.KEEP, 6)) * cases)
 
 
-@pytest.mark.parametrize("spec", ["plain", "windows"])
-def test_a_reference_run_that_keeps_layer_outputs_makes_each_layer_once_for_all_cases(monkeypatch, spec):
-    """A streamed build's reference run (it keeps each layer's output for the segments) runs every
-    case's forward in lockstep: each cut layer is made once, not once a case, and every output,
-    the caches a later case reads included, is what the cases run one after another give."""
+@pytest.mark.parametrize("spec,layers", [("plain", ("decoder",)), ("plain", ()), ("windows", ("decoder",))])
+def test_a_streamed_reference_run_makes_each_layer_once_for_all_cases(monkeypatch, spec, layers):
+    """A streamed build's reference run (with each layer's output kept for the segments, or not)
+    runs every case's forward in lockstep: each cut layer is made once, not once a case, and
+    every output, the caches a later case reads included, is what the cases run one after
+    another give."""
     from specc.export import verify
 
     r = as_resolved(_deep(layers=6) if spec == "plain" else _patterned(layers=8))
@@ -168,12 +170,12 @@ def test_a_reference_run_that_keeps_layer_outputs_makes_each_layer_once_for_all_
     made = []
     source.on_layer = lambda role, index, of: made.append(index)
     model = st.streamed_model(short, source).eval()
-    together = verify.reference_outputs(r, model, 0, layers=("decoder",))
+    together = verify.reference_outputs(r, model, 0, layers=layers)
     kept = streamable(r)["decoder"].kept
     assert sorted(made) == list(range(kept, len(r.decoder.layers)))
     made.clear()
     monkeypatch.setattr(st, "lockstep_possible", lambda model: False)
-    apart = verify.reference_outputs(r, model, 0, layers=("decoder",))
+    apart = verify.reference_outputs(r, model, 0, layers=layers)
     assert len(made) == (len(r.decoder.layers) - kept) * len(verify.cases(r))
     assert together.keys() == apart.keys()
     for key, outputs in apart.items():
