@@ -312,6 +312,9 @@ class _StageDisplay:
 @click.option("--precision", type=click.Choice([p for p in PRECISIONS if any(p in t.precisions for t in TARGETS.values())]),
               default=None, help="Default: the spec's serving.precision. int8, int4 and gguf: the onnx and triton targets; "
                    "gguf: the GGUF file `specc import gguf` read the weights from, its blocks kept exactly.")
+@click.option("--activations", type=click.Choice(["fp32", "int8"]), default=None,
+              help="An integer build's decode arithmetic: fp32, or int8 (the input rounded per block, as llama.cpp's "
+                   "quantized dot products; faster). Default: the spec's serving.activations, else the precision's own.")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="Trained weights (.safetensors, or a sharded file's .safetensors.index.json); default: the spec's weights: key, else seeded random.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random initialisation (no weights given).")
 @click.option("--opset", type=int, default=None, help=f"ONNX opset (default {DEFAULT_OPSET}; see docs/export.md).")
@@ -325,9 +328,9 @@ class _StageDisplay:
 @click.option("--force", is_flag=True, help="Rebuild even when DIR is up to date.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary; errors only.")
 @click.option("--json", "as_json", is_flag=True, help="The manifest's facts as one JSON document on stdout.")
-def build(spec: str, out_dir: str, target: str, precision: str | None, weights: str | None, seed: int,
-          opset: int | None, max_memory: int | None, stream: bool | None, keep_weights: bool, verify_provider: str,
-          force: bool, quiet: bool, as_json: bool) -> None:
+def build(spec: str, out_dir: str, target: str, precision: str | None, activations: str | None, weights: str | None,
+          seed: int, opset: int | None, max_memory: int | None, stream: bool | None, keep_weights: bool,
+          verify_provider: str, force: bool, quiet: bool, as_json: bool) -> None:
     """Build SPEC into DIR: export to ONNX, verify against PyTorch, write DIR/manifest.json.
 
     A verification failure exits 1 and leaves DIR as it was."""
@@ -341,7 +344,7 @@ def build(spec: str, out_dir: str, target: str, precision: str | None, weights: 
         result = run_build(spec, out_dir, target=target, precision=precision, weights=weights, seed=seed,
                            force=force, opset=DEFAULT_OPSET if opset is None else opset, max_memory=max_memory,
                            stream=stream, keep_weights=keep_weights, verify_provider=verify_provider,
-                           progress=display)
+                           activations=activations, progress=display)
     finally:
         display.close()
     if as_json:

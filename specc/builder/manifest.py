@@ -125,7 +125,9 @@ def inputs(r: ResolvedSpec, *, target: str, opset: int, weights: Path | None, se
     options = {"target": target, "precision": precision, "opset": opset, "weights": source,
                "keep_weights": keep_weights}
     if PRECISIONS[precision].quantized:
-        options["quantization"] = gguf_quantization() if precision == "gguf" else quantization(precision)
+        activations = r.serving.activations
+        options["quantization"] = (gguf_quantization(activations) if precision == "gguf"
+                                   else quantization(precision, activations))
     if precision == "gguf" and weights is not None and (found := gguf_source(weights)) is not None and found.is_file():
         # the blocks come from the file the weights record, not from the weights: a build made
         # from another file of the same values is not up to date

@@ -37,7 +37,7 @@ from specc.export.ggufgraph import GGUFSource, quantize_gguf
 from specc.export.outdir import Staging, clean_leftovers
 from specc.export.passes import PASSES
 from specc.export.passes import apply as apply_passes
-from specc.export.quantize import dequantize_linears, quantize
+from specc.export.quantize import ACTIVATION_LEVELS, dequantize_linears, quantize
 from specc.export.reference import ReferenceJob
 from specc.export.segments import verify_segments
 from specc.export.stitch import LAYER_OUTPUTS
@@ -51,6 +51,7 @@ from specc.runtime.graph import unusable_provider
 from specc.spec.costs import parameter_shapes
 from specc.spec.load import load_spec
 from specc.spec.manifest import WEIGHTS_FILE
+from specc.spec.rules import activations_are_an_integer_builds
 from specc.spec.resolve import ResolvedSpec, resolve
 from specc.spec.schema import ModelSpec
 from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS, TARGETS, VERIFY_PROVIDERS
@@ -129,7 +130,8 @@ class _Clock:
 def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: str | None = None,
           weights: str | os.PathLike | None = None, seed: int = 0, force: bool = False,
           opset: int = DEFAULT_OPSET, max_memory: int | None = None, stream: bool | None = None,
-          keep_weights: bool = False, verify_provider: str = "cpu", progress: Progress | None = None) -> BuildResult:
+          keep_weights: bool = False, verify_provider: str = "cpu", activations: str | None = None,
+          progress: Progress | None = None) -> BuildResult:
     """Build, verify and write a spec's artifacts to `out_dir` (see `specc build --help`).
 
     spec: a path, a catalog name, a ModelSpec or a ResolvedSpec. precision: the spec's
@@ -140,14 +142,15 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
     fit and the streamed build does. keep_weights: also write model.safetensors, the fp32 weights the
     build used in specc's names (the graphs hold the weights either way; docs/build.md).
     verify_provider: where onnxruntime runs the graphs it verifies, "cpu" or "cuda" (its CUDA
-    execution provider, which must be usable here; docs/build.md). progress: called as
-    progress(stage, "start" | "done", facts)."""
+    execution provider, which must be usable here; docs/build.md). activations: the spec's
+    serving.activations unless given (an integer build's decode arithmetic, fp32 or int8).
+    progress: called as progress(stage, "start" | "done", facts)."""
     _check_options(target, opset, verify_provider)
     clock = _Clock(progress)
     with clock.stage("load"):
         spec = _load(spec)
     with clock.stage("resolve") as facts:
-        r = _resolve(spec, precision, target)
+        r = _resolve(spec, precision, target, activations)
         facts["name"] = r.name
     weights_file = _weights_file(weights, r)
     gguf = _gguf_file(r, weights_file)
@@ -310,17 +313,21 @@ def _load(spec):
     return load_spec(spec)
 
 
-def _resolve(spec, precision: str | None, target: str) -> ResolvedSpec:
-    """The resolved spec, `precision` overriding serving.precision; refused if the target does
-    not build that precision."""
+def _resolve(spec, precision: str | None, target: str, activations: str | None = None) -> ResolvedSpec:
+    """The resolved spec, `precision` and `activations` overriding serving.precision and
+    serving.activations; refused if the target does not build that precision."""
     if precision is not None and precision not in PRECISIONS:
         raise BuildError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if isinstance(spec, ResolvedSpec) and precision not in (None, spec.serving.precision):
-        spec = spec.spec  # explicit; re-resolved below with the precision
+    if activations is not None and activations not in ACTIVATION_LEVELS:
+        raise BuildError(f"unknown activations {activations!r}; choose one of {', '.join(ACTIVATION_LEVELS)}")
+    override = {k: v for k, v in (("precision", precision), ("activations", activations)) if v is not None}
+    if isinstance(spec, ResolvedSpec) and any(getattr(spec.serving, k) != v for k, v in override.items()):
+        spec = spec.spec  # explicit; re-resolved below with the overrides
     if not isinstance(spec, ResolvedSpec):
-        if precision is not None and precision != spec.serving.precision:
-            serving = spec.serving.model_copy(update={"precision": precision})
-            spec = spec.model_copy(update={"serving": serving})
+        if any(getattr(spec.serving, k) != v for k, v in override.items()):
+            spec = spec.model_copy(update={"serving": spec.serving.model_copy(update=override)})
+            for where, problem in activations_are_an_integer_builds(spec):  # the flags' own pair, said as the spec's
+                raise BuildError(f"{'.'.join(where)}: {problem}")
         spec = resolve(spec)
     built = TARGETS[target].precisions
     if spec.serving.precision not in built:
@@ -456,8 +463,8 @@ def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, optimizations: lis
         source = GGUFSource(gguf, row_order) if gguf is not None else None
         for sig in r.graphs:
             program, _ = exported[sig.name]
-            optimizations.append(quantize(program.model, precision, sig) if source is None
-                                 else quantize_gguf(program.model, sig, source))
+            optimizations.append(quantize(program.model, precision, sig, r.serving.activations) if source is None
+                                 else quantize_gguf(program.model, sig, source, r.serving.activations))
         facts["quantized"] = [o for o in optimizations if "precision" in o]
 
 

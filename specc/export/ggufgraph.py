@@ -24,9 +24,10 @@ import numpy as np
 
 from specc.errors import BuildError, first_line
 from specc.export import ggufblocks
-from specc.export.quantize import _matmul_weight, block_sums
+from specc.export.quantize import ACTIVATION_LEVELS, _matmul_weight, block_sums
+from specc.spec.io import is_past
 
-# MatMulNBits' accuracy level in every graph: 1, fp32 compute. At 4 (int8 compute: the kernel
+# MatMulNBits' accuracy level in every graph (unless serving.activations says int8): 1, fp32 compute. At 4 (int8 compute: the kernel
 # rounds its input to int8 per block, as llama.cpp's dot products do) SmolLM2's Q4_1 graph kept
 # 96.5% of transformers' next tokens on the same weights; at 1 every one of them (docs/import.md,
 # docs/benchmarks_quality.md "GGUF blocks kept")
@@ -86,11 +87,17 @@ class GGUFSource:
                                  None if b.offsets is None else b.offsets[rows])
 
 
-def quantize_gguf(model, sig, source: GGUFSource) -> dict:
-    """Rewrite an onnx_ir Model's MatMuls (and the token embedding's Gather) on the file's blocks;
-    returns facts for the manifest."""
+def level_for(sig, activations: str | None = None) -> int:
+    """The accuracy level of a graph: ACCURACY_LEVEL, or where it takes a KV cache (it decodes a
+    token at a time) that of serving.activations where the spec sets it."""
+    return ACTIVATION_LEVELS[activations] if activations and any(is_past(t.name) for t in sig.inputs) else ACCURACY_LEVEL
+
+
+def quantize_gguf(model, sig, source: GGUFSource, activations: str | None = None) -> dict:
+    """Rewrite an onnx_ir Model's MatMuls (and the token embedding's Gather) on the file's blocks,
+    at level_for(sig, activations); returns facts for the manifest."""
     try:
-        level = ACCURACY_LEVEL
+        level = level_for(sig, activations)
         facts = _rewrite(model.graph, source, level)
     except BuildError:
         raise
@@ -110,11 +117,13 @@ def quantize_gguf(model, sig, source: GGUFSource) -> dict:
             "accuracy_level": level}
 
 
-def describe() -> dict:
-    """What a gguf build writes, as the manifest's options record it (and the cache key hashes)."""
+def describe(activations: str | None = None) -> dict:
+    """What a gguf build writes (decoding in serving.activations), as the manifest's options record
+    it (and the cache key hashes)."""
+    level = ACTIVATION_LEVELS[activations] if activations else ACCURACY_LEVEL
     return {"op": "MatMulNBits", "weights": "the GGUF file's blocks", "formats": list(ggufblocks.FORMATS),
-            "offsets": "block sums x offsets, outside the kernel", "accuracy_level": ACCURACY_LEVEL,
-            "kernel_bits": KERNEL_BITS[ACCURACY_LEVEL], "wider_codes": "dequantized in the graph, folded at load",
+            "offsets": "block sums x offsets, outside the kernel", "accuracy_level": level,
+            "kernel_bits": KERNEL_BITS[level], "wider_codes": "dequantized in the graph, folded at load",
             "embedding": "Gather of packed rows"}
 
 

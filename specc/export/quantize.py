@@ -87,6 +87,9 @@ class Scheme:
 
 
 SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4, zero_points=False, accuracy_level=1)}
+# serving.activations -> the accuracy level of a graph that decodes a token at a time (in place of
+# its scheme's): fp32 compute, or the input rounded to int8 per block
+ACTIVATION_LEVELS = {"fp32": 1, "int8": 4}
 # the scheme a tied output projection is packed in, by precision (None: it stays fp32). Measured on
 # SmolLM2-135M (docs/build.md): at 4 bits its tied head failed the build's verification, at 8 bits
 # an int4 build kept its next tokens and perplexity (llama.cpp too keeps an output projection at 6
@@ -95,21 +98,26 @@ SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4, zero_points=
 TIED_HEAD = {"int4": "int8", "int8": None}
 
 
-def describe(precision: str) -> dict:
-    """The quantization an integer precision applies, as the manifest's options record it (and
-    the build's cache key hashes: a build made with another scheme is not up to date)."""
+def describe(precision: str, activations: str | None = None) -> dict:
+    """The quantization an integer precision applies (with serving.activations), as the
+    manifest's options record it (and the build's cache key hashes: a build made with another
+    scheme is not up to date)."""
     scheme = SCHEMES[precision]
-    return {"op": "MatMulNBits", "bits": scheme.bits, "block": scheme.block, "accuracy_level": scheme.accuracy_level,
+    level = ACTIVATION_LEVELS[activations] if activations else scheme.accuracy_level
+    return {"op": "MatMulNBits", "bits": scheme.bits, "block": scheme.block, "accuracy_level": level,
             "accuracy_level_without_cache": WHOLE_SEQUENCE_ACCURACY_LEVEL,
             "zero_points": scheme.zero_points, "offset_form": scheme.bits <= 4, "tied_head": TIED_HEAD[precision] or "fp32",
             **({"tied_head_accuracy_level": SCHEMES[TIED_HEAD[precision]].accuracy_level} if TIED_HEAD[precision] else {}),
             "routed_experts": "QMoE"}
 
 
-def accuracy_level(scheme: Scheme, sig) -> int:
-    """MatMulNBits' accuracy level for a graph: the scheme's (for decoding a token at a time)
-    where the graph takes a KV cache, else WHOLE_SEQUENCE_ACCURACY_LEVEL."""
-    return scheme.accuracy_level if any(is_past(t.name) for t in sig.inputs) else WHOLE_SEQUENCE_ACCURACY_LEVEL
+def accuracy_level(scheme: Scheme, sig, activations: str | None = None) -> int:
+    """MatMulNBits' accuracy level for a graph: where the graph takes a KV cache (it decodes a
+    token at a time), `activations`' (serving.activations) or else the scheme's; else
+    WHOLE_SEQUENCE_ACCURACY_LEVEL."""
+    if not any(is_past(t.name) for t in sig.inputs):
+        return WHOLE_SEQUENCE_ACCURACY_LEVEL
+    return ACTIVATION_LEVELS[activations] if activations else scheme.accuracy_level
 
 
 @dataclass(frozen=True)
@@ -358,15 +366,15 @@ def dequantize_linears(module, precision: str) -> None:
                 head.tied_projection = projection
 
 
-def quantize(model, precision: str, sig) -> dict:
-    """Quantize an onnx_ir Model's MatMul weights in place (before it is saved); returns facts for
-    the manifest. The packed tensors are lazy: each weight is packed when the graph is written
+def quantize(model, precision: str, sig, activations: str | None = None) -> dict:
+    """Quantize an onnx_ir Model's MatMul weights in place (before it is saved), decoding in
+    `activations` (serving.activations; None: the scheme's own); returns facts for the manifest. The packed tensors are lazy: each weight is packed when the graph is written
     (and once here, to choose its form), so no more than one weight's codes exist at a time."""
     scheme = SCHEMES.get(precision)
     if scheme is None:
         raise BuildError(f"no quantizer for precision {precision!r}")
     try:
-        level = accuracy_level(scheme, sig)
+        level = accuracy_level(scheme, sig, activations)
         head = SCHEMES.get(TIED_HEAD[precision])
         count, offset_count = _rewrite(model.graph, scheme, level, head, accuracy_level(head, sig) if head else None)
         experts = _rewrite_experts(model.graph, scheme, level)
@@ -385,14 +393,14 @@ def quantize(model, precision: str, sig) -> dict:
             "block": scheme.block, "accuracy_level": level}
 
 
-def quantize_file(path: Path, precision: str, sig) -> dict:
+def quantize_file(path: Path, precision: str, sig, activations: str | None = None) -> dict:
     """quantize() on the graph saved at `path`, written back in place (benchmarks/passes.py)."""
     import onnx_ir as ir
 
     from specc.export.onnx import _normalize, write_streaming
 
     model = ir.load(str(path))
-    facts = quantize(model, precision, sig)
+    facts = quantize(model, precision, sig, activations)
     write_streaming(model, path, lambda proto: _normalize(proto, sig))
     return facts
 

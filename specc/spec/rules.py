@@ -17,6 +17,7 @@ from specc.spec.derive import (
 from specc.spec.io import INPUT_NAMES
 from specc.spec.manifest import MANIFEST, WEIGHTS_FILE
 from specc.spec.schema import AttentionKind, FFNKind, ModelSpec
+from specc.spec.targets import PRECISIONS
 
 Path = tuple
 Problem = tuple[Path, str]
@@ -149,6 +150,14 @@ def generation_fits_the_batch(spec: ModelSpec) -> Iterable[Problem]:
             f"{spec.serving.batch.max} (the most rows the graphs are built for)")
 
 
+def activations_are_an_integer_builds(spec: ModelSpec) -> Iterable[Problem]:
+    """serving.activations chooses an integer kernel's arithmetic: a float build has none."""
+    if spec.serving.activations is not None and not PRECISIONS[spec.serving.precision].quantized:
+        yield ("serving", "activations"), (
+            f"{spec.serving.activations} activations are an integer build's (int8, int4, gguf); this spec builds "
+            f"{spec.serving.precision} (set serving.precision, or build with --precision)")
+
+
 def outputs_consistent(spec: ModelSpec) -> Iterable[Problem]:
     outs = effective_outputs(spec)
     if spec.outputs is not None and not outs:
@@ -200,6 +209,7 @@ RULES: tuple[Callable[[ModelSpec], Iterable[Problem]], ...] = (
     lengths_fit,
     serving_ranges_ordered,
     generation_fits_the_batch,
+    activations_are_an_integer_builds,
     outputs_consistent,
     vocab_consistent,
 )

@@ -638,9 +638,17 @@ class GenerationServingSpec(Node):
 
 
 class ServingSpec(Node):
+    """`activations`: what an integer build's weight-only kernels (MatMulNBits, QMoE) compute in
+    when the graph decodes a token at a time: fp32 (the input meets the dequantized weights
+    unrounded; onnxruntime's accuracy level 1) or int8 (the input rounded to int8 per block, as
+    llama.cpp's quantized dot products round it; level 4: faster, a little noisier); null: the
+    precision's own (int8 builds int8, int4 and gguf builds fp32; specc/export/quantize.py). A
+    graph without a cache (an encoder) and a tied head keep their own."""
+
     batch: RangeSpec = RangeSpec(min=1, opt=8, max=32)
     length: RangeSpec = RangeSpec(min=1, opt=128, max=512)
     precision: PrecisionName = "fp32"  # the names of specc/spec/targets.py's PRECISIONS
+    activations: Literal["fp32", "int8"] | None = None
     generation: GenerationServingSpec = GenerationServingSpec()
 
 

@@ -117,3 +117,32 @@ def test_a_streamed_build_folds_and_packs_each_layers_experts_as_it_writes_them(
     written = sum(numpy_helper.to_array(t).nbytes for t in onnx.load(str(result.out_dir / "model.onnx")).graph.initializer)
     stored = estimate_streamed(_resolve(spec, "int4", "onnx"))["stored"]
     assert abs(stored - written) < 0.05 * written, (stored, written)
+
+
+def test_int8_activations_set_every_decode_kernels_level_and_the_cache_key(tmp_path):
+    """serving.activations: int8 (the `--activations` flag) makes an int4 build's MatMulNBits and
+    QMoE compute with the input rounded to int8 (accuracy level 4) in every graph that decodes, the
+    in-place one included; the manifest says so, the cache key differs from the default build's
+    (level 1), and the build verifies as any other. A tied head keeps int8's own level (4)."""
+    spec = speclib.tiny(SPECS["softmax-normalize"][0])
+    default = build(spec, tmp_path / "default", precision="int4")
+    fast = build(spec, tmp_path / "fast", precision="int4", activations="int8")
+    assert fast.manifest["verification"]["passed"] is True
+    assert fast.manifest["cache_key"] != default.manifest["cache_key"]
+    for result, level in ((default, 1), (fast, 4)):
+        assert result.manifest["options"]["quantization"]["accuracy_level"] == level
+        for graph in ("model.onnx", "inplace.onnx"):
+            levels = {(n.op_type, a.i) for n in onnx.load(str(result.out_dir / graph), load_external_data=False).graph.node
+                      if n.op_type in ("MatMulNBits", "QMoE") and not n.input[1].endswith(".T_q8.codes")
+                      for a in n.attribute if a.name == "accuracy_level"}
+            assert levels == {("MatMulNBits", level), ("QMoE", level)}, (graph, levels)
+    assert build(spec, tmp_path / "fast", precision="int4", activations="int8").cached
+
+
+def test_activations_are_refused_on_a_float_build_naming_the_key(tmp_path):
+    from specc.errors import BuildError
+
+    spec = speclib.tiny(SPECS["softmax"][0])
+    with pytest.raises(BuildError, match=r"serving\.activations: int8 activations are an integer build's"):
+        build(spec, tmp_path / "out", precision="fp32", activations="int8")
+    assert not (tmp_path / "out").exists()

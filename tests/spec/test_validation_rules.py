@@ -286,6 +286,14 @@ CASES = [
         "more than serving.batch.max 4",
         "generation_fits_the_batch",
     ),
+    Case(
+        "int8-activations-of-a-float-build",
+        DEC + "serving:\n  precision: fp16\n  activations: int8\n",
+        "serving.activations",
+        "activations: ^int8",
+        "this spec builds fp16",
+        "activations_are_an_integer_builds",
+    ),
     # --- outputs ------------------------------------------------------------------------------
     Case(
         "tie_output-without-lm-output",
