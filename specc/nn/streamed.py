@@ -214,7 +214,7 @@ class StreamedLayers(nn.Module):
             finally:
                 hook.remove()
         if turns is not None:
-            turns.take(self._count)  # done with the last layer
+            turns.ran(self._count)  # done with the last layer: nobody waits for this job at the stack
 
     def __getitem__(self, index: int) -> nn.Module:
         return self._source.layer(self._role, range(self._count)[index])
@@ -235,12 +235,17 @@ class Turns:
         with self._cond:
             self._who[threading.get_ident()] = job
 
+    def ran(self, layers: int) -> None:
+        """This thread's job has run the first `layers` layers."""
+        with self._cond:
+            self._done[self._who[threading.get_ident()]] = layers
+            self._cond.notify_all()
+
     def take(self, index: int) -> None:
         """This thread's job has run the layers below `index` and waits for its turn at it."""
+        self.ran(index)
         with self._cond:
             j = self._who[threading.get_ident()]
-            self._done[j] = index
-            self._cond.notify_all()
             self._cond.wait_for(lambda: all(d > index for d in self._done[:j])
                                 and all(d >= index for d in self._done[j + 1:]))
 
