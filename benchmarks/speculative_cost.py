@@ -46,12 +46,14 @@ KS = (1, 2, 4, 8)
 RATES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9)
 
 
-def build(spec: str | Path, out: Path) -> Path:
-    """An int4 build of `spec` into `out` (a cache hit where it is there and up to date)."""
+def build(spec: str | Path, out: Path, activations: str | None = None) -> Path:
+    """An int4 build of `spec` into `out` (a cache hit where it is there and up to date), decoding
+    in `activations` (specc build --activations) where given."""
     if not (out / "manifest.json").is_file():
         t0 = time.perf_counter()
         subprocess.run([str(Path(sys.executable).parent / "specc"), "build", str(spec), "-o", str(out),
-                        "--precision", "int4", "--quiet"], check=True)
+                        "--precision", "int4", "--quiet", *(["--activations", activations] if activations else [])],
+                       check=True)
         print(f"[cost] built {out.name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return out
 
@@ -103,12 +105,14 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=32, help="tokens of the measured speculative run")
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--activations", choices=["fp32", "int8"], help="specc build --activations for both builds")
     ap.add_argument("--out", type=Path, default=DOC)
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    target = build(args.target, WORK / f"spec-{args.target}-int4")
+    tail = f"-{args.activations}" if args.activations else ""
+    target = build(args.target, WORK / f"spec-{args.target}-int4{tail}", args.activations)
     draft_spec = twin(args.target, args.draft_layers)
-    draft = build(draft_spec, WORK / f"spec-{draft_spec.stem}-int4")
+    draft = build(draft_spec, WORK / f"spec-{draft_spec.stem}-int4{tail}", args.activations)
     vocab = json.loads((target / "manifest.json").read_text())["spec"]["vocab"]["size"]
     prompt = np.random.default_rng(0).integers(3, vocab, size=args.prompt).tolist()
 
@@ -127,13 +131,16 @@ def main() -> None:
     spec = runs["draft"][1].speculation
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = f"## The {args.target} shape: cost per step with a {args.draft_layers}-layer twin draft"
+    level = json.loads((target / "manifest.json").read_text())["options"]["quantization"]["accuracy_level"]
+    arithmetic = {1: "fp32 activations (accuracy level 1, int4's default)", 4: "int8 activations (--activations int8, level 4)"}[level]
+    head = (f"## The {args.target} shape: cost per step with a {args.draft_layers}-layer twin draft"
+            f"{', int8 activations' if level == 4 else ''}")
     lines = [
         head, "",
         f"`{Path(sys.executable).relative_to(ROOT) if ROOT in Path(sys.executable).parents else sys.executable} "
         f"benchmarks/speculative_cost.py --target {args.target} --draft-layers {args.draft_layers} --prompt {args.prompt} "
-        f"--new {args.new} --repeats {args.repeats}`, {date}, {platform.machine()}, {_cpu()}, {THREADS} threads. "
-        f"Seeded weights, int4 both: the target `{args.target}`, the draft the same spec with "
+        f"--new {args.new} --repeats {args.repeats}{' --activations ' + args.activations if args.activations else ''}`, {date}, {platform.machine()}, {_cpu()}, {THREADS} threads. "
+        f"Seeded weights, int4 both, {arithmetic}: the target `{args.target}`, the draft the same spec with "
         f"{args.draft_layers} layers. Calls of the in-place cache graph after a {args.prompt}-token prompt, each "
         f"the median of {args.repeats}.", "",
         "| call | ms | against a plain target step |", "|---|---|---|",

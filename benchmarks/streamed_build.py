@@ -34,12 +34,14 @@ ROWS = ["gpt2-small:fp32:whole", "gpt2-small:fp32:stream", "gpt2-small:fp32:opti
         "llama-3-8b:int4:stream"]
 
 
-def measure(spec: str, precision: str, how: str, keep: bool = False) -> dict:
+def measure(spec: str, precision: str, how: str, keep: bool = False, activations: str | None = None) -> dict:
     """One build in its own process: wall seconds, peak bytes, the manifest's stage times. With
-    `keep`, its build folder stays (build/bench/streamed-SPEC-PRECISION-HOW) for a run after."""
-    out = WORK / f"streamed-{spec}-{precision}-{how}"
+    `keep`, its build folder stays (build/bench/streamed-SPEC-PRECISION-HOW[-ACTIVATIONS]) for a
+    run after; `activations`: specc build --activations."""
+    out = WORK / f"streamed-{spec}-{precision}-{how}{'-' + activations if activations else ''}"
     cmd = [str(Path(sys.executable).parent / "specc"), "build", spec, "-o", str(out), "--quiet", "--force",
-           "--precision", precision, "--stream" if how == "stream" else "--no-stream"]
+           "--precision", precision, "--stream" if how == "stream" else "--no-stream",
+           *(["--activations", activations] if activations else [])]
     print(f"[streamed_build] {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     try:
         seconds, peak = run_measured(cmd)
@@ -104,12 +106,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks_streamed.md"))
     ap.add_argument("--keep", action="store_true", help="keep each build folder (build/bench/streamed-*) for "
                                                         "specc generate or a peer run after")
+    ap.add_argument("--activations", choices=["fp32", "int8"], help="specc build --activations, for every row")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     rows = []
     for row in args.rows:
         spec, precision, how = row.split(":")
-        rows.append((spec, precision, how, measure_optimum(spec) if how == "optimum" else measure(spec, precision, how, args.keep)))
+        rows.append((spec, precision, how, measure_optimum(spec) if how == "optimum" else measure(spec, precision, how, args.keep, args.activations)))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Build memory against model size",
@@ -122,7 +125,7 @@ def main() -> None:
         "the same shape, random weights.",
         "",
         f"Run {date} on {platform.machine()}, {_cpu()}; command: `.venv-bench/bin/python benchmarks/streamed_build.py "
-        f"--rows {' '.join(args.rows)}`.",
+        f"--rows {' '.join(args.rows)}{' --activations ' + args.activations if args.activations else ''}`.",
         "",
         "| model | parameters | precision | how | wall | peak | peak / fp32 weights | quantize / save / verify |",
         "|---|---|---|---|---|---|---|---|",
