@@ -185,7 +185,8 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
                           fork=False if plan.streamed else None, n_params=n_params,
                           write_weights=built.write_weights if keep_weights else _no_weights_file,
                           prepare=_reference_weights(r, weights_file),
-                          layers=tuple(plan.streamed_stacks) if plan.segmented else ()) as references:
+                          layers=tuple(plan.streamed_stacks) if plan.segmented else (),
+                          lockstep=_lockstep(plan)) as references:
             exported, optimizations = _export(clock, r, plan, model, opset, built.source)
             _optimize(clock, r, exported, made.passes, optimizations)
             _quantize(clock, r, exported, optimizations, gguf)
@@ -290,6 +291,16 @@ def _reference_weights(r: ResolvedSpec, weights_file: Path | None):
         transform_layers(model, lambda layer: dequantize_linears(layer, precision))
 
     return prepare
+
+
+def _lockstep(plan: BuildPlan):
+    """How a streamed build's reference run takes its cases at once, making each layer once
+    (specc/nn/streamed.py's in_lockstep): where one stack is streamed; None otherwise."""
+    if not plan.streamed or len(plan.streamed_stacks) != 1:
+        return None
+    from specc.nn.streamed import in_lockstep
+
+    return in_lockstep
 
 
 def _protocol(plan: BuildPlan) -> dict:

@@ -71,14 +71,16 @@ class ReferenceJob:
 
     def __init__(self, r, model, seed: int, spill: Path, weights_file: Path, fork: bool | None = None, *,
                  longest: int | None = None, n_params: int | None = None, write_weights=None, prepare=None,
-                 layers: tuple[str, ...] = ()):
+                 layers: tuple[str, ...] = (), lockstep=None):
         """longest: the cases' cap (verify.cases). n_params and write_weights(path): the model's
         parameter count and its weights file's writer where `model` does not hold its weights (a
         streamed build's, specc/nn/streamed.py); by default counted and save_module().
         prepare(model): changes the model after its weights file is written and before the
         reference run (an integer build's dequantized weights, pipeline._reference_weights).
-        layers: the stacks whose layer outputs are kept too (verify.reference_outputs)."""
+        layers: the stacks whose layer outputs are kept too, lockstep: how a streamed model runs its
+        cases at once (verify.reference_outputs)."""
         self.r, self.model, self.seed, self.longest, self.prepare = r, model, seed, longest, prepare
+        self.lockstep = lockstep
         self.layers = tuple(layers)
         self.spill, self.weights_file = Path(spill), Path(weights_file)
         self.write_weights = write_weights or self._save_module
@@ -120,7 +122,7 @@ class ReferenceJob:
             if self.prepare is not None:
                 self.prepare(self.model)
             return verify.reference_outputs(self.r, self.model, self.seed, spill=self.spill, longest=self.longest,
-                                             layers=self.layers)
+                                             layers=self.layers, lockstep=self.lockstep)
         pid = self.pid
         status = _reap(pid)
         self.pid = None
@@ -172,7 +174,7 @@ class ReferenceJob:
             if self.prepare is not None:
                 self.prepare(self.model)
             refs = verify.reference_outputs(self.r, self.model, self.seed, spill=self.spill, spill_all=True,
-                                            longest=self.longest, layers=self.layers)
+                                            longest=self.longest, layers=self.layers, lockstep=self.lockstep)
             index = {"seconds": round(time.perf_counter() - t0, 3),
                      "cases": [{"graph": g, "case": c, "outputs": {k: _entry(v, self.spill) for k, v in outs.items()}}
                                for (g, c), outs in refs.items()]}

@@ -407,8 +407,8 @@ def _continued(steps: list[_Step]) -> set[tuple[str, str]]:
 
 
 def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | None = None,
-                      spill_all: bool = False, longest: int | None = None,
-                      layers: tuple[str, ...] = ()) -> dict[tuple[str, str], dict[str, np.ndarray | Spilled]]:
+                      spill_all: bool = False, longest: int | None = None, layers: tuple[str, ...] = (),
+                      lockstep=None) -> dict[tuple[str, str], dict[str, np.ndarray | Spilled]]:
     """The reference's outputs for every case, (graph, case) -> {output: array}: `reference` is
     the fp32 SpeccModel in eval mode, its caches fed from its own earlier outputs. A build takes
     these first, so that the module can be released before the graph is loaded for comparison.
@@ -417,15 +417,15 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
     and come back as Spilled, read in chunks when compared; with `spill_all`, every output is
     (the outputs of a forked reference run, specc/export/reference.py). `layers`: stacks of a
     streamed model (specc/nn/streamed.py) whose every layer's output is kept too, as
-    "{role}.layers.{i}" (what a streamed build's segments read and are compared with, segments.py)."""
+    "{role}.layers.{i}" (what a streamed build's segments read and are compared with, segments.py).
+    `lockstep`: for a streamed decoder with one cut stack, specc/nn/streamed.py's in_lockstep, which
+    runs every case at once making each layer once (_lockstep_outputs)."""
     import torch
-
-    from specc.nn.streamed import lockstep_possible
 
     steps = _steps(r, seed, longest)
     continued = _continued(steps)
-    if r.architecture == "decoder" and lockstep_possible(reference):
-        out = _lockstep_outputs(r, reference, steps, layers)
+    if lockstep is not None and r.architecture == "decoder":
+        out = _lockstep_outputs(r, reference, steps, layers, lockstep)
         if spill is not None:
             for step in steps:
                 if spill_all or sum(v.nbytes for v in out[step.key].values()) >= SPILL_BYTES:
@@ -465,14 +465,12 @@ def _forward(reference, step: _Step, tensors: dict) -> dict:
     return reference(**tensors)
 
 
-def _lockstep_outputs(r: ResolvedSpec, reference, steps: list[_Step], layers: tuple[str, ...]) -> dict:
+def _lockstep_outputs(r: ResolvedSpec, reference, steps: list[_Step], layers: tuple[str, ...], in_lockstep) -> dict:
     """reference_outputs of a decoder streamed with one cut stack: every case's forward at once,
     in lockstep (specc/nn/streamed.py), so that each layer is made once rather than once a case.
     A case's caches are made empty at its signature's shape and filled, layer by layer, from the
     presents of the case it continues as that case runs the layer (before this one does)."""
     import torch
-
-    from specc.nn.streamed import in_lockstep
 
     role = "decoder"
     slots = cache_slots(len(getattr(r, role).layers), pair=r.cache_pair)

@@ -256,11 +256,6 @@ class Turns:
             self._cond.notify_all()
 
 
-def lockstep_possible(model: nn.Module) -> bool:
-    """Whether `model` is a streamed model with one cut stack (in_lockstep's case)."""
-    return len([m for m in model.modules() if isinstance(m, StreamedLayers)]) == 1
-
-
 def in_lockstep(model: nn.Module, jobs: list[Callable[[], object]]) -> list:
     """Each job's result, the jobs run in threads of their own whose forwards of the streamed
     `model` (one cut stack) take each layer in turn (Turns), job 0 first. A job's failure is
