@@ -437,9 +437,7 @@ def reference_outputs(r: ResolvedSpec, reference, seed: int = 0, spill: Path | N
         with torch.no_grad():
             with recording(reference, layers) as recorded:
                 result = _forward(reference, step, _tensors(feed))
-            out[step.key] = {k: v.float().numpy() for k, v in result.items()}
-            for role, outputs in recorded.items():
-                out[step.key].update({f"{role}.layers.{i}": h for i, h in enumerate(outputs)})
+            out[step.key] = _case_outputs(result, recorded)
             del result, recorded
         large = step.key not in continued and sum(v.nbytes for v in out[step.key].values()) >= SPILL_BYTES
         if spill is not None and large:
@@ -455,6 +453,14 @@ def _tensors(feed: dict[str, np.ndarray]) -> dict:
 
     return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype))
             for k, v in feed.items()}
+
+
+def _case_outputs(result: dict, recorded: dict[str, list]) -> dict[str, np.ndarray]:
+    """A case's outputs as arrays, with each recorded stack's layer outputs as "{role}.layers.{i}"."""
+    out = {k: v.float().numpy() for k, v in result.items()}
+    for role, hidden in recorded.items():
+        out.update({f"{role}.layers.{i}": h for i, h in enumerate(hidden)})
+    return out
 
 
 def _forward(reference, step: _Step, tensors: dict) -> dict:
@@ -492,10 +498,7 @@ def _lockstep_outputs(r: ResolvedSpec, reference, steps: list[_Step], layers: tu
             with torch.no_grad(), recording(reference, layers) as recorded, \
                     (getattr(reference, role).layers.tap(fill) if fills else contextlib.nullcontext()):
                 result = _forward(reference, step, tensors)
-            outputs = {k: v.float().numpy() for k, v in result.items()}
-            for stack, hidden in recorded.items():
-                outputs.update({f"{stack}.layers.{i}": h for i, h in enumerate(hidden)})
-            return outputs
+            return _case_outputs(result, recorded)
         return run
 
     results = in_lockstep(reference, [job(step) for step in steps])
