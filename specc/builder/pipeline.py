@@ -37,7 +37,7 @@ from specc.export.ggufgraph import GGUFSource, quantize_gguf
 from specc.export.outdir import Staging, clean_leftovers
 from specc.export.passes import PASSES
 from specc.export.passes import apply as apply_passes
-from specc.export.quantize import ACTIVATION_LEVELS, dequantize_linears, quantize
+from specc.export.quantize import dequantize_linears, quantize
 from specc.export.reference import ReferenceJob
 from specc.export.segments import verify_segments
 from specc.export.stitch import LAYER_OUTPUTS
@@ -54,7 +54,7 @@ from specc.spec.manifest import WEIGHTS_FILE
 from specc.spec.rules import activations_are_an_integer_builds
 from specc.spec.resolve import ResolvedSpec, resolve
 from specc.spec.schema import ModelSpec
-from specc.spec.targets import DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS, TARGETS, VERIFY_PROVIDERS
+from specc.spec.targets import ACTIVATION_LEVELS, DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS, TARGETS, VERIFY_PROVIDERS
 
 STAGES = ("load", "resolve", "build module", "export", "optimize", "save", "verify", "write")
 

@@ -58,7 +58,7 @@ from .draft import DRAFTERS
 from .errors import Refused
 from .request import CANCELLED, ERROR, LENGTH, STOP, Request, check
 from .sampling import Sampler
-from .speculation import DraftLength, Speculation
+from .speculation import DraftLength, Speculation, refusal
 from .speculation import check as check_drafts
 from .stores import CacheBlock, InplaceBlock, choose_store
 
@@ -145,6 +145,8 @@ class Engine:
         if request.speculative is not None and not isinstance(self.block, InplaceBlock):
             raise Refused("speculative: this build decodes with model.onnx (it has no in-place cache graph), "
                           "whose store cannot check drafts; send the request without it")
+        if request.speculative is not None and (why := refusal(self.facts.activations)):
+            raise Refused(why)
         return checked
 
     def submit(self, request: Request, sink: Sink) -> int:
@@ -299,6 +301,7 @@ class Engine:
         """One step [B, 1] for every active row: each row's last token at its own position; the
         drafts of speculative rows checked with it (the module's doc)."""
         rows = len(self._active)
+        start = time.perf_counter()
         drafts = [self._draft(s, rows) for s in self._active]
         if rows == 1 and drafts[0]:
             seq, draft = self._active[0], drafts[0]
@@ -308,7 +311,7 @@ class Engine:
                 self._end(seq, ERROR, first_line(exc) or type(exc).__name__)
                 return
             self.stats.steps += 1
-            self._checked(seq, draft, logits)
+            self._checked(seq, draft, logits, time.perf_counter() - start)
             return
         ids = np.array([[s.last] for s in self._active], dtype=np.int64)
         try:
@@ -319,6 +322,8 @@ class Engine:
             self.block.regroup([], [])
             return
         self.stats.steps += 1
+        if rows == 1 and self._active[0].drafts is not None:  # a plain step, what a check is weighed against
+            self._active[0].drafts.plain(time.perf_counter() - start)
         for i, seq in enumerate(self._active):
             if seq.ended is not None:
                 seq.length += 1
@@ -344,12 +349,12 @@ class Engine:
         k = min(seq.drafts.next(), room)
         return seq.drafter.propose(k) if k > 0 else []
 
-    def _checked(self, seq: _Sequence, draft: list[int], logits: np.ndarray) -> None:
+    def _checked(self, seq: _Sequence, draft: list[int], logits: np.ndarray, seconds: float | None = None) -> None:
         """A row whose token and drafts were run ([1 + k, V] logits after each): the drafts it
         keeps and the token after them, to the sink (speculation.check); its cache holds the token
         and the drafts kept."""
         accepted, token = check_drafts(seq.choose, logits, draft)
-        seq.drafts.update(len(draft), accepted)
+        seq.drafts.update(len(draft), accepted, seconds)
         spec = self.stats.speculation
         spec.steps, spec.drafted, spec.accepted = spec.steps + 1, spec.drafted + len(draft), spec.accepted + accepted
         seq.length += 1 + accepted

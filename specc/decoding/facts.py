@@ -28,13 +28,16 @@ FORMAT = 3  # generation.json's layout: a Triton model reads only the format it 
 class Model:
     """The build's facts a request is checked against: token ids below `vocab`, a prompt of at
     most `length_max` tokens, prompt + max_tokens within `context` positions (`context_source`
-    says where that bound comes from), and the spec's eos (None: none)."""
+    says where that bound comes from), the spec's eos (None: none), and what an integer build
+    decodes in (`activations`: fp32 or int8, specc/spec/targets.py; None: a float build), which
+    says whether its drafts can be checked (speculation.py)."""
 
     vocab: int
     length_max: int
     context: int
     context_source: str
     eos: int | None
+    activations: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ def to_json(g: Generation) -> dict:
         "format": FORMAT, "name": g.name, "graph_model": g.graph_model, **g.graph.to_dict(),
         "inplace_graph": None if g.inplace is None else {"model": g.inplace_model, **g.inplace.to_dict()},
         "vocab": g.model.vocab, "length_max": g.model.length_max, "context": g.model.context,
-        "context_source": g.model.context_source, "eos": g.model.eos,
+        "context_source": g.model.context_source, "eos": g.model.eos, "activations": g.model.activations,
         "max_sequences": g.limits.max_sequences, "max_cache_tokens": g.limits.max_cache_tokens,
         "max_waiting": g.limits.max_waiting, "prefix_cache_tokens": g.limits.prefix_cache_tokens,
         "default_max_tokens": g.endpoint.default_max_tokens, "max_stops": g.endpoint.max_stops,
@@ -121,7 +124,7 @@ def from_json(d: Mapping[str, Any], where: str = FACTS_FILE) -> Generation:
     return Generation(
         name=d["name"], graph_model=d["graph_model"], graph=GraphFacts.from_dict(d),
         model=Model(vocab=d["vocab"], length_max=d["length_max"], context=d["context"],
-                    context_source=d["context_source"], eos=d["eos"]),
+                    context_source=d["context_source"], eos=d["eos"], activations=d.get("activations")),
         limits=Limits(max_sequences=d["max_sequences"], max_cache_tokens=d["max_cache_tokens"],
                       max_waiting=d["max_waiting"], prefix_cache_tokens=d["prefix_cache_tokens"]),
         endpoint=Endpoint(fields=tuple((f["name"], f["kind"]) for f in d["fields"]),

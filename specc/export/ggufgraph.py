@@ -24,14 +24,16 @@ import numpy as np
 
 from specc.errors import BuildError, first_line
 from specc.export import ggufblocks
-from specc.export.quantize import ACTIVATION_LEVELS, _matmul_weight, block_sums
+from specc.export.quantize import _matmul_weight, block_sums
 from specc.spec.io import is_past
+from specc.spec.targets import ACTIVATION_LEVELS, PRECISIONS
 
-# MatMulNBits' accuracy level in every graph (unless serving.activations says int8): 1, fp32 compute. At 4 (int8 compute: the kernel
+# MatMulNBits' accuracy level in every graph (unless serving.activations says int8): the precision's
+# own activations, fp32 compute (specc/spec/targets.py). At 4 (int8 compute: the kernel
 # rounds its input to int8 per block, as llama.cpp's dot products do) SmolLM2's Q4_1 graph kept
 # 96.5% of transformers' next tokens on the same weights; at 1 every one of them (docs/import.md,
 # docs/benchmarks_quality.md "GGUF blocks kept")
-ACCURACY_LEVEL = 1
+ACCURACY_LEVEL = ACTIVATION_LEVELS[PRECISIONS["gguf"].activations]
 # the widest codes MatMulNBits takes at each accuracy level: at fp32 compute onnxruntime's 8-bit
 # path is some twenty times slower than its 4-bit one (it dequantizes the whole weight at every
 # call), so a matrix of 8-bit codes is written as its codes dequantized by graph nodes (Cast, Sub,

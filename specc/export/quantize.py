@@ -49,9 +49,9 @@ import numpy as np
 
 from specc.errors import BuildError, first_line
 from specc.spec.io import is_past
+from specc.spec.targets import ACTIVATION_LEVELS, PRECISIONS
 
 BLOCK = 32  # rows of one column that share a scale and a zero point, unless a scheme says otherwise
-ACCURACY_LEVEL = 4  # MatMulNBits computes in int8 (0: dequantizes the weight at every call, 30x slower at 8 bits)
 # a graph that takes no KV cache runs whole sequences, never one token at a time (an encoder, an
 # encoder-decoder's encoder): its products are large enough that the kernel's fp32 path, which
 # dequantizes each weight block once per call and leaves the activations unquantized, is both
@@ -65,8 +65,11 @@ class Scheme:
     """One integer precision's weight format."""
 
     bits: int
+    # where a graph decodes a token at a time and serving.activations gives none: the precision's
+    # own activations (specc/spec/targets.py; int8 computes in int8: level 0 would dequantize the
+    # weight at every call, 30x slower at 8 bits)
+    accuracy_level: int
     block: int = BLOCK
-    accuracy_level: int = ACCURACY_LEVEL
     zero_points: bool = True  # an integer zero point per block; False: every code read about the middle code
 
     @property
@@ -86,10 +89,8 @@ class Scheme:
         return self.bits / 8 + (4 + (self.bits / 8 if self.zero_points else 0)) / self.block
 
 
-SCHEMES = {"int8": Scheme(bits=8, block=16), "int4": Scheme(bits=4, zero_points=False, accuracy_level=1)}
-# serving.activations -> the accuracy level of a graph that decodes a token at a time (in place of
-# its scheme's): fp32 compute, or the input rounded to int8 per block
-ACTIVATION_LEVELS = {"fp32": 1, "int8": 4}
+SCHEMES = {"int8": Scheme(bits=8, block=16, accuracy_level=ACTIVATION_LEVELS[PRECISIONS["int8"].activations]),
+           "int4": Scheme(bits=4, zero_points=False, accuracy_level=ACTIVATION_LEVELS[PRECISIONS["int4"].activations])}
 # the scheme a tied output projection is packed in, by precision (None: it stays fp32). Measured on
 # SmolLM2-135M (docs/build.md): at 4 bits its tied head failed the build's verification, at 8 bits
 # an int4 build kept its next tokens and perplexity (llama.cpp too keeps an output projection at 6

@@ -40,6 +40,7 @@ from specc.errors import BuildError
 from specc.spec import io
 from specc.spec import triton as rule
 from specc.spec.resolve import GraphSig, ResolvedSpec, TensorSig
+from specc.spec.targets import decode_activations
 
 # IO signature dtype -> Triton's DataType enum name
 TRITON_DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32",
@@ -149,7 +150,8 @@ def generation_facts(r: ResolvedSpec, graph_model: str) -> dict:
         name=r.name, graph_model=graph_model, graph=facts,
         # learned positions cover at least serving.length.max (the lengths_fit rule)
         model=Model(vocab=r.vocab.size, length_max=r.serving.length.max, context=r.serving.length.max,
-                    context_source="serving.length.max", eos=r.tokens.eos),
+                    context_source="serving.length.max", eos=r.tokens.eos,
+                    activations=decode_activations(r.serving.precision, r.serving.activations)),
         limits=Limits(max_sequences=sequences, max_cache_tokens=tokens, max_waiting=g.max_waiting,
                       prefix_cache_tokens=g.prefix_cache_tokens),
         endpoint=Endpoint.of(rule.GENERATE_INPUTS, rule.RESERVED_PARAMETERS, rule.DEFAULT_MAX_TOKENS, rule.MAX_STOPS,

@@ -30,6 +30,7 @@ import numpy as np
 
 from specc.decoding.draft import DRAFTERS
 from specc.decoding.sampling import Sampler, log_softmax, sample, samples  # noqa: F401 - sample: this module's API too
+from specc.decoding.speculation import refusal
 from specc.decoding.stores import inplace_feeds
 from specc.runtime.arrays import pad_rows
 from specc.runtime.cache import CacheBuffers, empty_cache, reorder_cache, run_cached, truncate_cache
@@ -271,6 +272,8 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
     eos = eos_id if eos_id is not None else info.tokens.eos
     pad = pad_id if pad_id is not None else info.pad_for(eos)
     if speculative is not None:
+        if why := refusal(info.activations):
+            raise RunError(why)
         runner = speculative_runner(model, rows, pad, max_new_tokens, f"speculative={speculative!r}")
         if isinstance(speculative, str):
             drafter = DRAFTERS[speculative](rows[0])

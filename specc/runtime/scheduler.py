@@ -102,9 +102,9 @@ class OrtGraph:
 
 def model_facts(info: BuildInfo, limits: Inputs) -> Model:
     """What a request is checked against (decoding.facts.Model): the build's input limits (its
-    context: serving.length.max, or fewer learned positions) and eos."""
+    context: serving.length.max, or fewer learned positions), eos and activations."""
     return Model(vocab=limits.vocab, length_max=limits.length, context=limits.context,
-                 context_source=limits.context_source(), eos=info.tokens.eos)
+                 context_source=limits.context_source(), eos=info.tokens.eos, activations=info.activations)
 
 
 class Scheduler(Engine):

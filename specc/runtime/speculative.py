@@ -1,8 +1,7 @@
 """Speculative decoding of one prompt: a drafter (prompt lookup, specc/decoding/draft.py, or a
 draft build's greedy guesses, ModelDraft) guesses the next tokens, the target checks them all in one call of its cached graph, and the tokens kept are the
-target's own: greedy, plain greedy decoding's, token for token; sampling, by the speculative
-sampling rule (`check`), draws from the distribution plain sampling draws from (not the same
-draws: the generator is used differently).
+target's own: greedy or sampled, plain decoding's tokens, token for token (`check`: a seed's
+draws are plain sampling's, one per token kept).
 
     logits --choose--> token --drafter--> d1..dk (k: DraftLength)
       ^                                        |
@@ -10,9 +9,10 @@ draws: the generator is used differently).
       |  check: a drafts kept (greedy: while each is the target's choice) and the token after them
       '-- runner.truncate(): the cache cut back past the first rejected draft
 
-A draft that is all rejected costs one call of k + 1 positions where plain decoding makes one of
-1; DraftLength halves k after a rejection and stops drafting for a while after rejections in a
-row, so text with nothing to copy runs (nearly) plain steps.
+A draft that is all rejected costs one call of k + 1 positions (and the drafter's time) where
+plain decoding makes one of 1; the loop times both and DraftLength weighs each check against the
+plain steps its time would have made, halving k after a rejection and pausing drafting after
+checks that lost, long enough that text with nothing to copy runs (nearly) plain steps.
 
 The runner is generate.py's InplaceRunner over the build's in-place graph, whose LM output holds
 a call's last io.LM_POSITIONS positions (MAX_DRAFT drafts and the token before them), where the
@@ -22,6 +22,8 @@ a roll-back would need). A drafter has two methods: extend(tokens), the tokens k
 propose(k), up to k guesses.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -102,8 +104,8 @@ class ModelDraft:
 def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, eos: int | None, on_token,
                      drafter, stats: Speculation) -> list[int]:
     """The new tokens of one prompt (batch 1), stopped at EOS (kept) or max_new; on_token(step,
-    [token]) for each as it is kept. Greedy: generate.py's _step_loop's tokens; sampling: tokens
-    drawn from the distribution _step_loop draws from (`check`)."""
+    [token]) for each as it is kept: generate.py's _step_loop's tokens, greedy or sampled with
+    the same seed (`check`)."""
     length = DraftLength()
     new: list[int] = []
 
@@ -117,11 +119,16 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, e
 
     token = int(choose(runner.prefill())[0])
     while not keep(token):
+        start = time.perf_counter()
         draft = drafter.propose(min(length.next(), max_new - len(new)))
         out = runner.extend(np.asarray([[token] + draft], dtype=np.int64))[0]  # [1 + len(draft), vocab]
+        seconds = time.perf_counter() - start
         accepted, token = check(choose, out, draft)
         stats.steps, stats.drafted, stats.accepted = stats.steps + 1, stats.drafted + len(draft), stats.accepted + accepted
-        length.update(len(draft), accepted)
+        if draft:
+            length.update(len(draft), accepted, seconds)
+        else:
+            length.plain(seconds)
         for d in draft[:accepted]:
             if keep(d):
                 return new

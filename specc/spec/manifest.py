@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from specc.spec import io
+from specc.spec.targets import decode_activations
 
 MANIFEST = "manifest.json"
 WEIGHTS_FILE = "model.safetensors"  # every build folder holds its weights under this name
@@ -166,6 +167,9 @@ class BuildInfo:
     # a decoder's in-place cache graph (specc/export/inplace.py), which generation runs on CPU where
     # it can; None where the build has none
     inplace: GraphInfo | None = None
+    # what an integer build's graphs decode in (specc/spec/targets.py's decode_activations): fp32
+    # or int8; None: a float build
+    activations: str | None = None
 
     @property
     def main_graph(self) -> GraphInfo:
@@ -220,7 +224,8 @@ class BuildInfo:
                        lm_output=lm, learned_positions=learned, tokens=tokens,
                        batch=_range(serving["batch"]), length=_range(serving["length"]),
                        generation=_generation(serving.get("generation") or {}),
-                       inplace=_inplace(manifest.get("inplace") or {}))
+                       inplace=_inplace(manifest.get("inplace") or {}),
+                       activations=decode_activations(_str(serving.get("precision", "fp32")), serving.get("activations")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise NotAManifest(f"malformed '{field}' ({type(exc).__name__}: {exc})") from None
         return info

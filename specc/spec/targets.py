@@ -33,6 +33,9 @@ class Precision:
     # exactly this, tests/export/test_quantize.py holds it to it)
     weight_bytes: float
     quantized: bool  # the saved fp32 graph's weights are quantized afterwards (specc/export/quantize.py)
+    # an integer precision's serving.activations where the spec gives none: what its weight-only
+    # kernels compute in when a graph decodes a token at a time (ACTIVATION_LEVELS); None: a float one
+    activations: str | None = None
 
     @property
     def dtype_bytes(self) -> int:
@@ -50,16 +53,27 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp16", "float16", 2, quantized=False),
     Precision("bf16", "bfloat16", 2, quantized=False),
     # weight-only 8-bit blocks of 16 with zero points (MatMulNBits): 1 + (4 + 1) / 16
-    Precision("int8", "float32", 1.3125, quantized=True),
+    Precision("int8", "float32", 1.3125, quantized=True, activations="int8"),
     # weight-only 4-bit blocks of 32, no zero points: 0.5 + 4 / 32
-    Precision("int4", "float32", 0.625, quantized=True),
+    Precision("int4", "float32", 0.625, quantized=True, activations="fp32"),
     # weights imported from a GGUF file, kept in the file's own blocks (specc/export/ggufgraph.py);
     # the bytes counted are those of Q4_1, the commonest such file, as the graph holds it: a 4-bit
     # code and, per block of 32, a float scale and a float offset, 0.5 + 8 / 32
-    Precision("gguf", "float32", 0.75, quantized=True),
+    Precision("gguf", "float32", 0.75, quantized=True, activations="fp32"),
 )}
 
 PrecisionName = Literal[tuple(PRECISIONS)]  # serving.precision's accepted values
+# serving.activations -> onnxruntime's accuracy level for MatMulNBits and QMoE in a graph that
+# decodes a token at a time: fp32 compute, or the input rounded to int8 per block (the kernel then
+# computes a call of one position and one of several by different paths, which differ by more than
+# float rounding: docs/runtime.md's speculative decoding)
+ACTIVATION_LEVELS = {"fp32": 1, "int8": 4}
+
+
+def decode_activations(precision: str, activations: str | None) -> str | None:
+    """What a build of `precision` decodes in, given serving.activations: ACTIVATION_LEVELS' key,
+    or None for a float build."""
+    return activations or PRECISIONS[precision].activations if PRECISIONS[precision].quantized else None
 
 
 @dataclass(frozen=True)
