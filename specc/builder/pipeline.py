@@ -42,7 +42,7 @@ from specc.export.reference import ReferenceJob
 from specc.export.segments import verify_segments
 from specc.export.stitch import LAYER_OUTPUTS
 from specc.export.tensorrt import build_engines, engines_possible
-from specc.export.verify import new_report, verification_session, verify
+from specc.export.verify import new_report, prepacks, verification_session, verify
 from specc.importers.gguf import gguf_source, row_order
 from specc.interrupts import check as check_interrupt
 from specc.interrupts import watch as watch_interrupts
@@ -502,7 +502,7 @@ def _verify(clock: _Clock, r: ResolvedSpec, plan: BuildPlan, references: Referen
             report = _verify_segments(clock, r, refs, files, layer_outputs, seed, longest, dequantized, provider)
             facts["max_abs_diff"] = report.max_abs
             return refs, report
-        sessions = {name: verification_session(paths[0], name, provider) for name, paths in files.items()}
+        sessions = {name: verification_session(paths[0], name, provider, prepacks(precision)) for name, paths in files.items()}
         try:
             report = verify(r, refs, sessions, "onnx", precision, seed=seed, longest=longest,  # the ONNX graph, by onnxruntime
                             dequantized=dequantized, provider=provider)
@@ -529,7 +529,8 @@ def _verify_segments(clock: _Clock, r: ResolvedSpec, refs: dict, files: dict[str
     def on_segment(name: str, index: int, of: int) -> None:
         clock.step(what=f"segment {index + 1} of {of} ({name})")
 
-    return verify_segments(r, refs, files["model"][0], layers, lambda path: verification_session(path, "model", provider),
+    prepack = prepacks(r.serving.precision)
+    return verify_segments(r, refs, files["model"][0], layers, lambda path: verification_session(path, "model", provider, prepack),
                            new_report(r, "onnx", r.serving.precision, dequantized, provider), seed, longest, on_segment)
 
 
@@ -545,7 +546,7 @@ def _first_wrong_layer(r: ResolvedSpec, built: _Module, files: dict[str, list[Pa
         prepare(reference)
     try:
         return first_wrong_layer(r, files["model"][0], names, reference,
-                                 lambda path: verification_session(path, "model", provider),
+                                 lambda path: verification_session(path, "model", provider, prepacks(r.serving.precision)),
                                  r.serving.precision, seed, longest)
     finally:
         _release(reference)

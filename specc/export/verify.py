@@ -560,19 +560,29 @@ def verify(r: ResolvedSpec, reference, sessions: dict, target: str = "onnx", pre
 VERIFY_DISABLED_OPTIMIZERS = ["ConstantFolding"]
 
 
-def verification_session(path: Path, graph: str, provider: str = "cpu"):
+def prepacks(precision: str) -> bool:
+    """Whether a build's graphs are verified with their weights prepacked: an integer build's,
+    whose MatMulNBits and QMoE compute at their accuracy level (int8 activations at level 4) only
+    with a prepacked weight (without one they dequantize it and multiply in fp32 whatever the
+    level), so that what is verified is the arithmetic a served session runs."""
+    return PRECISIONS[precision].quantized
+
+
+def verification_session(path: Path, graph: str, provider: str = "cpu", prepack: bool = False):
     """The onnxruntime session a build verifies `graph` with: on `provider` (cpu, or cuda with the
     options specc runs it with, specc/runtime/graph.py), every graph optimization but constant
-    folding, no weight prepacking. BuildError where onnxruntime cannot load the graph, or would
-    run it on another provider."""
+    folding, weight prepacking only where `prepack` (`prepacks`). BuildError where onnxruntime
+    cannot load the graph, or would run it on another provider."""
     ort = require_onnxruntime("verifying a build")
     opts = session_options(ort)
-    # Neither of these changes what the graph computes (beyond float rounding), only where its
+    # Neither of these changes what a float graph computes (beyond float rounding), only where its
     # weights lie: prepacking keeps a packed copy of a weight beside the one a Gather still reads
     # (a tied embedding), and constant folding turns a tied LM head's Transpose into a transposed
     # copy of the embedding (what that costs: docs/build.md). tests/test_pipeline.py checks that
-    # a graph gives the same outputs with them and without.
-    opts.add_session_config_entry("session.disable_prepacking", "1")
+    # a graph gives the same outputs with them and without. An integer graph's kernels compute as
+    # served only prepacked (`prepacks`); its tied head is its own packed codes, no Gather's.
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     try:
         session = ort.InferenceSession(str(path), opts, providers=provider_entries([VERIFY_PROVIDERS[provider]]),
                                        disabled_optimizers=VERIFY_DISABLED_OPTIMIZERS)
@@ -585,4 +595,4 @@ def verification_session(path: Path, graph: str, provider: str = "cpu"):
 
 
 __all__ = ["CUDA_TOLERANCES", "QUALITY_BARS", "SCORE_KINDS", "TOLERANCES", "Case", "Report", "Spilled", "cases",
-           "reference_outputs", "tolerance", "verification_session", "verify"]
+           "prepacks", "reference_outputs", "tolerance", "verification_session", "verify"]

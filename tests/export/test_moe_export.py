@@ -123,12 +123,16 @@ def test_int8_activations_set_every_decode_kernels_level_and_the_cache_key(tmp_p
     """serving.activations: int8 (the `--activations` flag) makes an int4 build's MatMulNBits and
     QMoE compute with the input rounded to int8 (accuracy level 4) in every graph that decodes, the
     in-place one included; the manifest says so, the cache key differs from the default build's
-    (level 1), and the build verifies as any other. A tied head keeps int8's own level (4)."""
+    (level 1), and the build verifies as any other, its kernels computing as served (weights
+    prepacked: without, both builds' figures were the same, bit for bit). A tied head keeps int8's
+    own level (4)."""
     spec = speclib.tiny(SPECS["softmax-normalize"][0])
     default = build(spec, tmp_path / "default", precision="int4")
     fast = build(spec, tmp_path / "fast", precision="int4", activations="int8")
     assert fast.manifest["verification"]["passed"] is True
     assert fast.manifest["cache_key"] != default.manifest["cache_key"]
+    figures = [[c["outputs"] for c in result.manifest["verification"]["cases"]] for result in (default, fast)]
+    assert figures[0] and figures[0] != figures[1]  # the graph (it takes a cache: level 4) computed apart
     for result, level in ((default, 1), (fast, 4)):
         assert result.manifest["options"]["quantization"]["accuracy_level"] == level
         for graph in ("model.onnx", "inplace.onnx"):

@@ -324,9 +324,9 @@ def test_graphs_without_a_cache_compute_in_fp32_and_decoders_in_int8(tmp_path):
 def test_a_tied_head_is_packed_from_the_table_the_lookup_keeps_in_fp32(builds):
     """tiny-gpt2's head is its token table: at int4 the projection is a MatMulNBits packed from the
     table transposed in 8-bit blocks (a decode reads its codes, not the fp32 table), the lookup
-    still reads the fp32 table, and the build verifies at float rounding against torch computing
-    its head with the table as packed (against the fp32 table it is off by the head's quantization
-    noise)."""
+    still reads the fp32 table, and the build verifies against torch computing its head with the
+    table as packed, within the rounding of the head's int8 activations (level 4, verified with
+    the weights prepacked, as served)."""
     import torch
 
     from specc.nn import to_torch
@@ -340,7 +340,7 @@ def test_a_tied_head_is_packed_from_the_table_the_lookup_keeps_in_fp32(builds):
     assert len(head) == 1 and head[0].output[0] in {o.name for o in graph.output}
     bits = {a.name: a.i for a in head[0].attribute}
     assert (bits["bits"], bits["block_size"]) == (8, 16) and len(head[0].input) == 4  # with zero points
-    assert res.manifest["verification"]["max_abs_diff"] < 1e-4
+    assert res.manifest["verification"]["max_abs_diff"] < 1e-2
     assert res.manifest["options"]["quantization"]["tied_head"] == q.TIED_HEAD["int4"] == "int8"
 
     model = to_torch("tiny-gpt2")

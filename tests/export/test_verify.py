@@ -430,8 +430,8 @@ def test_verify_rejects_an_unknown_tolerance_key(built):
 def _perturbing_session(monkeypatch, delta: float):
     real = verify_mod.verification_session
 
-    def session(path, graph, provider="cpu"):
-        return Perturbed(real(path, graph, provider), "logits", 1, lambda a: a + np.asarray(delta, a.dtype))
+    def session(path, graph, provider="cpu", prepack=False):
+        return Perturbed(real(path, graph, provider, prepack), "logits", 1, lambda a: a + np.asarray(delta, a.dtype))
 
     monkeypatch.setattr(specc.builder.pipeline, "verification_session", session)
 
