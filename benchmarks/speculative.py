@@ -290,8 +290,8 @@ def main() -> None:
 
 `{command}`
 
-({datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores shared with other work while it ran,
-{THREADS} threads: figures from a shared machine move by 10-20% between runs.)
+({datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, {THREADS} threads: single figures move by
+5-10% between runs, more where other work shares the machine.)
 
 {arithmetic}, greedy, {args.new} new tokens per run (EOS off), chat prompts (gemma3's file, the base
 model's, has no chat template: the text as it is) from a paragraph of
