@@ -4,7 +4,8 @@ The estimate of a build that holds the whole model: the fp32 weights held about 
 (module, exported graph, onnxruntime session, weights file buffer), the activations of the
 longest verification case, and 1 GiB for the libraries. Of a streamed build (one layer of the
 deep stacks at a time, specc/nn/streamed.py): the larger of its two phases, building (the short
-module's fp32 weights; the exported graph's copy of them: all of them in the export dtype where
+module's fp32 weights: where the graph is exported in fp32, those outside the layers alone, its
+traced layers being hollow; the exported graph's copy of them: all of them in the export dtype where
 that is not fp32, else the tables outside the layers (embeddings, heads), held again as the graph's
 constants until they are written; and three layers made at once: the exporter's, the writer's and
 the reference run's) and verifying (onnxruntime's
@@ -67,7 +68,7 @@ def estimate_streamed(r: ResolvedSpec, stacks: dict[str, Plan] | str | None = No
     linear = precision.weight_bytes  # an integer precision's packed layout
     stored = 0  # the written graph's weights: linear weights (and routed experts) as above, tables and vectors in the dtype (and a packed tied head)
     outside = 0  # of those, the ones in no layer (embeddings, heads, final norms)
-    short = 0  # the short module's fp32 weights
+    short = 0  # the short module's fp32 weights (an fp32 export's: outside the layers alone)
     outside_fp32 = 0  # of those, the ones in no layer
     plans = streamable(r) if stacks is None else stacks
     kept = {role: p.kept for role, p in plans.items()} if isinstance(plans, dict) else {}  # layers the short module has
@@ -83,8 +84,8 @@ def estimate_streamed(r: ResolvedSpec, stacks: dict[str, Plan] | str | None = No
             key = ".".join(parts[:3])
             per_layer[key] = per_layer.get(key, 0) + 4 * n
             stored_layer[key] = stored_layer.get(key, 0) + written
-            if int(parts[2]) >= kept.get(parts[0], KEEP):
-                continue
+            if int(parts[2]) >= kept.get(parts[0], KEEP) or precision.dtype == "float32":
+                continue  # a layer the short module does not hold (an fp32 export's holds none: hollow)
         else:
             outside += written
             outside_fp32 += 4 * n

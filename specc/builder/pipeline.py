@@ -380,8 +380,12 @@ def _build_module(clock: _Clock, r: ResolvedSpec, plan: BuildPlan, weights_file:
 
             plans = plan.streamed_stacks
 
+            # the short module's layers hold no values where it is traced as it is (an fp32
+            # export): every layer's weights are made when written, one layer at a time
+            hollow = PRECISIONS[r.serving.precision].dtype == "float32"
+
             def make():
-                return st.short_and_source(r, plans, seed, weights_file)
+                return st.short_and_source(r, plans, seed, weights_file, hollow=hollow)
 
             short, source = make()
             # progress from this process only: a forked reference run makes its own layers, and its

@@ -329,6 +329,20 @@ def stitch(graph, source, plan: dict[str, Plan], root: str = "model.", lazy: boo
     return added
 
 
+def traced_weights_from(graph, source, plan: dict[str, Plan], root: str = "model.") -> int:
+    """The traced layers' weights, too, asked of `source` when they are read (written), as the
+    copies' are (stitch's `lazy`): a streamed build's short module may then hold none of them
+    (specc/nn/streamed.py's hollow layers). Returns how many initializers were changed."""
+    changed = 0
+    for role, p in plan.items():
+        stack = f"{root}{role}.layers"
+        for name, value in list(graph.initializers.items()):
+            if _shifted(name, stack, range(p.kept), 0) is not None and value.const_value is not None:
+                value.const_value = _weight(source, True, value, name, root).const_value
+                changed += 1
+    return changed
+
+
 def _check(graph, role: str, root: str, plan: Plan) -> _Checked:
     """Match block 0's nodes (layers 0..P-1) with block 1's (layers P..2P-1); where the last block
     copied is partial, see that the stack's output can be taken from the middle of block 1."""

@@ -44,25 +44,38 @@ def short_spec(r: ResolvedSpec, plans) -> ResolvedSpec:
     return r.model_copy(update=update)
 
 
-def short_model(r: ResolvedSpec, plans, seed: int = 0) -> SpeccModel:
+def short_model(r: ResolvedSpec, plans, seed: int = 0, hollow: bool = False) -> SpeccModel:
     """The module of short_spec(r, plans) in eval mode, seeded (the whole model's values for the
-    parameters it has); weights from a file are copied in by the caller."""
+    parameters it has); weights from a file are copied in by the caller. `hollow`: its layers'
+    parameters hold no values (hollowed), only their shapes and dtypes, which is all tracing reads."""
     with default_init_skipped():
         model = SpeccModel(short_spec(r, plans))
-    init_weights(model, seed, depth=stack_depths(r))  # the whole model's depths
+    depth = stack_depths(r)  # the whole model's depths
+    for name, p in model.named_parameters():
+        if hollow and layer_index(name, plans) is not None:
+            p.data = hollowed(p)
+        else:
+            init_parameter(p, name, model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model, seed, depth)
     return model.eval()
 
 
-def short_and_source(r: ResolvedSpec, plans, seed: int = 0,
-                     weights: str | os.PathLike | None = None) -> tuple[SpeccModel, StreamedWeights]:
+def hollowed(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of t's shape and dtype that holds one value (a zero every element reads)."""
+    return torch.zeros((), dtype=t.dtype).expand(t.shape)
+
+
+def short_and_source(r: ResolvedSpec, plans, seed: int = 0, weights: str | os.PathLike | None = None,
+                     hollow: bool = False) -> tuple[SpeccModel, StreamedWeights]:
     """A streamed build's short module (its own parameters from `weights` where given, seeded
-    otherwise) and the source of every other layer."""
-    short = short_model(r, plans, seed)
-    source = StreamedWeights(r, short, plans, seed=seed, weights=weights)
+    otherwise; with `hollow`, its layers' parameters hold nothing: the source makes every layer)
+    and the source of every layer past them (with `hollow`, of every layer)."""
+    short = short_model(r, plans, seed, hollow)
+    source = StreamedWeights(r, short, plans, seed=seed, weights=weights, hollow=hollow)
     if source.file is not None:
         with torch.no_grad():
             for name, p in short.named_parameters():
-                p.copy_(source.file[name].to(p.dtype))
+                if not (hollow and layer_index(name, plans) is not None):
+                    p.copy_(source.file[name].to(p.dtype))
     return short, source
 
 
@@ -90,8 +103,9 @@ class StreamedWeights:
     short module (short_spec), whose own tensors are read from it."""
 
     def __init__(self, r: ResolvedSpec, short: nn.Module, plans, seed: int = 0,
-                 weights: str | os.PathLike | None = None):
+                 weights: str | os.PathLike | None = None, hollow: bool = False):
         self.r, self.short, self.plans, self.seed = r, short, dict(plans), seed
+        self.hollow = hollow  # the short module's layers hold no parameter values: every layer is made
         self.file = None
         if weights is not None:
             from specc.weights.io import check_weights, open_weights
@@ -108,7 +122,7 @@ class StreamedWeights:
     def layer(self, role: str, index: int) -> nn.Module:
         """Layer `index` of stack `role` in eval mode, fp32: the short module's own below its
         `kept`, else made (or the one made last, if it is that layer)."""
-        if index < self.plans[role].kept and self.transform is None:
+        if index < self.plans[role].kept and self.transform is None and not self.hollow:
             return getattr(self.short, role).layers[index]
         if self._held is not None and self._held[0] == (role, index):
             return self._held[1]
@@ -136,7 +150,7 @@ class StreamedWeights:
         drawn as init_weights draws it), unless its layer is the one held; anything else from the
         short module or its layer."""
         where = layer_index(name, self.plans)
-        if where is None or where[1] < self.plans[where[0]].kept:
+        if where is None or (where[1] < self.plans[where[0]].kept and not self.hollow):
             return module_tensor(self.short, name)
         rest = name.split(".", 3)[3]
         if self._held is None or self._held[0] != where:
@@ -145,11 +159,13 @@ class StreamedWeights:
             try:
                 like = template.get_parameter(rest)
             except AttributeError:
-                like = None  # a buffer: its layer is made
+                like = None  # a buffer: its layer is made (a traced layer's own: held)
+                if where[1] < self.plans[where[0]].kept:
+                    return module_tensor(self.short, name)
             if like is not None:
                 if self.file is not None:
                     return self.file[name].to(like.dtype)
-                p = torch.empty_like(like)
+                p = torch.empty(like.shape, dtype=like.dtype)
                 owner = template.get_submodule(rest.rsplit(".", 1)[0]) if "." in rest else template
                 init_parameter(p, name, owner, self.seed, stack_depths(self.r))
                 return p

@@ -260,6 +260,25 @@ def test_seeded_layers_made_alone_have_the_whole_models_values(spec):
     assert blocks.param_seed(5, "a") != blocks.param_seed(5, "b") != blocks.param_seed(6, "b")
 
 
+@pytest.mark.parametrize("spec", [_deep, _patterned])
+def test_a_hollow_short_module_holds_no_layer_values_and_its_source_makes_them(spec):
+    """An fp32 export's short module (a streamed build's) holds its traced layers' shapes and
+    dtypes only; the source makes their values, the whole model's, and the model it runs is the
+    whole model (the bytes a build writes from it: the tests above)."""
+    r = as_resolved(spec())
+    plans = streamable(r)
+    whole = specc.to_torch(r, seed=5)
+    short, source = st.short_and_source(r, plans, seed=5, hollow=True)
+    for name, p in short.named_parameters():
+        if st.layer_index(name, plans) is not None:
+            assert p.untyped_storage().nbytes() == p.element_size(), name  # one value, whatever its shape
+    for name, p in whole.named_parameters():
+        assert torch.equal(source.tensor(name), p), name
+    ids = torch.randint(0, r.vocab.size, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(st.streamed_model(short, source)(input_ids=ids)["logits"], whole(input_ids=ids)["logits"])
+
+
 def test_what_cannot_be_streamed_is_refused_with_the_reason(tmp_path):
     assert streamable(as_resolved("tiny-llama")) == f"no stack has more than {stitch.KEEP} layers"
     assert "encoder-decoder" in streamable(as_resolved(_deep("tiny-transformer")))
