@@ -61,6 +61,16 @@ def is_moe(spec: dict) -> bool:
     return spec["decoder"]["ffn"]["kind"] == "moe"
 
 
+def is_gpt_oss(spec: dict) -> bool:
+    """gpt-oss-shaped (llama.cpp's `gpt-oss`): attention sinks."""
+    return bool(spec["decoder"]["attention"].get("sinks"))
+
+
+def architecture(spec: dict) -> str:
+    """llama.cpp's architecture for the spec: llama, qwen3moe or gpt-oss."""
+    return "gpt-oss" if is_gpt_oss(spec) else "qwen3moe" if is_moe(spec) else "llama"
+
+
 def gguf_names(spec: dict) -> dict[str, str]:
     """specc's weight names of a LLaMA-shaped decoder → llama.cpp's (its `llama` architecture), or
     of a Qwen3-MoE-shaped one (`qwen3moe`: QK-norm, routed experts stacked as llama.cpp stacks them)."""
@@ -71,9 +81,15 @@ def gguf_names(spec: dict) -> dict[str, str]:
                  "attention.k.weight": "attn_k.weight", "attention.v.weight": "attn_v.weight",
                  "attention.o.weight": "attn_output.weight", "ffn_norm.weight": "ffn_norm.weight"}
     if is_moe(spec):
-        per_layer.update({"attention.q_norm.weight": "attn_q_norm.weight", "attention.k_norm.weight": "attn_k_norm.weight",
-                          "ffn.router.weight": "ffn_gate_inp.weight", "ffn.experts.gate": "ffn_gate_exps.weight",
+        per_layer.update({"ffn.router.weight": "ffn_gate_inp.weight", "ffn.experts.gate": "ffn_gate_exps.weight",
                           "ffn.experts.up": "ffn_up_exps.weight", "ffn.experts.down": "ffn_down_exps.weight"})
+    if is_gpt_oss(spec):  # biased attention, experts and router, a sink logit per head; ffn_norm as post_attention_norm
+        per_layer.update({f"attention.{p}.bias": f"attn_{q}.bias" for p, q in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output"))})
+        per_layer.update({"attention.sinks": "attn_sinks.weight", "ffn.router.bias": "ffn_gate_inp.bias",
+                          "ffn_norm.weight": "post_attention_norm.weight",
+                          **{f"ffn.experts.{p}_bias": f"ffn_{p}_exps.bias" for p in ("gate", "up", "down")}})
+    elif is_moe(spec):
+        per_layer.update({"attention.q_norm.weight": "attn_q_norm.weight", "attention.k_norm.weight": "attn_k_norm.weight"})
     else:
         per_layer.update({"ffn.gate.weight": "ffn_gate.weight", "ffn.up.weight": "ffn_up.weight",
                           "ffn.down.weight": "ffn_down.weight"})
@@ -99,7 +115,19 @@ def check_llama_shaped(spec: dict) -> None:
              "sequential layers": dec.get("parallel", "none") != "none", "alike layers": bool(dec.get("overrides")),
              "unscaled embeddings": spec.get("vocab", {}).get("scale", "none") != "none",
              "a plain lm head": any(h.get("bias") or h.get("softcap") or h.get("scale") for h in heads)}
-    if is_moe(spec):  # llama.cpp's qwen3moe: softmax over all experts, the chosen weights renormalised
+    if is_gpt_oss(spec):  # llama.cpp's gpt-oss: what it fixes, and the windows of every other layer
+        ffn, pattern = dec["ffn"], att["pattern"]
+        over = dec.get("overrides") or []
+        wrong.update({"no biases": False, "swiglu": False, "full attention": False, "alike layers": False,
+                      "qk norm as the architecture has it": att.get("qk_norm", "none") != "none",
+                      "biased attention and experts": not (att["bias"] and ffn["bias"]),
+                      "the clamped swiglu at 1.702 and 7": (ffn["activation"], ffn.get("swiglu_alpha"), ffn.get("swiglu_limit"))
+                      != ("clamped_swiglu", 1.702, 7.0),
+                      "a biased top-k softmax router": ffn["router"]["kind"] != "top_k_softmax" or not ffn["router"].get("bias"),
+                      "windows in the even layers, dense odd ones": pattern["kind"] != "local" or len(over) != 1
+                      or (over[0].get("every"), over[0].get("first"), over[0].get("pattern", {}).get("kind")) != (2, 1, "full"),
+                      "rotary YaRN": (spec["position"].get("scaling") or {}).get("kind") != "yarn"})
+    elif is_moe(spec):  # llama.cpp's qwen3moe: softmax over all experts, the chosen weights renormalised
         ffn = dec["ffn"]
         wrong.update({"a softmax router, renormalised": ffn["router"]["kind"] != "softmax" or not ffn["router"].get("normalize"),
                       "no shared experts": bool(ffn.get("shared")), "every layer routed": bool(ffn.get("dense"))})
@@ -131,7 +159,7 @@ def write_gguf(shapes: dict[str, tuple[int, ...]], tensor, spec: dict, out: Path
     moe = is_moe(spec)
     # llama.cpp's llama rotates adjacent pairs; qwen3moe rotates halves (NEOX), as specc does
     heads = {} if moe else {"attn_q.weight": att["heads"], "attn_k.weight": att["kv_heads"]}
-    w = gguf.GGUFWriter(out, "qwen3moe" if moe else "llama")
+    w = gguf.GGUFWriter(out, architecture(spec))
     w.add_name(spec["name"])
     w.add_context_length(spec["position"]["max_length"])
     w.add_embedding_length(spec["d_model"])
@@ -148,6 +176,14 @@ def write_gguf(shapes: dict[str, tuple[int, ...]], tensor, spec: dict, out: Path
         w.add_expert_count(dec["ffn"]["experts"])
         w.add_expert_used_count(dec["ffn"]["top_k"])
         w.add_expert_feed_forward_length(dec["ffn"]["d_ff"])
+    if is_gpt_oss(spec):  # the window (the token and the ones before it) and YaRN's rope scaling
+        scaling = spec["position"]["scaling"]
+        w.add_sliding_window(att["pattern"]["window"] + 1)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(scaling["factor"])
+        w.add_rope_scaling_orig_ctx_len(scaling["original_max_length"])
+        w.add_rope_scaling_yarn_beta_fast(scaling.get("beta_fast", 32.0))
+        w.add_rope_scaling_yarn_beta_slow(scaling.get("beta_slow", 1.0))
     w.add_file_type({"F16": gguf.LlamaFileType.MOSTLY_F16, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[matrices])
     size = spec["vocab"]["size"]
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
@@ -163,7 +199,7 @@ def write_gguf(shapes: dict[str, tuple[int, ...]], tensor, spec: dict, out: Path
     q4 = gguf.GGMLQuantizationType.Q4_0
 
     def kind(name: str):  # the tensor's GGML type
-        if name.endswith("norm.weight") or name.endswith("ffn_gate_inp.weight"):
+        if name.endswith(("norm.weight", "ffn_gate_inp.weight", ".bias", "attn_sinks.weight")):
             return gguf.GGMLQuantizationType.F32
         return q4 if matrices == "Q4_0" else gguf.GGMLQuantizationType.F16
 
@@ -204,7 +240,7 @@ def seeded_tensors(spec_name: str, seed: int = 0) -> tuple[dict, object]:
     from specc.spec.costs import parameter_shapes
 
     r = as_resolved(spec_name)
-    short, source = st.short_and_source(r, streamable(r), seed)
+    short, source = st.short_and_source(r, streamable(r), seed, hollow=True)  # every layer's tensors made alone
     return ({k: tuple(v) for k, v in parameter_shapes(r).items()},
             lambda name: source.tensor(name).float().numpy())
 
