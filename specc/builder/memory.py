@@ -102,8 +102,11 @@ def estimate_streamed(r: ResolvedSpec, stacks: dict[str, Plan] | str | None = No
     activations = _activations(r, verified_length(r, streamed=True))
     # verified whole where onnxruntime holding every written weight needs no more than building
     # does (or than the libraries: a small model is never cut), else a segment at a time: at most
-    # one layer and the weights outside the layers
-    whole = stored <= max(building, LIBRARIES)
+    # one layer and the weights outside the layers. An integer build's sessions prepack its weights
+    # (verify.prepacks): packed copies in memory of their own beside the mapped file and the short
+    # module, more than its stored size (gpt-oss-20b int4 at int8 activations was killed at 24 GB
+    # verifying whole), so a large one is verified a segment at a time
+    whole = stored <= LIBRARIES or (stored <= building and not precision.quantized)
     verifying = (stored if whole else outside + max(stored_layer.values(), default=0)) + activations
     total = max(building, verifying) + LIBRARIES
     return {"bytes": total, "building": building, "verifying": verifying, "stored": stored, "layer": layer,
