@@ -86,7 +86,3 @@ class Sampler:
         if self.rng is None:
             return greedy(logits)
         return sample(logits, self.rng, self.temperature, self.top_k, self.top_p)
-
-    def probabilities(self, logits: np.ndarray) -> np.ndarray:
-        """What a sampling Sampler draws each row's token from [rows, vocab]."""
-        return distribution(logits, self.temperature, self.top_k, self.top_p)
