@@ -50,6 +50,12 @@ def verified_length(r: ResolvedSpec, streamed: bool) -> int:
     return min(r.serving.length.max, STREAMED_LONGEST if streamed else VERIFIED_LONGEST)
 
 
+def hollow(r: ResolvedSpec) -> bool:
+    """Whether a streamed build's short module holds no values in its traced layers
+    (specc/nn/streamed.py): where the graph is exported in fp32, the module traced as it is."""
+    return PRECISIONS[r.serving.precision].dtype == "float32"
+
+
 def estimate_memory(r: ResolvedSpec) -> dict:
     """Bytes a build that holds the whole model needs at its peak, from the spec alone: the fp32
     weights held about four times (module, exported graph, onnxruntime session, weights file
@@ -84,8 +90,8 @@ def estimate_streamed(r: ResolvedSpec, stacks: dict[str, Plan] | str | None = No
             key = ".".join(parts[:3])
             per_layer[key] = per_layer.get(key, 0) + 4 * n
             stored_layer[key] = stored_layer.get(key, 0) + written
-            if int(parts[2]) >= kept.get(parts[0], KEEP) or precision.dtype == "float32":
-                continue  # a layer the short module does not hold (an fp32 export's holds none: hollow)
+            if int(parts[2]) >= kept.get(parts[0], KEEP) or hollow(r):
+                continue  # a layer the short module does not hold (or holds hollow)
         else:
             outside += written
             outside_fp32 += 4 * n

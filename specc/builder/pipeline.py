@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from specc.builder import manifest as build_manifest
 from specc.builder import plan as build_plan
+from specc.builder import memory as build_memory
 from specc.builder.memory import STREAMED_LONGEST
 from specc.builder.plan import BuildPlan
 from specc.builder.write import write as write_artifacts
@@ -380,9 +381,7 @@ def _build_module(clock: _Clock, r: ResolvedSpec, plan: BuildPlan, weights_file:
 
             plans = plan.streamed_stacks
 
-            # the short module's layers hold no values where it is traced as it is (an fp32
-            # export): every layer's weights are made when written, one layer at a time
-            hollow = PRECISIONS[r.serving.precision].dtype == "float32"
+            hollow = build_memory.hollow(r)  # every layer's weights made when written, one layer at a time
 
             def make():
                 return st.short_and_source(r, plans, seed, weights_file, hollow=hollow)

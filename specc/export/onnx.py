@@ -136,8 +136,6 @@ def export_stitched(model: nn.Module, r, sig: GraphSig, example: dict[str, torch
         facts["periods"] = {role: p.period for role, p in plan.items()}
     try:
         st.stitch(graph, source or st.ModuleWeights(model), plan, lazy=source is not None)
-        if source is not None:  # every layer's weights made when written: the short module may hold none
-            st.traced_weights_from(graph, source, plan)
         st.order_io(graph, sig)
     except st.NotStitchable as why:  # the graph may be half-changed: trace the whole model
         if source is not None:  # a streamed build has no whole model to trace

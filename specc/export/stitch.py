@@ -317,8 +317,10 @@ def stitch(graph, source, plan: dict[str, Plan], root: str = "model.", lazy: boo
     """Repeat layers P..2P-1 of each planned stack in `graph` (an onnx_ir Graph traced from
     truncated(model, plan)) until the stack has its full depth. `source` gives the whole model's
     tensors by module path (specc/nn/streamed.py: the module itself, or a streamed build's layers
-    made one at a time); `root` is the prefix of its parameter names in the graph. `lazy`: the
-    copies' weights are asked of the source only when they are read (written), not now.
+    made one at a time); `root` is the prefix of its parameter names in the graph. `lazy`: every
+    layer's weights, the traced layers' too, are asked of the source only when they are read
+    (written), not now: a streamed build's short module may then hold none of its own
+    (specc/nn/streamed.py's hollow layers).
     Returns {role: nodes added}. Raises NotStitchable when the traced layers do not match (see
     the module's doc); the graph may then be partly changed, so the caller traces again."""
     checked = {role: _check(graph, role, root, plan[role]) for role in plan}  # every stack first: all or nothing
@@ -326,21 +328,13 @@ def stitch(graph, source, plan: dict[str, Plan], root: str = "model.", lazy: boo
     names = [v.name for v in graph.inputs] + list(graph.initializers) + [o.name for n in graph for o in n.outputs]
     if len(names) != len(set(names)):
         raise NotStitchable("a copied value's name is taken")
+    if lazy:
+        for role, p in plan.items():
+            traced = range(p.kept)
+            for name, value in list(graph.initializers.items()):
+                if _shifted(name, f"{root}{role}.layers", traced, 0) is not None and value.const_value is not None:
+                    value.const_value = _weight(source, True, value, name, root).const_value
     return added
-
-
-def traced_weights_from(graph, source, plan: dict[str, Plan], root: str = "model.") -> int:
-    """The traced layers' weights, too, asked of `source` when they are read (written), as the
-    copies' are (stitch's `lazy`): a streamed build's short module may then hold none of them
-    (specc/nn/streamed.py's hollow layers). Returns how many initializers were changed."""
-    changed = 0
-    for role, p in plan.items():
-        stack = f"{root}{role}.layers"
-        for name, value in list(graph.initializers.items()):
-            if _shifted(name, stack, range(p.kept), 0) is not None and value.const_value is not None:
-                value.const_value = _weight(source, True, value, name, root).const_value
-                changed += 1
-    return changed
 
 
 def _check(graph, role: str, root: str, plan: Plan) -> _Checked:
