@@ -88,6 +88,13 @@ class Blocks:
             w = w + self.offsets[..., None]
         return w.reshape(w.shape[0], -1)
 
+    def planes(self) -> tuple[np.ndarray, np.ndarray]:
+        """8-bit codes as two 4-bit planes packed as 4-bit codes are ([N, K / block, block / 2]
+        each): the high nibbles, read about 8, and the low ones, read about 0; code - 128 =
+        16 (high - 8) + low, so the weights are 16 x scale x (high - 8) + scale x low (+ offset)."""
+        assert self.bits == 8, "planes split 8-bit codes"
+        return _packed(self.codes >> np.uint8(4)), _packed(self.codes & np.uint8(15))
+
     @property
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scales.nbytes + (0 if self.offsets is None else self.offsets.nbytes)
@@ -122,11 +129,16 @@ def blocks(name: str, qtype: str, raw: np.ndarray, k: int) -> Blocks:
     sub = fmt.type_block // fmt.block
     codes = codes.reshape(n, -1, fmt.block)
     if fmt.bits == 4:
-        codes = codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4))
+        codes = _packed(codes)
     shape = (n, k // fmt.block)
     assert scales.size == n * (k // fmt.type_block) * sub
     return Blocks(fmt.bits, fmt.block, np.ascontiguousarray(codes), scales.astype(np.float32).reshape(shape),
                   None if offsets is None else offsets.astype(np.float32).reshape(shape))
+
+
+def _packed(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes one a byte ([..., block]) packed two a byte, the first in the low nibble."""
+    return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4)))
 
 
 def _f16(b: np.ndarray, at: int) -> np.ndarray:

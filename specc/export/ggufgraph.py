@@ -5,8 +5,8 @@ weight (specc/export/quantize.py's _matmul_weight: an initializer, or a tied hea
 through a Transpose) is one of the file's quantized matrices into onnxruntime's MatMulNBits on
 that matrix's blocks (specc/export/ggufblocks.py) at fp32 compute (ACCURACY_LEVEL), with the
 blocks' offsets, where the format has minima, added outside the kernel as the block sums of the
-input times the offsets (codes wider than the kernel takes at that level, KERNEL_BITS: the blocks
-dequantized by graph nodes before a plain MatMul, by the same arithmetic); and a Gather
+input times the offsets (codes wider than the kernel takes at that level, KERNEL_BITS: two
+4-bit MatMulNBits on the codes' high and low nibbles, added); and a Gather
 of such a table (the token embedding) into a Gather of its packed rows, dequantized in the graph
 by the same arithmetic. A graph weight is taken to be a GGUF matrix only where its values are the
 values the import wrote for it, bit for bit (`GGUFSource` indexes the file's matrices by a hash of
@@ -35,10 +35,10 @@ from specc.spec.targets import ACTIVATION_LEVELS, PRECISIONS
 # docs/benchmarks_quality.md "GGUF blocks kept")
 ACCURACY_LEVEL = ACTIVATION_LEVELS[PRECISIONS["gguf"].activations]
 # the widest codes MatMulNBits takes at each accuracy level: at fp32 compute onnxruntime's 8-bit
-# path is some twenty times slower than its 4-bit one (it dequantizes the whole weight at every
-# call), so a matrix of 8-bit codes is written as its codes dequantized by graph nodes (Cast, Sub,
-# Mul, Add) before a MatMul, which onnxruntime folds into an fp32 weight when it loads the graph:
-# the file keeps the codes, the session's memory the fp32 weight
+# path dequantizes the whole weight at every call, so a matrix of 8-bit codes is written as two
+# 4-bit MatMulNBits on its codes' high and low nibbles (ggufblocks.Blocks.planes: the high plane
+# at 16 x the scales, a Mul the session folds at load; the low plane read about a zero point of
+# 0) whose outputs are added: one byte a weight and the scales, as the file holds it
 KERNEL_BITS = {1: 4, 4: 8}
 
 
@@ -106,7 +106,7 @@ def quantize_gguf(model, sig, source: GGUFSource, activations: str | None = None
     except Exception as exc:  # onnx_ir's and numpy's own errors on a graph this module does not expect
         raise BuildError(f"writing the {sig.name} graph on {source.path.name}'s blocks failed: "
                          f"{first_line(exc) or type(exc).__name__}") from None
-    if not (facts["matmuls"] or facts["dequantized"] or facts["gathers"]) and source.index:
+    if not (facts["matmuls"] or facts["gathers"]) and source.index:
         raise BuildError(f"{source.path}: none of its quantized matrices is a weight of the {sig.name} graph "
                          "(was the file changed after `specc import gguf` read it?)")
     model.opset_imports.setdefault("com.microsoft", 1)
@@ -114,8 +114,8 @@ def quantize_gguf(model, sig, source: GGUFSource, activations: str | None = None
     for n in model.graph:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
     return {"graph": sig.name, "precision": "gguf", "file": source.path.name, "float_matmuls_left": ops.get("MatMul", 0)
-            - facts["offset_matmuls"] - facts["dequantized"], "quantized_ops": {"MatMulNBits": facts["matmuls"]},
-            "dequantized_in_graph": facts["dequantized"], "gathers": facts["gathers"], "formats": facts["formats"],
+            - facts["offset_matmuls"], "quantized_ops": {"MatMulNBits": facts["matmuls"] + facts["split"]},
+            "split_codes": facts["split"], "gathers": facts["gathers"], "formats": facts["formats"],
             "accuracy_level": level}
 
 
@@ -125,7 +125,7 @@ def describe(activations: str | None = None) -> dict:
     level = ACTIVATION_LEVELS[activations] if activations else ACCURACY_LEVEL
     return {"op": "MatMulNBits", "weights": "the GGUF file's blocks", "formats": list(ggufblocks.FORMATS),
             "offsets": "block sums x offsets, outside the kernel", "accuracy_level": level,
-            "kernel_bits": KERNEL_BITS[level], "wider_codes": "dequantized in the graph, folded at load",
+            "kernel_bits": KERNEL_BITS[level], "wider_codes": "two 4-bit MatMulNBits on their nibbles, added",
             "embedding": "Gather of packed rows"}
 
 
@@ -143,15 +143,23 @@ class _Values:
             self._last = (name, self.source.blocks(name, rows))
         return self._last[1]
 
+    def field(self, name: str, rows, field: str) -> np.ndarray:
+        """One initializer's values: a Blocks field, or "high" / "low", its codes' planes."""
+        b = self.get(name, rows)
+        if field in ("high", "low"):
+            return b.planes()[field == "low"]
+        return getattr(b, field)
+
     def initializers(self, graph, name: str, prefix: str, rows, shapes: dict) -> dict:
-        """The initializers PREFIX.codes, .scales (and .offsets) of the file's matrix NAME."""
+        """The initializers PREFIX.codes (or .high and .low), .scales (and .offsets) of the file's
+        matrix NAME."""
         import onnx_ir as ir
 
         values = {}
         for field, (dtype, shape) in shapes.items():
             full = f"{prefix}.{field}"
             tensor = ir.LazyTensor(lambda f=field, full=full: ir.tensor(np.ascontiguousarray(
-                getattr(self.get(name, rows), f)).reshape(shapes[f][1]), name=full),
+                self.field(name, rows, f)).reshape(shapes[f][1]), name=full),
                 dtype=ir.DataType.from_numpy(np.dtype(dtype)), shape=ir.Shape(shape), name=full)
             values[field] = ir.Value(name=full, shape=ir.Shape(shape), type=ir.TensorType(tensor.dtype),
                                      const_value=tensor)
@@ -159,9 +167,19 @@ class _Values:
         return values
 
 
-def _shapes(fmt: ggufblocks.Format, n: int, k: int) -> dict:
+def _split(fmt: ggufblocks.Format, level: int) -> bool:
+    """Whether the format's codes are wider than MatMulNBits takes at the level (two planes)."""
+    return fmt.bits > KERNEL_BITS.get(level, 8)
+
+
+def _shapes(fmt: ggufblocks.Format, n: int, k: int, level: int) -> dict:
     blocks = k // fmt.block
-    shapes = {"codes": (np.uint8, (n, blocks, fmt.block * fmt.bits // 8)), "scales": (np.float32, (n * blocks,))}
+    if _split(fmt, level):
+        plane = (np.uint8, (n, blocks, fmt.block // 2))
+        shapes = {"high": plane, "low": plane}
+    else:
+        shapes = {"codes": (np.uint8, (n, blocks, fmt.block * fmt.bits // 8))}
+    shapes["scales"] = (np.float32, (n * blocks,))
     if fmt.offsets:
         shapes["offsets"] = (np.float32, (n, blocks))
     return shapes
@@ -172,8 +190,39 @@ def _rewrite(graph, source: GGUFSource, level: int) -> dict:
 
     values = _Values(source)
     packed: dict[str, tuple[str, dict]] = {}  # initializer name (.T for a transposed read) -> (gguf name, values)
-    facts = {"matmuls": 0, "offset_matmuls": 0, "gathers": 0, "dequantized": 0, "formats": {}}
+    facts = {"matmuls": 0, "offset_matmuls": 0, "gathers": 0, "split": 0, "formats": {}}
     summed: dict = {}
+    constants: dict = {}
+
+    def first(nodes):  # constants of the graph (folded when onnxruntime loads it): at its start
+        graph.insert_before(graph.node(0), nodes) if len(graph) else graph.extend(nodes)
+
+    def zeros(n: int, blocks: int):
+        """The low planes' zero points (0, two a byte), one initializer for each shape."""
+        key = ("zeros", n, blocks)
+        if key not in constants:
+            v = ir.Value(name=f"gguf.zero_points.{n}x{blocks}", const_value=ir.tensor(np.zeros(n * ((blocks + 1) // 2), np.uint8)))
+            v.shape, v.type = v.const_value.shape, ir.TensorType(ir.DataType.UINT8)
+            graph.register_initializer(v)
+            constants[key] = v
+        return constants[key]
+
+    def sixteen():
+        if "16" not in constants:
+            v = ir.Value(name="gguf.sixteen", const_value=ir.tensor(np.float32(16)))
+            v.shape, v.type = v.const_value.shape, ir.TensorType(ir.DataType.FLOAT)
+            graph.register_initializer(v)
+            constants["16"] = v
+        return constants["16"]
+
+    def high_scales(made: dict):
+        """16 x the matrix's scales, the high plane's (a Mul of constants, once per matrix)."""
+        if "scales16" not in made:
+            mul = ir.node("Mul", [made["scales"], sixteen()], name=f"{made['scales'].name}.x16")
+            mul.outputs[0].name = f"{made['scales'].name}.x16"
+            first([mul])
+            made["scales16"] = mul.outputs[0]
+        return made["scales16"]
 
     def pack_for(value, transposed: bool):
         key = f"{value.name}.T" if transposed else value.name
@@ -189,7 +238,7 @@ def _rewrite(graph, source: GGUFSource, level: int) -> dict:
         t = source.tensors[name]
         fmt = ggufblocks.FORMATS[t.tensor_type.name]
         n, k = int(t.shape[1]), int(t.shape[0])
-        made = values.initializers(graph, name, f"{value.name}_gguf", rows, _shapes(fmt, n, k))
+        made = values.initializers(graph, name, f"{value.name}_gguf", rows, _shapes(fmt, n, k, level))
         facts["formats"][t.tensor_type.name] = facts["formats"].get(t.tensor_type.name, 0) + 1
         packed[key] = (name, fmt, n, k, made)
         return packed[key]
@@ -203,25 +252,22 @@ def _rewrite(graph, source: GGUFSource, level: int) -> dict:
             _, fmt, n, k, made = got
             read = node.inputs[1]
             x, y = node.inputs[0], node.outputs[0]
-            if fmt.bits > KERNEL_BITS.get(level, 8):  # the weight dequantized in the graph, folded at load
-                if "weight" not in made:
-                    nodes, rows_ = _dequantized(graph, f"{weight.value.name}_gguf.weight", made, fmt, k)
-                    t = ir.node("Transpose", [rows_], attributes={"perm": [1, 0]}, name=f"{rows_.name}.T")
-                    t.outputs[0].name = f"{rows_.name}.T"
-                    graph.insert_before(graph.node(0), [*nodes, t])  # constants of the graph: first
-                    made["weight"] = t.outputs[0]
-                matmul = ir.node("MatMul", [x, made["weight"]], name=node.name)
-                ir.convenience.replace_nodes_and_values(graph, node, [node], [matmul], [y], [matmul.outputs[0]])
-                facts["dequantized"] += 1
-                if weight.transposed and not read.uses():
-                    graph.remove(read.producer(), safe=True)
-                if not weight.value.uses() and weight.value.name in graph.initializers:
-                    graph.initializers.pop(weight.value.name)
-                continue
-            matmul = ir.node("MatMulNBits", [x, made["codes"], made["scales"]],
-                             attributes={"K": k, "N": n, "bits": fmt.bits, "block_size": fmt.block,
-                                         "accuracy_level": level}, domain="com.microsoft", name=node.name)
-            new = [matmul]
+            attributes = {"K": k, "N": n, "bits": fmt.bits, "block_size": fmt.block, "accuracy_level": level}
+            if _split(fmt, level):  # y = x @ (16 scales (high - 8)) + x @ (scales low)
+                attributes["bits"] = 4
+                high = ir.node("MatMulNBits", [x, made["high"], high_scales(made)], attributes=attributes,
+                               domain="com.microsoft", name=f"{node.name}.high")
+                high.outputs[0].name = f"{y.name}.high"
+                low = ir.node("MatMulNBits", [x, made["low"], made["scales"], zeros(n, k // fmt.block)],
+                              attributes=attributes, domain="com.microsoft", name=f"{node.name}.low")
+                low.outputs[0].name = f"{y.name}.low"
+                matmul = ir.node("Add", [high.outputs[0], low.outputs[0]], name=f"{node.name}.planes")
+                new = [high, low, matmul]
+                facts["split"] += 1
+            else:
+                matmul = ir.node("MatMulNBits", [x, made["codes"], made["scales"]], attributes=attributes,
+                                 domain="com.microsoft", name=node.name)
+                new = [matmul]
             if "offsets" in made:  # y = x @ ((codes - mid) * scales) + (block sums of x) @ offsets
                 matmul.outputs[0].name = f"{y.name}.codes"
                 sums = summed.get((x.name, k, fmt.block))
@@ -297,16 +343,17 @@ def _gather_nodes(graph, node, made: dict, fmt: ggufblocks.Format, k: int):
     return _dequantized(graph, node.name or node.outputs[0].name, made, fmt, k, ids)
 
 
-def _dequantized(graph, base: str, made: dict, fmt: ggufblocks.Format, k: int, ids=None):
-    """Nodes computing the matrix's rows in fp32 from its packed initializers (those at IDS [B, S],
-    [B, S, K]; every row where IDS is None, [N, K]), by MatMulNBits' arithmetic. Returns (nodes,
-    output)."""
+def _dequantized(graph, base: str, made: dict, fmt: ggufblocks.Format, k: int, ids):
+    """Nodes computing the matrix's rows at IDS ([B, S] -> [B, S, K]) in fp32 from its packed
+    initializers, by MatMulNBits' arithmetic. Returns (nodes, output)."""
     import onnx_ir as ir
 
     new = []
-    lead = 1 if ids is None else 2
+    lead = 2
 
     def const(name, array):
+        if f"{base}.{name}" in graph.initializers:
+            return graph.initializers[f"{base}.{name}"]
         v = ir.Value(name=f"{base}.{name}", const_value=ir.tensor(np.asarray(array)))
         v.shape, v.type = v.const_value.shape, ir.TensorType(v.const_value.dtype)
         graph.register_initializer(v)
@@ -319,16 +366,24 @@ def _dequantized(graph, base: str, made: dict, fmt: ggufblocks.Format, k: int, i
         return n.outputs[0]
 
     def rows(value):
-        return value if ids is None else op("Gather", [value, ids], axis=0)
+        return op("Gather", [value, ids], axis=0)
 
     blocks = k // fmt.block
-    codes = rows(made["codes"])  # [..., blocks, bytes]
-    if fmt.bits == 4:
-        low = op("BitwiseAnd", [codes, const("low_mask", np.uint8(15))])
-        high = op("BitShift", [codes, const("high_shift", np.uint8(4))], direction="RIGHT")
+
+    def unpacked(packed):  # 4-bit codes two a byte [..., blocks, block / 2] -> one a byte [..., blocks, block]
+        low = op("BitwiseAnd", [packed, const("low_mask", np.uint8(15))])
+        high = op("BitShift", [packed, const("shift", np.uint8(4))], direction="RIGHT")
         both = op("Concat", [op("Unsqueeze", [low, const("last", np.array([-1], np.int64))]),
                              op("Unsqueeze", [high, const("last2", np.array([-1], np.int64))])], axis=-1)
-        codes = op("Reshape", [both, const("block_shape", np.array([0] * lead + [blocks, fmt.block], np.int64))])
+        return op("Reshape", [both, const("block_shape", np.array([0] * lead + [blocks, fmt.block], np.int64))])
+
+    if "high" in made:  # 8-bit codes kept as their planes: 16 high + low
+        high = op("BitShift", [unpacked(rows(made["high"])), const("shift", np.uint8(4))], direction="LEFT")
+        codes = op("BitwiseOr", [high, unpacked(rows(made["low"]))])
+    elif fmt.bits == 4:
+        codes = unpacked(rows(made["codes"]))
+    else:
+        codes = rows(made["codes"])  # [..., blocks, block]
     centred = op("Sub", [op("Cast", [codes], to=ir.DataType.FLOAT), const("mid", np.float32(1 << (fmt.bits - 1)))])
     scales = op("Reshape", [made["scales"], const("scale_rows", np.array([-1, blocks], np.int64))])
     w = op("Mul", [centred, op("Unsqueeze", [rows(scales), const("axis", np.array([-1], np.int64))])])

@@ -120,16 +120,19 @@ def test_graph_weights_are_the_files_values(fmt, level):
     """The rewritten MatMul, run by onnxruntime on the identity, gives back the weights it
     multiplies by: gguf's dequantization of the blocks. At accuracy level 1 (fp32 compute, the
     build's) exactly where the format is exact; codes wider than the kernel takes at the level
-    are dequantized by graph nodes before a MatMul. At level 4 the kernel rounds its input to
-    int8, which the identity's ones survive to fp32 rounding."""
+    are two 4-bit MatMulNBits on their nibbles, added (16 scale (high - 8) + scale low: each term
+    and their sum exact for the formats' scales). At level 4 the kernel rounds its input to int8,
+    which the identity's ones survive to fp32 rounding."""
     n, k = 48, 256
     raw = crafted(fmt, n, k, seed=1)
     ref = reference(fmt, raw, n, k)
     model = _matmul_model(np.ascontiguousarray(ref.T))
     facts = ggufgraph._rewrite(model.graph, _Source(fmt, raw, n, k), level=level)
     kernel = ggufblocks.FORMATS[fmt].bits <= ggufgraph.KERNEL_BITS[level]
-    assert (facts["matmuls"], facts["dequantized"]) == ((1, 0) if kernel else (0, 1))
-    assert [n.op_type for n in model.graph].count("MatMulNBits") == int(kernel)
+    assert (facts["matmuls"], facts["split"]) == ((1, 0) if kernel else (1, 1))
+    assert [n.op_type for n in model.graph].count("MatMulNBits") == (1 if kernel else 2)
+    assert all(n.attributes.get_int("bits") == (ggufblocks.FORMATS[fmt].bits if kernel else 4)
+               for n in model.graph if n.op_type == "MatMulNBits")
     assert "weight" not in model.graph.initializers
     model.opset_imports["com.microsoft"] = 1
     got = _run(model, {"x": np.eye(k, dtype=np.float32)}).T  # [N, K]: row i is weight row i

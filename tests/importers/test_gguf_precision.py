@@ -1,7 +1,7 @@
 """`specc build --precision gguf`: a GGUF file imported, then built on its own blocks. A small
 llama file (its q and k rows permuted by the converter, so the importer's row order is exercised)
 in Q4_0 and Q8_0 blocks: every matrix of whole blocks becomes MatMulNBits on the file's blocks
-(or, 8-bit codes, the blocks dequantized in the graph), the embedding a Gather of its packed rows,
+(or, 8-bit codes, two 4-bit MatMulNBits on their nibbles), the embedding a Gather of its packed rows,
 and the graph's logits are those of transformers' model of the same dequantized weights. The packaged SmolLM2
 Q4_1 file (slow): the graph bytes against the file's, every matrix kept. Builds without a GGUF
 record are refused."""
@@ -46,7 +46,7 @@ def _round_trip(model, qtype: str):
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
 def test_a_llama_file_builds_on_its_blocks(tmp_path, qtype):
     """Q4_0: MatMulNBits on the file's codes; Q8_0: codes wider than the kernel takes at fp32
-    compute, dequantized in the graph."""
+    compute, two MatMulNBits on their high and low nibbles."""
     model = hf_model("llama")
     file = tmp_path / f"tiny-llama.{qtype}.gguf"
     write_gguf(model, file, qtype)
@@ -59,8 +59,8 @@ def test_a_llama_file_builds_on_its_blocks(tmp_path, qtype):
     assert recorded["name"] == file.name and len(recorded["sha256"]) == 64  # in the cache key: the blocks' source
     # q, k, v, o, gate, up of each of 2 layers (down's rows, 48 weights, are no whole blocks) and the head
     kernel = qtype == "Q4_0"
-    assert facts["quantized_ops"] == {"MatMulNBits": 13 if kernel else 0} and facts["gathers"] == 1
-    assert facts["dequantized_in_graph"] == (0 if kernel else 13) and facts["formats"] == {qtype: 14}
+    assert facts["quantized_ops"] == {"MatMulNBits": 13 if kernel else 26} and facts["gathers"] == 1
+    assert facts["split_codes"] == (0 if kernel else 13) and facts["formats"] == {qtype: 14}
     got = Session(out).run(input_ids=[PROMPT])["logits"][0]
     with torch.no_grad():
         want = _round_trip(model, qtype)(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
@@ -85,8 +85,8 @@ def test_the_packaged_smollm2_q4_1_file_builds_within_its_bytes(tmp_path):
     specc.build(spec, out, precision="gguf", progress=None)
     facts = _facts(out)
     assert facts["formats"] == {"Q4_1": 210, "Q8_0": 1}  # every matrix of the file, the tied table once
-    assert facts["quantized_ops"] == {"MatMulNBits": 210} and facts["gathers"] == 1
-    assert facts["dequantized_in_graph"] == 1  # the tied head's 8-bit codes
+    assert facts["quantized_ops"] == {"MatMulNBits": 212} and facts["gathers"] == 1
+    assert facts["split_codes"] == 1  # the tied head's 8-bit codes, two planes
     graphs = sum(p.stat().st_size for p in out.iterdir() if ".onnx" in p.name)
     assert graphs <= 1.5 * file.stat().st_size
 
