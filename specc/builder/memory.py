@@ -27,6 +27,7 @@ from pathlib import Path
 from specc.errors import BuildError
 from specc.export.quantize import SCHEMES, TIED_HEAD, experts_packed
 from specc.export.stitch import KEEP, Plan, deep_stacks, streamable
+from specc.export.verify import by_layers
 from specc.report import human_bytes
 from specc.spec.costs import inspect_spec, parameter_shapes
 from specc.spec.resolve import ResolvedSpec
@@ -112,7 +113,7 @@ def estimate_streamed(r: ResolvedSpec, stacks: dict[str, Plan] | str | None = No
     # (verify.prepacks): packed copies in memory of their own beside the mapped file and the short
     # module, more than its stored size (gpt-oss-20b int4 at int8 activations was killed at 24 GB
     # verifying whole), so a large one is verified a segment at a time
-    whole = stored <= LIBRARIES or (stored <= building and not precision.quantized)
+    whole = (stored <= LIBRARIES or (stored <= building and not precision.quantized)) and not by_layers(r)
     verifying = (stored if whole else outside + max(stored_layer.values(), default=0)) + activations
     total = max(building, verifying) + LIBRARIES
     return {"bytes": total, "building": building, "verifying": verifying, "stored": stored, "layer": layer,

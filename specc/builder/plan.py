@@ -20,7 +20,8 @@ from pathlib import Path
 from specc.builder import memory
 from specc.errors import BuildError
 from specc.export.stitch import Plan as StackPlan
-from specc.export.stitch import stitch_plans, streamable
+from specc.export.stitch import repeats_from_first, stitch_plans, streamable
+from specc.export.verify import by_layers
 from specc.spec.resolve import ResolvedSpec
 
 
@@ -72,6 +73,8 @@ def choose(r: ResolvedSpec, stream: bool | None, max_memory: int | None, stacks:
     hint = memory.streamed_hint(r, stacks, streaming)
     if stream is None and r.serving.precision == "gguf" and not isinstance(stacks, str):
         stream = True  # the file's blocks are its weights: never the whole model in fp32
+    if stream is None and by_layers(r) and not isinstance(stacks, str) and repeats_from_first(r, stacks):
+        stream = True  # verified a layer at a time, which a streamed build's graph can be
     if stream is False:
         memory.check_memory(r, whole, have, hint=hint)
         return False

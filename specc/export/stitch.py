@@ -76,6 +76,15 @@ def period(stack) -> int | None:
     return None
 
 
+def repeats_from_first(r, stacks: dict[str, Plan]) -> bool:
+    """Whether each planned stack's layer 0 is configured as the layer a period after it (period()
+    lets a period of 1 leave layer 0 apart, for the graph's check to judge at export)."""
+    def config(layer):
+        return layer.model_copy(update={"index": 0})
+
+    return all(config(r.stack(role).layers[0]) == config(r.stack(role).layers[p.period]) for role, p in stacks.items())
+
+
 def stitch_plan(r, sig) -> dict[str, Plan]:
     """{stack role: Plan} for the stacks of this graph that can be traced in part: more than
     KEEP layers, configured in a repeating period (period())."""

@@ -32,6 +32,9 @@ export and verification run without them.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Optional
 
 import torch
@@ -72,6 +75,22 @@ def _sparsemixer(logits: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.
     return torch.cat(weights, dim=-1), torch.cat(index, dim=-1)
 
 
+_OBSERVED = threading.local()  # .sink: where this thread's router calls are recorded (observing_routing)
+
+
+@contextlib.contextmanager
+def observing_routing() -> Iterator[list]:
+    """While inside, every Router call on this thread appends, in call order (a forward pass: the
+    routed layers in order), (top_k, the values its top_k chose among: [N, E] fp32, Router.selection
+    of its logits). What verification reads to tell a near tie's flipped choice from an error."""
+    previous = getattr(_OBSERVED, "sink", None)
+    _OBSERVED.sink = sink = []
+    try:
+        yield sink
+    finally:
+        _OBSERVED.sink = previous
+
+
 class Router(nn.Module):
     """weight [E, D]; bias [E] (`bias`: gpt-oss); selection_bias [E] (the sigmoid router's
     `selection_bias`: DeepSeek-V3's e_score_correction_bias, added to the scores for the choice
@@ -88,7 +107,20 @@ class Router(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [N,D] -> the router's logits [N,E], fp32."""
         bias = None if self.bias is None else self.bias.float()
-        return F.linear(cast(x, torch.float32), self.weight.float(), bias)
+        logits = F.linear(cast(x, torch.float32), self.weight.float(), bias)
+        sink = getattr(_OBSERVED, "sink", None)
+        if sink is not None:
+            sink.append((self.spec.top_k, self.selection(logits).detach().float().numpy().copy()))
+        return logits
+
+    def selection(self, logits: torch.Tensor) -> torch.Tensor:
+        """The values [N,E] whose top_k is the choice (before a group limit): the logits (softmax
+        routers, whose softmax keeps their order, and sparsemixer), or the sigmoid's scores plus
+        the selection bias."""
+        if self.spec.router.kind != "sigmoid":
+            return logits
+        scores = torch.sigmoid(logits)
+        return scores if self.selection_bias is None else scores + self.selection_bias.float()
 
     def as_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
         """The router as routed_experts reads it: (logits [N,E] fp32, whether the weights are the
@@ -113,7 +145,7 @@ class Router(nn.Module):
         if r.kind == "sparsemixer":
             return _sparsemixer(logits, r.jitter_eps)
         scores = torch.softmax(logits, dim=-1) if r.kind == "softmax" else torch.sigmoid(logits)
-        choice = scores if self.selection_bias is None else scores + self.selection_bias.float()
+        choice = scores if r.kind == "softmax" else self.selection(logits)
         if r.groups is not None:
             choice = _group_limited(choice, r.groups, r.top_groups, r.group_score)
         index = choice.topk(k, dim=-1).indices

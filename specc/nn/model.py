@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from specc.nn.blocks import ACTIVATIONS, Stack, make_norm
+from specc.nn.experts import observing_routing
 from specc.nn.ops import Dropout
 from specc.spec.io import (
     ATTENTION_MASK,
@@ -210,6 +211,12 @@ class SpeccModel(nn.Module):
         q_idx = torch.arange(t, device=ids.device)
         h, _, _ = self.encoder(x, allowed, q_idx, position_ids)
         return h, mask
+
+    @staticmethod
+    def routing():
+        """A context in which this thread's forward passes record their routers' choice values,
+        routed layer by routed layer (specc.nn.experts.observing_routing): verification's."""
+        return observing_routing()
 
     def encode(self, **inputs: Tensor) -> dict[str, Tensor]:
         """The encoder graph. For an encoder-decoder: last_hidden_state and the cross-attention

@@ -234,6 +234,13 @@ class ResolvedSpec(Frozen):
         its cache holds the whole sequence; () without a decoder."""
         return () if self.decoder is None else tuple(layer.attention.cache_window for layer in self.decoder.layers)
 
+    @property
+    def routed_layers(self) -> tuple[tuple[str, int], ...]:
+        """(role, index) of each layer whose FFN routes experts, in forward order (the encoder's,
+        then the decoder's): the order their routers run in."""
+        return tuple((role, layer.index) for role in ("encoder", "decoder") if getattr(self, role) is not None
+                     for layer in getattr(self, role).layers if layer.ffn.kind == "moe")
+
     def stack(self, role: str) -> ResolvedStack:
         found = getattr(self, role)
         if found is None:
