@@ -190,9 +190,9 @@ def verify_segments(r, refs: dict, graph: Path, layers: list[tuple[str, int, str
             figures = {}
             for name in seg.outputs:
                 key = seg.writes[1] if seg.writes and name == seg.writes[0] else name
-                ties = (verify.layer_ties(r, key, want.get(verify.ROUTING_GAPS))
-                        if seg.writes and name == seg.writes[0] else None)  # its own routing's near ties
-                figures[key] = report.compare(key, key in scores, got[name], want[key], where, ties)
+                gaps = (verify.layer_gaps(r, key, want.get(verify.ROUTING_GAPS))
+                        if seg.writes and name == seg.writes[0] else None)  # its own routing's
+                figures[key] = report.compare(key, key in scores, got[name], want[key], where, gaps)
             report.segments.append({"segment": seg.name, "graph": step.case.graph, "case": step.case.name,
                                     "outputs": figures})
             del got, feed

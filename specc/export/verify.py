@@ -157,13 +157,13 @@ class Report:
                 "passed": True, "max_abs_diff": self.max_abs, "cases": self.cases,
                 **({"segments": self.segments} if self.segments else {})}
 
-    def compare(self, name: str, scores: bool, got: np.ndarray, want, where: str, ties: np.ndarray | None = None) -> dict:
+    def compare(self, name: str, scores: bool, got: np.ndarray, want, where: str, gaps: np.ndarray | None = None) -> dict:
         """One output of one case against torch's, by this report's tolerance or bar: its figures,
-        or VerificationError naming `where`. `ties`: which rows are near-tie tokens' (an integer
-        build's bar, _compare_quality)."""
+        or VerificationError naming `where`. `gaps`: each row's token's routing gap, where its
+        rows are a routed layer's output (an integer build's bar, _compare_quality)."""
         if self.bar is None:
             return _compare(name, got, want, self.atol, self.rtol, where)
-        return _compare_quality(name, scores, got, want, self.bar, where, ties)
+        return _compare_quality(name, scores, got, want, self.bar, where, gaps)
 
 
 def new_report(r: ResolvedSpec, target: str, precision: str, dequantized: bool = False,
@@ -341,27 +341,30 @@ def _cosines(g: np.ndarray, w: np.ndarray, scores: bool) -> np.ndarray:
 
 
 def _compare_quality(name: str, scores: bool, got: np.ndarray, want: np.ndarray | Spilled, bar: QualityBar,
-                     where: str, ties: np.ndarray | None = None) -> dict:
-    """An integer graph's output against torch's, row by row (see QualityBar). With `ties` (a
-    layer's output, segments.py: [rows] bool, its near-tie tokens' rows): such a row below the row
-    bar is left out of every figure (`rows_flipped`), and any such row out of the mean and KL
+                     where: str, gaps: np.ndarray | None = None) -> dict:
+    """An integer graph's output against torch's, row by row (see QualityBar). With `gaps` (a
+    routed layer's output, segments.py: [rows], each row's token's routing gap): a near tie's row
+    (gap below NEAR_TIE) below the row bar is left out of every figure (`rows_flipped`, the
+    largest such gap `flipped_gap_max`), and any near tie's row out of the mean and KL
     (`rows_near_tie`); every other row is judged as without."""
     if tuple(got.shape) != tuple(want.shape):
         raise VerificationError(f"{where}: output {name!r} has shape {list(got.shape)} in onnxruntime, "
                                 f"{list(want.shape)} in torch")
     width = got.shape[-1] if got.ndim else 1
     cos_sum = rows = agree = flipped = near_tie = start = 0
-    cos_min, kl_sum, max_abs = 1.0, 0.0, 0.0
+    cos_min, kl_sum, max_abs, flipped_gap = 1.0, 0.0, 0.0, 0.0
     for g, w in zip(_rows(got, width), _rows(want, width)):
         if not (np.isfinite(g).all() and np.isfinite(w).all()):
             raise VerificationError(f"{where}: output {name!r} {list(got.shape)} is not finite in "
                                     f"{'onnxruntime' if not np.isfinite(g).all() else 'torch'}")
         start += len(g)
         mean = np.ones(len(g), bool)  # the rows the mean counts
-        if ties is not None:
-            near = ties[start - len(g):start]
+        if gaps is not None:
+            gap = gaps[start - len(g):start]
+            near = gap < NEAR_TIE
             keep = ~near | (_cosines(g, w, scores) >= bar.cosine_min)
             flipped += int((~keep).sum())
+            flipped_gap = max([flipped_gap, *gap[~keep].tolist()])
             g, w, mean = g[keep], w[keep], ~near[keep]
             if not len(g):
                 continue
@@ -384,8 +387,10 @@ def _compare_quality(name: str, scores: bool, got: np.ndarray, want: np.ndarray 
                "cosine_min": cos_min}
     if scores:
         figures.update(kl_mean=kl_sum / max(rows, 1), argmax_agreement=agree / rows if rows else 1.0)
-    if ties is not None:
+    if gaps is not None:
         figures.update(rows_near_tie=near_tie + flipped, rows_flipped=flipped)
+        if flipped:
+            figures["flipped_gap_max"] = flipped_gap
     failed = [f"mean cosine {figures['cosine_mean']:.4f} < {bar.cosine_mean}" if figures["cosine_mean"] < bar.cosine_mean else "",
               f"worst row's cosine {cos_min:.4f} < {bar.cosine_min}" if cos_min < bar.cosine_min else "",
               f"mean KL {figures['kl_mean']:.3g} > {bar.kl_mean}" if scores and figures["kl_mean"] > bar.kl_mean else ""]
@@ -516,16 +521,16 @@ def _gaps(k: int, values: np.ndarray) -> np.ndarray:
     return ((top[:, k - 1] - top[:, k]) / np.maximum(spread, 1e-30)).astype(np.float32)
 
 
-def layer_ties(r: ResolvedSpec, key: str, gaps) -> np.ndarray | None:
-    """[B * S] bool for the layer output `key` ("{role}.layers.{i}", run from torch's own input,
-    so that its rows change with its own routing alone): the tokens whose routing at that layer
-    was a near tie, where the layer routes (its router's ordinal among the model's, in forward
-    order: the encoder's then the decoder's); else None."""
+def layer_gaps(r: ResolvedSpec, key: str, gaps) -> np.ndarray | None:
+    """[B * S] for the layer output `key` ("{role}.layers.{i}", run from torch's own input, so
+    that its rows change with its own routing alone): each token's routing gap at that layer
+    (`gaps`: a case's ROUTING_GAPS; the layer's row is its router's ordinal among the model's, in
+    forward order: the encoder's then the decoder's), where the layer routes; else None."""
     role, _, index = key.split(".")
     if gaps is None or (role, int(index)) not in r.routed_layers:
         return None
     gaps = gaps.read() if isinstance(gaps, Spilled) else gaps
-    return gaps[r.routed_layers.index((role, int(index)))] < NEAR_TIE
+    return gaps[r.routed_layers.index((role, int(index)))]
 
 
 def by_layers(r: ResolvedSpec) -> bool:
@@ -533,7 +538,7 @@ def by_layers(r: ResolvedSpec) -> bool:
     a spec with routed experts that decodes with int8 activations, whose rounding flips some near
     tie's routing. Verified whole, a flipped token's changed keys and values reach every later
     token's rows; a layer at a time, from torch's own input, only its own row changes, and only
-    where torch's routing of it was a near tie (layer_ties)."""
+    where torch's routing of it was a near tie (layer_gaps, NEAR_TIE)."""
     return bool(r.routed_layers) and decode_activations(r.serving.precision, r.serving.activations) == "int8"
 
 
@@ -677,4 +682,4 @@ def verification_session(path: Path, graph: str, provider: str = "cpu", prepack:
 
 
 __all__ = ["CUDA_TOLERANCES", "QUALITY_BARS", "ROUTING_GAPS", "SCORE_KINDS", "TOLERANCES", "Case", "Report", "Spilled",
-           "by_layers", "cases", "layer_ties", "prepacks", "reference_outputs", "tolerance", "verification_session", "verify"]
+           "by_layers", "cases", "layer_gaps", "prepacks", "reference_outputs", "tolerance", "verification_session", "verify"]

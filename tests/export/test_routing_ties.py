@@ -70,25 +70,26 @@ def test_a_near_tie_row_below_the_bar_is_counted_and_any_other_fails():
     bar = DEQUANTIZED_BAR
     with pytest.raises(VerificationError, match="worst row's cosine"):
         verify._compare_quality("decoder.layers.0", False, got, want, bar, "here")
-    ties = np.zeros(6, bool)
-    ties[[2, 4]] = True  # row 4 passes the row bar: counted as a near tie, left out of the mean
-    figures = verify._compare_quality("decoder.layers.0", False, got, want, bar, "here", ties)
+    gaps = np.full(6, 1.0, np.float32)
+    gaps[[2, 4]] = [0.01, 0.03]  # row 4 passes the row bar: counted as a near tie, left out of the mean
+    figures = verify._compare_quality("decoder.layers.0", False, got, want, bar, "here", gaps)
     assert figures["rows_flipped"] == 1 and figures["rows_near_tie"] == 2
+    assert figures["flipped_gap_max"] == pytest.approx(0.01)
     assert figures["cosine_min"] > 0.999  # the flipped row is out; row 4 is still held to the row bar
-    ties = np.zeros(6, bool)
-    ties[3] = True  # the far row is not a near tie's: judged
+    gaps = np.full(6, 1.0, np.float32)
+    gaps[2], gaps[3] = verify.NEAR_TIE, 0.0  # the far row's gap is not a near tie's: judged
     with pytest.raises(VerificationError, match="worst row's cosine"):
-        verify._compare_quality("decoder.layers.0", False, got, want, bar, "here", ties)
+        verify._compare_quality("decoder.layers.0", False, got, want, bar, "here", gaps)
 
 
-def test_layer_ties_read_the_layers_own_routing():
+def test_a_layers_gaps_are_its_own_routers():
     spec = speclib.tiny(SPECS["sigmoid-selection-groups-dense-first"][0])  # layer 0 dense, 1 and 2 routed
     r = _resolve(spec, "int4", "onnx")
     assert r.routed_layers == (("decoder", 1), ("decoder", 2))
     gaps = np.array([[0.5, 0.01, 0.9], [0.02, 0.7, 0.8]], np.float32)  # [routed layers, tokens]
-    assert verify.layer_ties(r, "decoder.layers.0", gaps) is None  # dense: routes nothing
-    assert verify.layer_ties(r, "decoder.layers.1", gaps).tolist() == [False, True, False]
-    assert verify.layer_ties(r, "decoder.layers.2", gaps).tolist() == [True, False, False]
+    assert verify.layer_gaps(r, "decoder.layers.0", gaps) is None  # dense: routes nothing
+    np.testing.assert_array_equal(verify.layer_gaps(r, "decoder.layers.1", gaps), gaps[0])
+    np.testing.assert_array_equal(verify.layer_gaps(r, "decoder.layers.2", gaps), gaps[1])
 
 
 def test_which_builds_are_verified_a_layer_at_a_time():
