@@ -136,19 +136,23 @@ class _Values:
     def __init__(self, source: GGUFSource):
         self.source = source
         self._last: tuple[str, ggufblocks.Blocks] | None = None
+        self._planes: tuple[np.ndarray, np.ndarray] | None = None  # the last matrix's, where asked
 
     def get(self, name: str, rows) -> ggufblocks.Blocks:
         if self._last is None or self._last[0] != name:
-            self._last = None
+            self._last = self._planes = None
             self._last = (name, self.source.blocks(name, rows))
         return self._last[1]
 
     def field(self, name: str, rows, field: str) -> np.ndarray:
-        """One initializer's values: a Blocks field, or "high" / "low", its codes' planes."""
+        """One initializer's values: a Blocks field, or "high" / "low", its codes' planes (made
+        once for both)."""
         b = self.get(name, rows)
-        if field in ("high", "low"):
-            return b.planes()[field == "low"]
-        return getattr(b, field)
+        if field not in ("high", "low"):
+            return getattr(b, field)
+        if self._planes is None:
+            self._planes = b.planes()
+        return self._planes[field == "low"]
 
     def initializers(self, graph, name: str, prefix: str, rows, shapes: dict) -> dict:
         """The initializers PREFIX.codes (or .high and .low), .scales (and .offsets) of the file's
@@ -194,9 +198,6 @@ def _rewrite(graph, source: GGUFSource, level: int) -> dict:
     summed: dict = {}
     constants: dict = {}
 
-    def first(nodes):  # constants of the graph (folded when onnxruntime loads it): at its start
-        graph.insert_before(graph.node(0), nodes) if len(graph) else graph.extend(nodes)
-
     def zeros(n: int, blocks: int):
         """The low planes' zero points (0, two a byte), one initializer for each shape."""
         key = ("zeros", n, blocks)
@@ -220,7 +221,7 @@ def _rewrite(graph, source: GGUFSource, level: int) -> dict:
         if "scales16" not in made:
             mul = ir.node("Mul", [made["scales"], sixteen()], name=f"{made['scales'].name}.x16")
             mul.outputs[0].name = f"{made['scales'].name}.x16"
-            first([mul])
+            _first(graph, [mul])
             made["scales16"] = mul.outputs[0]
         return made["scales16"]
 
@@ -309,6 +310,11 @@ def _rewrite(graph, source: GGUFSource, level: int) -> dict:
     return facts
 
 
+def _first(graph, nodes: list) -> None:
+    """Nodes computing constants of the graph (folded when onnxruntime loads it), at its start."""
+    graph.insert_before(graph.node(0), nodes) if len(graph) else graph.extend(nodes)
+
+
 def _transposed_offsets(graph, made: dict, n: int, blocks: int):
     """The offsets [N, blocks] as the [blocks, N] the MatMul after the block sums multiplies by
     (a Transpose node, once per matrix: the initializer stays in the Gather's [N, blocks] rows)."""
@@ -318,7 +324,7 @@ def _transposed_offsets(graph, made: dict, n: int, blocks: int):
         node = ir.node("Transpose", [made["offsets"]], attributes={"perm": [1, 0]},
                        name=f"{made['offsets'].name}.transpose")
         node.outputs[0].name = f"{made['offsets'].name}.T"
-        graph.insert_before(graph.node(0), node) if len(graph) else graph.append(node)
+        _first(graph, [node])
         made["offsets.T"] = node.outputs[0]
     return made["offsets.T"]
 
@@ -349,7 +355,6 @@ def _dequantized(graph, base: str, made: dict, fmt: ggufblocks.Format, k: int, i
     import onnx_ir as ir
 
     new = []
-    lead = 2
 
     def const(name, array):
         if f"{base}.{name}" in graph.initializers:
@@ -375,7 +380,7 @@ def _dequantized(graph, base: str, made: dict, fmt: ggufblocks.Format, k: int, i
         high = op("BitShift", [packed, const("shift", np.uint8(4))], direction="RIGHT")
         both = op("Concat", [op("Unsqueeze", [low, const("last", np.array([-1], np.int64))]),
                              op("Unsqueeze", [high, const("last2", np.array([-1], np.int64))])], axis=-1)
-        return op("Reshape", [both, const("block_shape", np.array([0] * lead + [blocks, fmt.block], np.int64))])
+        return op("Reshape", [both, const("block_shape", np.array([0, 0, blocks, fmt.block], np.int64))])
 
     if "high" in made:  # 8-bit codes kept as their planes: 16 high + low
         high = op("BitShift", [unpacked(rows(made["high"])), const("shift", np.uint8(4))], direction="LEFT")
@@ -389,5 +394,5 @@ def _dequantized(graph, base: str, made: dict, fmt: ggufblocks.Format, k: int, i
     w = op("Mul", [centred, op("Unsqueeze", [rows(scales), const("axis", np.array([-1], np.int64))])])
     if "offsets" in made:
         w = op("Add", [w, op("Unsqueeze", [rows(made["offsets"]), const("axis2", np.array([-1], np.int64))])])
-    out = op("Reshape", [w, const("rows", np.array([0] * lead + [k], np.int64))])
+    out = op("Reshape", [w, const("rows", np.array([0, 0, k], np.int64))])
     return new, out

@@ -68,7 +68,7 @@ def period(stack) -> int | None:
     as layer P + i mod P but for its index (for P = 1, every layer but layer 0: a layer 0
     configured apart is left to the graph's check, which takes it where its nodes are layer 1's,
     e.g. a rotary base held in its own buffer); None where there is none."""
-    configs = [layer.model_copy(update={"index": 0}) for layer in stack.layers]
+    configs = [_config(layer) for layer in stack.layers]
     n = len(configs)
     for p in range(1, (n - 1) // 2 + 1):
         if all(configs[i] == configs[p + i % p] for i in range(1 if p == 1 else 0, n)):
@@ -76,13 +76,15 @@ def period(stack) -> int | None:
     return None
 
 
+def _config(layer):
+    """A layer's configuration but for its index: what two layers of a period share."""
+    return layer.model_copy(update={"index": 0})
+
+
 def repeats_from_first(r, stacks: dict[str, Plan]) -> bool:
     """Whether each planned stack's layer 0 is configured as the layer a period after it (period()
     lets a period of 1 leave layer 0 apart, for the graph's check to judge at export)."""
-    def config(layer):
-        return layer.model_copy(update={"index": 0})
-
-    return all(config(r.stack(role).layers[0]) == config(r.stack(role).layers[p.period]) for role, p in stacks.items())
+    return all(_config(r.stack(role).layers[0]) == _config(r.stack(role).layers[p.period]) for role, p in stacks.items())
 
 
 def stitch_plan(r, sig) -> dict[str, Plan]:

@@ -527,10 +527,11 @@ def layer_gaps(r: ResolvedSpec, key: str, gaps) -> np.ndarray | None:
     (`gaps`: a case's ROUTING_GAPS; the layer's row is its router's ordinal among the model's, in
     forward order: the encoder's then the decoder's), where the layer routes; else None."""
     role, _, index = key.split(".")
-    if gaps is None or (role, int(index)) not in r.routed_layers:
+    routed = r.routed_layers
+    if gaps is None or (role, int(index)) not in routed:
         return None
     gaps = gaps.read() if isinstance(gaps, Spilled) else gaps
-    return gaps[r.routed_layers.index((role, int(index)))]
+    return gaps[routed.index((role, int(index)))]
 
 
 def by_layers(r: ResolvedSpec) -> bool:

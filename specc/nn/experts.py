@@ -117,9 +117,10 @@ class Router(nn.Module):
         """The values [N,E] whose top_k is the choice (before a group limit): the logits (softmax
         routers, whose softmax keeps their order, and sparsemixer), or the sigmoid's scores plus
         the selection bias."""
-        if self.spec.router.kind != "sigmoid":
-            return logits
-        scores = torch.sigmoid(logits)
+        return logits if self.spec.router.kind != "sigmoid" else self._biased(torch.sigmoid(logits))
+
+    def _biased(self, scores: torch.Tensor) -> torch.Tensor:
+        """The scores the choice is made on: plus the selection bias, where there is one."""
         return scores if self.selection_bias is None else scores + self.selection_bias.float()
 
     def as_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
@@ -145,7 +146,7 @@ class Router(nn.Module):
         if r.kind == "sparsemixer":
             return _sparsemixer(logits, r.jitter_eps)
         scores = torch.softmax(logits, dim=-1) if r.kind == "softmax" else torch.sigmoid(logits)
-        choice = scores if r.kind == "softmax" else self.selection(logits)
+        choice = self._biased(scores)
         if r.groups is not None:
             choice = _group_limited(choice, r.groups, r.top_groups, r.group_score)
         index = choice.topk(k, dim=-1).indices
