@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -15,12 +16,14 @@ from click.testing import CliRunner
 
 import specc
 from specc.cli import main
+from specc.decoding import engine as engine_module
 from specc.decoding.draft import MAX_NGRAM, PromptLookup
 from specc.runtime import RunError, Session
 from specc.decoding.sampling import Sampler, distribution
 from specc.runtime.generate import DecoderRunner, InplaceRunner, checks_drafts
 from specc.runtime.scheduler import LENGTH, GenerationLimits, GenerationRequest, Scheduler
 from specc.decoding.speculation import BUDGET
+from specc.runtime import speculative as speculative_module
 from specc.runtime.speculative import MAX_DRAFT, DraftLength, check
 from specc.spec.io import LM_POSITIONS
 
@@ -33,6 +36,30 @@ WINDOWED = speclib.tiny({"vocab": {"size": 61, "tie_output": False},
                          "decoder": {"attention": {"heads": 4, "pattern": {"kind": "local", "window": 3}}}})
 TARGETS = {"tiny-llama": ("tiny-llama", 0), "tiny-gpt2": ("tiny-gpt2", 0), "small-seed3": (SMALL, 3)}
 NEW = 24
+
+
+class _StepClock:
+    """`time` whose perf_counter moves one second a reading: every timed call (a plain step, a
+    check) then lasts the same, so how often these tests draft hangs on acceptance alone, not on
+    the machine's load (DraftLength's own tests below hand it timings)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.fixture(autouse=True)
+def step_clock(monkeypatch):
+    clock = _StepClock()
+    monkeypatch.setattr(speculative_module, "time", clock)
+    monkeypatch.setattr(engine_module, "time", clock)
+    return clock
 
 
 @pytest.fixture(scope="module")
