@@ -25,9 +25,11 @@ SLACK = 0.5  # steps a check that kept drafts may lose and still count as paying
 
 def refusal(activations: str | None) -> str | None:
     """Why a build that decodes in `activations` (facts.Model's) cannot decode speculatively, or
-    None where it can. At int8 activations onnxruntime's MatMulNBits computes a call of several
-    positions by another path than a single step (llama-2-7b's seeded int4 build: a logit 0.20 of
-    5.4 apart), so drafts checked in one call would not give plain decoding's tokens."""
+    None where it can. At int8 activations a call of several positions does not compute what single
+    steps do: GroupQueryAttention's several-position path rounds otherwise (about 1e-6), and the
+    next MatMulNBits' 8-bit input codes turn that into a quantization step (llama-2-7b's seeded
+    int4 build: a logit 0.20 of 5.4 apart), so drafts checked in one call would not give plain
+    decoding's tokens."""
     if activations != "int8":
         return None
     return ("speculative: this build decodes with int8 activations (an int8 build, or serving.activations int8), "

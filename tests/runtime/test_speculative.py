@@ -467,6 +467,23 @@ def test_builds_with_int8_activations_are_refused(built):
     assert session.generate([1, 2, 3], 4).new_ids  # plain decoding runs
 
 
+def test_batched_rows_at_int8_activations_are_single_steps(built):
+    """What int8 activations change is a call of several positions, not of several rows
+    (docs/runtime.md): a decode step of two rows gives each row its own single step's logits, up
+    to float rounding, where a moved 8-bit input code would show as a quantization step."""
+    session = built("int8", speclib.tiny({"vocab": {"size": 61}, "serving": {"precision": "int8"}}), 3)
+    rows, nxt = [[5, 9, 2, 7, 11, 3], [8, 1, 4, 4, 6, 12]], [17, 23]
+    alone = []
+    for row, token in zip(rows, nxt):
+        runner = InplaceRunner(session, [row], 4)
+        runner.prefill()
+        alone.append(runner.step(np.array([token]))[0])
+    runner = InplaceRunner(session, rows, 4)
+    runner.prefill()
+    together = runner.step(np.array(nxt))
+    np.testing.assert_allclose(together, np.stack(alone), rtol=0, atol=1e-5)
+
+
 def test_speculative_requests_are_refused_where_the_engine_cannot_check_drafts(built):
     session = built("tiny-llama")
     with pytest.raises(RunError, match="speculative: unknown drafter 'lookahead'"):
