@@ -28,8 +28,10 @@ heads of unequal key and value widths), gets no in-place graph and the reason in
 Where a layer's queries and keys are turned by rotary positions in the half-split form over the
 whole head, GroupQueryAttention turns them (do_rotary) from tables that model.onnx's own rotary
 nodes compute for positions 0..serving.length.max-1 (`_rotary_tables`); other forms keep their nodes.
-Beside the attention, one rewrite for speed: x * Reciprocal(Sqrt(y)) (an RMSNorm as torch.export
-writes it) becomes x / Sqrt(y), the form onnxruntime fuses into SimplifiedLayerNormalization;
+Beside the attention, two rewrites for speed, both of the same values: x * Reciprocal(Sqrt(y)) (an
+RMSNorm as torch.export writes it) becomes x / Sqrt(y), the form onnxruntime fuses into
+SimplifiedLayerNormalization; and a per-head QK-norm is computed before the heads are transposed
+(`_heads_last`), over the last axis of the tensor onnxruntime reads, where it fuses it too.
 model.onnx keeps torch's form, which its verification against torch holds to fp32's tolerance.
 Nothing is traced again and no weight is written twice (specc/export/external.py).
 """
@@ -120,7 +122,8 @@ def rewrite(model, r: ResolvedSpec) -> None:
         for i in n.input:
             consumers[i].append(n)
     constants = _constants(g)
-    dropped, added, renamed, found = set(), [], {}, []
+    dims = {t.name: list(t.dims) for t in g.initializer} | {k: list(v.shape) for k, v in constants.items()}
+    dropped, added, renamed, found = _roots_as_divisions(g.node, consumers, producer), [], {}, []
     for layer in layers:
         i, att = layer.index, layer.attention
         key, value = (io.CacheSlot(i, io.SELF, w) for w in (io.KEY, io.VALUE))
@@ -146,8 +149,15 @@ def rewrite(model, r: ResolvedSpec) -> None:
             query, k_new = rotary[0], rotary[1]
         q3, k3, v3, out = (f"inplace/{i}/{n}" for n in ("query", "key", "value", "output"))
         for src, dst in ((query, q3), (k_new, k3), (v_cat.input[1], v3)):
-            added += [helper.make_node("Transpose", [src], [dst + "/bshd"], perm=[0, 2, 1, 3], name=dst + "/transpose"),
-                      helper.make_node("Reshape", [dst + "/bshd", "inplace/flat"], [dst], name=dst + "/reshape")]
+            heads_last = _heads_last(src, producer, constants, dims, dst)
+            if heads_last is None:
+                added.append(helper.make_node("Transpose", [src], [dst + "/bshd"], perm=[0, 2, 1, 3],
+                                              name=dst + "/transpose"))
+                bshd = dst + "/bshd"
+            else:
+                bshd, nodes = heads_last
+                added += nodes
+            added.append(helper.make_node("Reshape", [bshd, "inplace/flat"], [dst], name=dst + "/reshape"))
         natural = 1.0 / np.sqrt(att.d_k)
         attrs = {} if abs(scale - natural) <= 1e-6 * natural else {"scale": float(scale)}
         inputs = [q3, k3, v3, key.past, value.past, SEQLENS_K, TOTAL_SEQUENCE_LENGTH]
@@ -168,7 +178,6 @@ def rewrite(model, r: ResolvedSpec) -> None:
         if o.name in renamed:
             raise Unfit(f"the attention's output {o.name} is a graph output")
     flat = helper.make_tensor("inplace/flat", TensorProto.INT64, [3], [0, 0, -1])
-    dropped |= _roots_as_divisions(g.node, consumers, producer)
     added += _last_positions_logits(g, producer, constants, r.lm_output) if r.lm_output else []
     kept = [n for n in g.node if id(n) not in dropped] + added
     g.initializer.append(flat)
@@ -176,6 +185,69 @@ def rewrite(model, r: ResolvedSpec) -> None:
     _set_inputs(g, r)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+_ALONG_LAST_AXIS = {"Pow", "ReduceMean", "Add", "Sub", "Sqrt", "Div", "Mul", "Reciprocal", "Cast", "LayerNormalization"}
+
+
+def _heads_last(src: str, producer, constants: dict, dims: dict, dst: str) -> tuple[str, list] | None:
+    """SRC [batch, heads, sequence, head] in [batch, sequence, heads, head] without a Transpose,
+    where it is computed from a Transpose (0, 2, 1, 3) of such a tensor by nodes that act along the
+    last axis alone (a per-head norm, QK-norm's; or nothing): those nodes again on the untransposed
+    tensor (their old copies left for `_live` to drop). Returns (the name, the nodes to add), or
+    None where SRC is made otherwise. So onnxruntime sees the norm over the last axis of the
+    tensor it reads, which it fuses into SimplifiedLayerNormalization, as it does the layers'
+    norms (the transposes pushed through the norm leave it over axis 3, which it does not fuse)."""
+    from onnx import helper
+
+    region, stack, source = {}, [src], None
+    while stack:
+        name = stack.pop()
+        node = producer.get(name)
+        if node is None or name in region:
+            continue
+        if node.op_type == "Transpose":
+            if _attr(node, "perm") != [0, 2, 1, 3] or source not in (None, node.input[0]):
+                return None
+            source = node.input[0]
+            region[name] = None
+            continue
+        if node.op_type not in _ALONG_LAST_AXIS or any(node.output[1:]):
+            return None
+        if node.op_type == "LayerNormalization":
+            if _attr(node, "axis") not in (None, -1, 3):
+                return None
+            inputs = node.input
+        elif node.op_type == "ReduceMean":
+            axes = _attr(node, "axes") if len(node.input) < 2 else constants.get(node.input[1])
+            if _attr(node, "keepdims") == 0 or axes is None or np.atleast_1d(axes).tolist() not in ([-1], [3]):
+                return None
+            inputs = node.input[:1]
+        else:
+            inputs = node.input
+        for i in inputs:
+            if i in dims:  # a constant: it must vary along the last axis alone
+                if any(d != 1 for d in dims[i][:-1]):
+                    return None
+            elif i in producer:
+                stack.append(i)
+            else:
+                return None
+        region[name] = node
+    if source is None:
+        return None
+    if region[src] is None:  # SRC is the Transpose itself
+        return source, []
+    renamed = {n: (source if node is None else f"{dst}/heads_last/{k}") for k, (n, node) in enumerate(region.items())}
+    made = []
+    for name, node in region.items():
+        if node is None:
+            continue
+        copy = helper.make_node(node.op_type, [renamed.get(i, i) for i in node.input], [renamed[name]],
+                                name=renamed[name], domain=node.domain or None)
+        copy.attribute.extend(node.attribute)
+        made.append(copy)
+    return renamed[src], made
 
 
 def _last_positions_logits(g, producer, constants, lm: str) -> list:

@@ -110,6 +110,33 @@ def test_rotary_positions_turned_by_groupqueryattention_match_the_model_graph_fa
     np.testing.assert_allclose(np.stack(seen), full[19:59], atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("text,norm", [
+    ("extends: tiny-llama\ndecoder: {attention: {qk_norm: head}}", "SimplifiedLayerNormalization"),
+    ("extends: tiny-gpt2\ndecoder: {attention: {qk_norm: head}}", "LayerNormalization"),
+])
+def test_qk_norms_are_computed_heads_last_where_onnxruntime_fuses_them(tmp_path, text, norm):
+    """A per-head QK-norm is applied before the heads are transposed, so no Transpose reaches the
+    attention's inputs and onnxruntime fuses every norm of the graph (over axis 3 of the
+    transposed heads it fused none of them); the tokens stay the model graph's."""
+    result = _build(tmp_path, text)
+    path = result.out_dir / inplace.FILE
+    graph = onnx.load(str(path), load_external_data=False).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    for n in graph.node:
+        if n.op_type == inplace.OP:
+            for x in n.input[:3]:
+                assert producer[producer[x].input[0]].op_type != "Transpose"
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
+    assert ops.count(norm) == 2 * 2 + 1 + 2 * 2  # two per layer, the final one, and q's and k's in each layer
+    assert "ReduceMean" not in ops and "Transpose" not in ops
+    prompts = [[5, 9, 2, 7, 1, 3]]
+    assert Session(result.out_dir).generate(prompts, max_new_tokens=10).new_ids == \
+        Session(result.out_dir, inplace=False).generate(prompts, max_new_tokens=10).new_ids
+
+
 def test_the_rotary_tables_are_computed_at_the_graphs_own_ir_version(tmp_path, monkeypatch):
     """The model run to compute GroupQueryAttention's rotary tables carries model.onnx's IR version,
     not the newest the installed onnx knows (onnxruntime older than that onnx refuses such a model)."""
