@@ -19,7 +19,7 @@ from .sampling import Sampler
 
 MAX_DRAFT = io.LM_POSITIONS - 1  # the longest draft (one call checks it)
 PAUSE, MAX_PAUSE = 4, 64  # plain steps after two all-rejected drafts in a row; doubled while rejections go on
-BUDGET = 0.05  # the share of a paused stretch's time that a losing probe after it may cost
+BUDGET = 0.03  # the share of a paused stretch's time that the losing checks before it may cost
 SLACK = 0.5  # steps a check that kept drafts may lose and still count as paying (timings jitter)
 
 
@@ -64,9 +64,9 @@ class DraftLength:
     would have made: a check (drafting and checking, `seconds`) that made fewer tokens than
     seconds / step is a loss of the difference, in steps (one that kept drafts and lost less than
     SLACK counts as paying); drafting pauses after two losses in a row or losses in a row of a
-    step or more, for long enough that a probe losing as much costs
-    at most BUDGET of the steps around it (the loss / BUDGET steps, at least the doubling pause,
-    at most MAX_PAUSE). So where a check costs several steps (a big model's int4 graph at
+    step or more, for long enough that the losing checks in a row, probed as often, cost
+    at most BUDGET of the steps around them (their summed loss / BUDGET steps, at least the
+    doubling pause, at most MAX_PAUSE). So where a check costs several steps (a big model's int4 graph at
     fp32 activations: a check of 1 draft took 2.3 steps at 7B) text with nothing to copy runs
     plain steps but for rare probes, and where it costs about one, drafting goes on."""
 
@@ -101,7 +101,7 @@ class DraftLength:
             return
         self.misses, self.loss = self.misses + 1, self.loss + lost
         if self.misses >= 2 or self.loss >= 1.0:
-            self.wait = min(max(self.pause, math.ceil(lost / BUDGET)), MAX_PAUSE)
+            self.wait = min(max(self.pause, math.ceil(self.loss / BUDGET)), MAX_PAUSE)
             self.pause, self.misses, self.loss = min(2 * self.pause, MAX_PAUSE), 0, 0.0
 
 

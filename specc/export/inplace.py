@@ -250,36 +250,71 @@ def _heads_last(src: str, producer, constants: dict, dims: dict, dst: str) -> tu
     return renamed[src], made
 
 
+_PER_POSITION = {"MatMul", "MatMulNBits", "Add", "Mul", "Div", "Sub", "Tanh", "Cast"}
+
+
 def _last_positions_logits(g, producer, constants, lm: str) -> list:
     """The LM head made to read each row's last min(sequence, io.LM_POSITIONS) positions: a Slice
-    of them before the head's product (its start -LM_POSITIONS, which a shorter sequence clamps to
-    0), and the LM output's sequence dim io.LM_POSITIONS_DIM. Only the
-    product and what follows it per position (a constant bias, scale or soft cap) lie between;
-    anything else leaves the graph as it is. Returns the node to add (none where it is left)."""
+    of them at the head's input x, and the LM output's sequence dim io.LM_POSITIONS_DIM. Between x
+    and the output lie only the head's products of x by constants and what acts on each position
+    alone (a constant bias, scale or soft cap; a gguf head's second product, of its codes' low
+    nibbles or of x's block sums by its offsets, and the Add of the two), and nothing else reads
+    their values; anything else leaves the graph as it is. Returns the nodes to add (none where it
+    is left)."""
     from onnx import TensorProto, helper
 
     name = lm
-    for _ in range(8):
+    for _ in range(8):  # x: the first operands back to the head's product
         node = producer.get(name)
-        if node is None:
+        if node is None or node.op_type not in _PER_POSITION:
             return []
         if node.op_type in ("MatMul", "MatMulNBits"):
             break
-        constant_other = len(node.input) == 2 and (node.input[1] in constants or _is_initializer(g, node.input[1]))
-        if node.op_type not in ("Tanh", "Cast") and not (node.op_type in ("Add", "Mul", "Div") and constant_other):
-            return []
         name = node.input[0]
     else:
         return []
+    x = node.input[0]
+    constant = _constant_values(g, producer, constants)
+    region, stack = {}, [lm]
+    while stack:
+        name = stack.pop()
+        node = producer.get(name)
+        if name == x or name in constant or id(node) in region:
+            continue
+        if node is None or node.op_type not in _PER_POSITION or \
+                (node.op_type in ("MatMul", "MatMulNBits") and not all(i in constant for i in node.input[1:] if i)):
+            return []
+        region[id(node)] = node
+        stack += [i for i in node.input if i]
+    made = {o for n in region.values() for o in n.output}
+    if any(i in made and id(n) not in region for n in g.node for i in n.input) or \
+            any(o.name in made and o.name != lm for o in g.output):
+        return []  # a value of the head is read elsewhere, at every position
     last = f"inplace/{lm}/last_positions"
     g.initializer.extend([helper.make_tensor(f"{last}/{k}", TensorProto.INT64, [1], [v])
                           for k, v in (("starts", -io.LM_POSITIONS), ("ends", 2**63 - 1), ("axes", 1))])
-    slice_node = helper.make_node("Slice", [node.input[0], f"{last}/starts", f"{last}/ends", f"{last}/axes"], [last],
-                                  name=last)
-    node.input[0] = last
+    slice_node = helper.make_node("Slice", [x, f"{last}/starts", f"{last}/ends", f"{last}/axes"], [last], name=last)
+    for n in region.values():
+        for j, i in enumerate(n.input):
+            if i == x:
+                n.input[j] = last
     out = next(o for o in g.output if o.name == lm)
     out.type.tensor_type.shape.dim[1].dim_param = io.LM_POSITIONS_DIM
     return [slice_node]
+
+
+def _constant_values(g, producer, constants) -> set[str]:
+    """The names of the values that are constants: initializers, Constant nodes' and what nodes
+    compute from those alone (a gguf head's scales x 16, its offsets transposed)."""
+    out = {t.name for t in g.initializer} | set(constants)
+    changed = True
+    while changed:
+        changed = False
+        for n in g.node:
+            if n.output[0] not in out and n.input and all(i in out for i in n.input if i):
+                out.update(n.output)
+                changed = True
+    return out
 
 
 def _is_initializer(g, name: str) -> bool:

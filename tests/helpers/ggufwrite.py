@@ -318,7 +318,7 @@ def _hf_tensors(model, arch: str, c: dict, head_copy: bool):
 def write_gguf(model, path, qtype: str = "F32", pooling: gguf.PoolingType | None = None,
                head_copy: bool = False, name: str | None = None) -> None:
     """MODEL (a transformers model) as llama.cpp's converter writes it, 2-D tensors (and stacked
-    experts) in QTYPE (F32, or Q8_0 or Q4_0 (matrices only), where a row is whole blocks of 32; MXFP4: the stacked experts'
+    experts) in QTYPE (F32, or Q8_0 or Q4_0 or Q4_1 (matrices only), where a row is whole blocks of 32; MXFP4: the stacked experts'
     weights alone, as gpt-oss's files hold them); POOLING: the pooling type the BERT converter
     writes for a sentence-transformers folder; HEAD_COPY: T5's tied head written as output.weight;
     NAME: general.name (none where None)."""
@@ -363,7 +363,7 @@ def write_gguf(model, path, qtype: str = "F32", pooling: gguf.PoolingType | None
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, f"no GGUF name for {name}"
         blocks = t.shape[-1] % 32 == 0 and gguf_name.endswith(".weight")
-        quantized = {"Q8_0": blocks and t.ndim in (2, 3), "Q4_0": blocks and t.ndim == 2,
+        quantized = {"Q8_0": blocks and t.ndim in (2, 3), "Q4_0": blocks and t.ndim == 2, "Q4_1": blocks and t.ndim == 2,
                      "MXFP4": blocks and t.ndim == 3 and "_exps" in gguf_name}
         if quantized.get(qtype):
             kind = getattr(gguf.GGMLQuantizationType, qtype)

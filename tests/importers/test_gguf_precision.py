@@ -18,6 +18,8 @@ from specc.builder import pipeline, plan
 from specc.errors import BuildError
 from specc.importers.gguf import gguf_source, import_gguf
 from specc.runtime import Session
+from specc.runtime.generate import InplaceRunner, checks_drafts
+from specc.spec import io
 from specc.spec.load import loads_spec
 
 transformers = pytest.importorskip("transformers")
@@ -43,10 +45,12 @@ def _round_trip(model, qtype: str):
     return model
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
 def test_a_llama_file_builds_on_its_blocks(tmp_path, qtype):
-    """Q4_0: MatMulNBits on the file's codes; Q8_0: codes wider than the kernel takes at fp32
-    compute, two MatMulNBits on their high and low nibbles."""
+    """Q4_0: MatMulNBits on the file's codes; Q4_1: the same and its minima, the input's block
+    sums times the offsets, added; Q8_0: codes wider than the kernel takes at fp32 compute, two
+    MatMulNBits on their high and low nibbles. Whichever form the head takes, the in-place graph's
+    head reads a call's last positions alone, so speculative decoding checks drafts on it."""
     model = hf_model("llama")
     file = tmp_path / f"tiny-llama.{qtype}.gguf"
     write_gguf(model, file, qtype)
@@ -58,7 +62,7 @@ def test_a_llama_file_builds_on_its_blocks(tmp_path, qtype):
     recorded = json.loads((out / "manifest.json").read_text())["options"]["quantization"]["file"]
     assert recorded["name"] == file.name and len(recorded["sha256"]) == 64  # in the cache key: the blocks' source
     # q, k, v, o, gate, up of each of 2 layers (down's rows, 48 weights, are no whole blocks) and the head
-    kernel = qtype == "Q4_0"
+    kernel = qtype != "Q8_0"
     assert facts["quantized_ops"] == {"MatMulNBits": 13 if kernel else 26} and facts["gathers"] == 1
     assert facts["split_codes"] == (0 if kernel else 13) and facts["formats"] == {qtype: 14}
     got = Session(out).run(input_ids=[PROMPT])["logits"][0]
@@ -66,6 +70,10 @@ def test_a_llama_file_builds_on_its_blocks(tmp_path, qtype):
         want = _round_trip(model, qtype)(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
     np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
     assert (got.argmax(-1) == want.argmax(-1)).all()
+    session = Session(out)
+    assert session.inplace.output_sig["logits"].dims[1] == io.LM_POSITIONS_DIM and checks_drafts(session)
+    runner = InplaceRunner(session, [PROMPT], 4)
+    np.testing.assert_allclose(runner.prefill()[0], got[-1], atol=1e-4 * np.abs(want).max())
 
 
 def test_precision_gguf_needs_weights_imported_from_a_gguf_file(tmp_path):
