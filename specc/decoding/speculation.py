@@ -18,9 +18,8 @@ from ..spec import io
 from .sampling import Sampler
 
 MAX_DRAFT = io.LM_POSITIONS - 1  # the longest draft (one call checks it)
-PAUSE, MAX_PAUSE = 4, 64  # plain steps after two all-rejected drafts in a row; doubled while rejections go on
-BUDGET = 0.03  # the share of a paused stretch's time that the losing checks before it may cost
-SLACK = 0.5  # steps a check that kept drafts may lose and still count as paying (timings jitter)
+PAUSE, MAX_PAUSE = 4, 64  # untimed: plain steps after two all-rejected drafts in a row; doubled while rejections go on
+BUDGET = 0.04  # timed: the share of a generation's steps that its checks may lose, net of what they gained
 
 
 def refusal(activations: str | None) -> str | None:
@@ -58,25 +57,25 @@ class DraftLength:
     halved when none is. `accepted`: drafts accepted per check, a running mean (the newest check weighs 1/4),
     MAX_DRAFT before the first.
 
-    When drafting stops for a while (0: plain steps): without timings (`plain` never called),
-    after two all-rejected drafts in a row, for PAUSE steps, the pause doubling (to MAX_PAUSE)
-    while drafts keep failing. With them, a check is weighed against the plain steps its time
-    would have made: a check (drafting and checking, `seconds`) that made fewer tokens than
-    seconds / step is a loss of the difference, in steps (one that kept drafts and lost less than
-    SLACK counts as paying); drafting pauses after two losses in a row or losses in a row of a
-    step or more, for long enough that the losing checks in a row, probed as often, cost
-    at most BUDGET of the steps around them (their summed loss / BUDGET steps, at least the
-    doubling pause, at most MAX_PAUSE). So where a check costs several steps (a big model's int4 graph at
-    fp32 activations: a check of 1 draft took 2.3 steps at 7B) text with nothing to copy runs
-    plain steps but for rare probes, and where it costs about one, drafting goes on."""
+    When to draft at all (0: a plain step). With timings (`plain`: a plain step's seconds), a
+    ledger: each check (drafting and checking, `seconds`) gains its tokens less its time in plain
+    steps (a check of one guess that is rejected and takes 1.9 steps loses 0.9), and `balance`
+    sums the gains. After a check that lost L, drafting waits until another loss of L would
+    leave the generation within BUDGET of its steps: balance - L + BUDGET x tokens >= 0 (at most
+    MAX_PAUSE steps). So text with nothing to copy loses at most about BUDGET to probes, and text
+    that copies, whose checks have gained, goes on drafting through the rejections in it.
+    Without timings (the engine's batched steps): after two all-rejected drafts in a row, PAUSE
+    steps, the pause doubling (to MAX_PAUSE) while drafts keep failing."""
 
     def __init__(self):
         self.k, self.misses, self.pause, self.wait = 1, 0, PAUSE, 1
         self.accepted = float(MAX_DRAFT)
         self.step: float | None = None  # a plain step's seconds, a running mean (`plain`)
-        self.loss = 0.0  # steps lost by the losing checks in a row
+        self.balance = 0.0  # steps gained by the timed checks, less the steps they lost
+        self.tokens = 0  # tokens made: each step's one and the drafts kept
 
     def next(self) -> int:
+        self.tokens += 1
         if self.wait:
             self.wait -= 1
             return 0
@@ -90,19 +89,24 @@ class DraftLength:
         """A check of `drafted` drafts kept `accepted`; `seconds`: what drafting and checking took."""
         if drafted == 0:
             return
+        self.tokens += accepted
         self.accepted += (accepted - self.accepted) / 4
-        lost = 0.0 if seconds is None or not self.step else max(0.0, seconds / self.step - (accepted + 1))
         if accepted == 0:
             self.k = max(1, self.k // 2)
         else:
             self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
-        if accepted > 0 and lost < SLACK:
-            self.misses, self.pause, self.loss = 0, PAUSE, 0.0
+        if seconds is not None and self.step:
+            gain = accepted + 1 - seconds / self.step
+            self.balance += gain
+            if gain < 0:
+                self.wait = min(max(0, math.ceil((-gain - self.balance) / BUDGET - self.tokens)), MAX_PAUSE)
             return
-        self.misses, self.loss = self.misses + 1, self.loss + lost
-        if self.misses >= 2 or self.loss >= 1.0:
-            self.wait = min(max(self.pause, math.ceil(self.loss / BUDGET)), MAX_PAUSE)
-            self.pause, self.misses, self.loss = min(2 * self.pause, MAX_PAUSE), 0, 0.0
+        if accepted > 0:
+            self.misses, self.pause = 0, PAUSE
+            return
+        self.misses += 1
+        if self.misses >= 2:
+            self.wait, self.pause, self.misses = self.pause, min(2 * self.pause, MAX_PAUSE), 0
 
 
 def check(choose: Sampler, logits: np.ndarray, draft: list[int]) -> tuple[int, int]:
