@@ -19,7 +19,8 @@ from .sampling import Sampler
 
 MAX_DRAFT = io.LM_POSITIONS - 1  # the longest draft (one call checks it)
 PAUSE, MAX_PAUSE = 4, 64  # untimed: plain steps after two all-rejected drafts in a row; doubled while rejections go on
-BUDGET = 0.04  # timed: the share of a generation's steps that its checks may lose, net of what they gained
+BUDGET = 0.03  # timed: the share of a generation's steps that its checks may lose, net of what they gained
+HORIZON = 32  # timed: steps the budget counts ahead of the tokens made, so that the first probes can be afforded
 
 
 def refusal(activations: str | None) -> str | None:
@@ -60,10 +61,12 @@ class DraftLength:
     When to draft at all (0: a plain step). With timings (`plain`: a plain step's seconds), a
     ledger: each check (drafting and checking, `seconds`) gains its tokens less its time in plain
     steps (a check of one guess that is rejected and takes 1.9 steps loses 0.9), and `balance`
-    sums the gains. After a check that lost L, drafting waits until another loss of L would
-    leave the generation within BUDGET of its steps: balance - L + BUDGET x tokens >= 0 (at most
-    MAX_PAUSE steps). So text with nothing to copy loses at most about BUDGET to probes, and text
-    that copies, whose checks have gained, goes on drafting through the rejections in it.
+    sums the gains. After a check that lost L (but one that kept every draft while k could grow:
+    its draft was too short for a check that costs several steps), drafting waits until another loss of L would
+    leave the generation within BUDGET of its steps and HORIZON more: balance - L + BUDGET x
+    (tokens + HORIZON) >= 0 (at most MAX_PAUSE steps). So text with nothing to copy loses about
+    BUDGET to probes (of its tokens and HORIZON), and text that copies, whose checks have gained,
+    goes on drafting through the rejections in it.
     Without timings (the engine's batched steps): after two all-rejected drafts in a row, PAUSE
     steps, the pause doubling (to MAX_PAUSE) while drafts keep failing."""
 
@@ -98,8 +101,8 @@ class DraftLength:
         if seconds is not None and self.step:
             gain = accepted + 1 - seconds / self.step
             self.balance += gain
-            if gain < 0:
-                self.wait = min(max(0, math.ceil((-gain - self.balance) / BUDGET - self.tokens)), MAX_PAUSE)
+            if gain < 0 and not accepted == drafted < MAX_DRAFT:  # (all kept while k can grow: the draft was too short to pay)
+                self.wait = min(max(0, math.ceil((-gain - self.balance) / BUDGET - self.tokens - HORIZON)), MAX_PAUSE)
             return
         if accepted > 0:
             self.misses, self.pause = 0, PAUSE

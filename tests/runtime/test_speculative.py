@@ -25,7 +25,7 @@ from specc.runtime.scheduler import LENGTH, GenerationLimits, GenerationRequest,
 from specc.decoding.speculation import BUDGET
 from specc.runtime import speculative as speculative_module
 from specc.runtime.speculative import MAX_DRAFT, DraftLength, check
-from specc.decoding.speculation import MAX_PAUSE
+from specc.decoding.speculation import HORIZON, MAX_PAUSE
 from specc.spec.io import LM_POSITIONS
 
 from tests.helpers import speclib
@@ -325,12 +325,12 @@ def test_draft_length_weighs_a_check_against_plain_steps():
     length.plain(1.0)
     k = length.next()
     length.update(k, 0, 2.5)  # all rejected at 2.5 steps: 1.5 lost, 2 tokens made
-    wait = math.ceil((1.5 + 1.5) / BUDGET - 2)  # until another 1.5 lost stays within BUDGET of the tokens
+    wait = math.ceil((1.5 + 1.5) / BUDGET - 2 - HORIZON)  # until another 1.5 lost stays within the budget
     assert [length.next() for _ in range(min(wait, MAX_PAUSE))] == [0] * min(wait, MAX_PAUSE)
     assert length.next() == k == 1  # the cheapest probe, and again after the pause
     length.update(k, 0, 1.2)  # a cheap check that lost 0.2: within the budget, drafting goes on
     assert length.next() == 1 and length.balance == pytest.approx(-1.7)
-    while length.balance + BUDGET * length.tokens >= 0.2 + 0.2:  # ... until such losses reach the budget
+    while length.balance + BUDGET * (length.tokens + HORIZON) >= 0.2 + 0.2:  # ... until such losses reach the budget
         length.update(1, 0, 1.2)
         assert length.next() == 1
     length.update(1, 0, 1.2)
@@ -349,14 +349,16 @@ def test_draft_length_weighs_a_check_against_plain_steps():
     dear = DraftLength()
     assert dear.next() == 0
     dear.plain(1.0)
-    dear.update(dear.next(), 1, 3.0)  # kept, but slower than plain steps
+    dear.update(dear.next(), 1, 3.0)  # kept, but slower than plain steps: a longer draft may pay
+    assert dear.next() == 2
+    dear.update(2, 1, 4.0)  # part kept, and slower than plain steps: a pause
     assert dear.next() == 0
 
 
 def test_drafting_on_text_with_nothing_to_copy_loses_at_most_its_budget():
     """Checks of one guess, each rejected and costing `cost` steps: over a generation of n tokens
-    the steps they lose stay within BUDGET of n (one probe's loss beyond it at most), or where a
-    check loses so much that MAX_PAUSE steps are too few, one loss a pause."""
+    the steps they lose stay within BUDGET of n + HORIZON (one probe's loss beyond it at most),
+    or where a check loses so much that MAX_PAUSE steps are too few, one loss a pause."""
     for cost in (1.2, 1.9, 2.4, 4.0):
         for n in (64, 128, 512):
             length, made, lost = DraftLength(), 0, 0.0
@@ -369,7 +371,7 @@ def test_drafting_on_text_with_nothing_to_copy_loses_at_most_its_budget():
                 if k:
                     length.update(k, 0, cost)
                     lost += cost - 1
-            assert lost <= max(BUDGET, (cost - 1) / (MAX_PAUSE + 1)) * n + (cost - 1), (cost, n, lost)
+            assert lost <= max(BUDGET, (cost - 1) / (MAX_PAUSE + 1)) * (n + HORIZON) + (cost - 1), (cost, n, lost)
 
 
 def test_draft_length_grows_shrinks_and_pauses_without_timings():
