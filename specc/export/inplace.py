@@ -274,7 +274,7 @@ def _last_positions_logits(g, producer, constants, lm: str) -> list:
     else:
         return []
     x = node.input[0]
-    constant = _constant_values(g, producer, constants)
+    constant = _constant_values(g, constants)
     region, stack = {}, [lm]
     while stack:
         name = stack.pop()
@@ -303,7 +303,7 @@ def _last_positions_logits(g, producer, constants, lm: str) -> list:
     return [slice_node]
 
 
-def _constant_values(g, producer, constants) -> set[str]:
+def _constant_values(g, constants) -> set[str]:
     """The names of the values that are constants: initializers, Constant nodes' and what nodes
     compute from those alone (a gguf head's scales x 16, its offsets transposed)."""
     out = {t.name for t in g.initializer} | set(constants)
@@ -315,10 +315,6 @@ def _constant_values(g, producer, constants) -> set[str]:
                 out.update(n.output)
                 changed = True
     return out
-
-
-def _is_initializer(g, name: str) -> bool:
-    return any(t.name == name for t in g.initializer)
 
 
 def _roots_as_divisions(nodes, consumers, producer) -> set[int]:

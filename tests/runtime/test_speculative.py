@@ -22,10 +22,9 @@ from specc.runtime import RunError, Session
 from specc.decoding.sampling import Sampler, distribution
 from specc.runtime.generate import DecoderRunner, InplaceRunner, checks_drafts
 from specc.runtime.scheduler import LENGTH, GenerationLimits, GenerationRequest, Scheduler
-from specc.decoding.speculation import BUDGET
+from specc.decoding.speculation import BUDGET, HORIZON, MAX_PAUSE
 from specc.runtime import speculative as speculative_module
 from specc.runtime.speculative import MAX_DRAFT, DraftLength, check
-from specc.decoding.speculation import HORIZON, MAX_PAUSE
 from specc.spec.io import LM_POSITIONS
 
 from tests.helpers import speclib
