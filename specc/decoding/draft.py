@@ -22,6 +22,8 @@ class PromptLookup:
     """The n-gram index of one sequence: `extend` it with tokens as they come (the prompt first),
     `propose` up to k next tokens."""
 
+    free = True  # a proposal costs nothing next to a model call: plain steps may ask for a guess too (DraftLength.guessed)
+
     def __init__(self, tokens: Iterable[int] = ()):
         self.tokens: list[int] = []
         # n -> n-gram -> (its latest end position, the one before or -1)

@@ -21,6 +21,8 @@ MAX_DRAFT = io.LM_POSITIONS - 1  # the longest draft (one call checks it)
 PAUSE, MAX_PAUSE = 4, 64  # untimed: plain steps after two all-rejected drafts in a row; doubled while rejections go on
 BUDGET = 0.03  # timed: the share of a generation's steps that its checks may lose, net of what they gained
 HORIZON = 32  # timed: steps the budget counts ahead of the tokens made, so that the first probes can be afforded
+STREAK, GUESSED = 3, 3  # timed: right guesses in a row that end a pause early, and the budget (x BUDGET) they may spend
+RESUME = 4  # timed: the least k after such a streak
 
 
 def refusal(activations: str | None) -> str | None:
@@ -67,6 +69,12 @@ class DraftLength:
     (tokens + HORIZON) >= 0 (at most MAX_PAUSE steps). So text with nothing to copy loses about
     BUDGET to probes (of its tokens and HORIZON), and text that copies, whose checks have gained,
     goes on drafting through the rejections in it.
+    Where guessing costs nothing (prompt lookup), the plain steps of a pause still ask the drafter
+    for one guess and say whether it was the step's token (`guessed`): text that starts to copy
+    after a pause shows as right guesses in a row, and STREAK of them end the pause (k at least
+    RESUME) where another loss of L stays within GUESSED x BUDGET. Text whose guesses are wrong
+    pauses as before; guesses that come right in streaks and whose checks still lose spend at most
+    GUESSED x BUDGET.
     Without timings (the engine's batched steps): after two all-rejected drafts in a row, PAUSE
     steps, the pause doubling (to MAX_PAUSE) while drafts keep failing."""
 
@@ -76,6 +84,8 @@ class DraftLength:
         self.step: float | None = None  # a plain step's seconds, a running mean (`plain`)
         self.balance = 0.0  # steps gained by the timed checks, less the steps they lost
         self.tokens = 0  # tokens made: each step's one and the drafts kept
+        self.lost = 0.0  # what the check that started the pause lost
+        self.streak = 0  # right guesses in a row (`guessed`)
 
     def next(self) -> int:
         self.tokens += 1
@@ -88,12 +98,21 @@ class DraftLength:
         """A plain step (no drafts) took `seconds`."""
         self.step = seconds if self.step is None else self.step + (seconds - self.step) / 4
 
+    def guessed(self, right: bool) -> None:
+        """A plain step whose drafter's guess of its token (asked where guessing is free) was
+        `right`, or wrong (or no guess)."""
+        self.streak = self.streak + 1 if right else 0
+        if self.wait and self.streak >= STREAK and \
+                self.balance - self.lost + GUESSED * BUDGET * (self.tokens + HORIZON) >= 0:
+            self.wait, self.k = 0, max(self.k, RESUME)
+
     def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
         """A check of `drafted` drafts kept `accepted`; `seconds`: what drafting and checking took."""
         if drafted == 0:
             return
         self.tokens += accepted
         self.accepted += (accepted - self.accepted) / 4
+        self.streak = 0  # (a streak counts the plain steps after a check)
         if accepted == 0:
             self.k = max(1, self.k // 2)
         else:
@@ -102,6 +121,7 @@ class DraftLength:
             gain = accepted + 1 - seconds / self.step
             self.balance += gain
             if gain < 0 and not accepted == drafted < MAX_DRAFT:  # (all kept while k can grow: the draft was too short to pay)
+                self.lost = -gain
                 self.wait = min(max(0, math.ceil((-gain - self.balance) / BUDGET - self.tokens - HORIZON)), MAX_PAUSE)
             return
         if accepted > 0:

@@ -120,7 +120,9 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, e
     token = int(choose(runner.prefill())[0])
     while not keep(token):
         start = time.perf_counter()
-        draft = drafter.propose(min(length.next(), max_new - len(new)))
+        k = length.next()
+        draft = drafter.propose(min(k, max_new - len(new)))
+        guess = drafter.propose(1) if k == 0 and getattr(drafter, "free", False) else None
         out = runner.extend(np.asarray([[token] + draft], dtype=np.int64))[0]  # [1 + len(draft), vocab]
         seconds = time.perf_counter() - start
         accepted, token = check(choose, out, draft)
@@ -129,6 +131,8 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, e
             length.update(len(draft), accepted, seconds)
         else:
             length.plain(seconds)
+            if guess is not None:
+                length.guessed(guess == [token])
         for d in draft[:accepted]:
             if keep(d):
                 return new

@@ -22,7 +22,7 @@ from specc.runtime import RunError, Session
 from specc.decoding.sampling import Sampler, distribution
 from specc.runtime.generate import DecoderRunner, InplaceRunner, checks_drafts
 from specc.runtime.scheduler import LENGTH, GenerationLimits, GenerationRequest, Scheduler
-from specc.decoding.speculation import BUDGET, HORIZON, MAX_PAUSE
+from specc.decoding.speculation import BUDGET, GUESSED, HORIZON, MAX_PAUSE, RESUME, STREAK
 from specc.runtime import speculative as speculative_module
 from specc.runtime.speculative import MAX_DRAFT, DraftLength, check
 from specc.spec.io import LM_POSITIONS
@@ -371,6 +371,54 @@ def test_drafting_on_text_with_nothing_to_copy_loses_at_most_its_budget():
                     length.update(k, 0, cost)
                     lost += cost - 1
             assert lost <= max(BUDGET, (cost - 1) / (MAX_PAUSE + 1)) * (n + HORIZON) + (cost - 1), (cost, n, lost)
+
+
+def test_right_guesses_in_a_row_end_a_pause():
+    """The plain steps of a pause still guess (prompt lookup's guesses are free): STREAK right
+    guesses in a row end it, k at least RESUME, while another such loss stays within GUESSED x
+    BUDGET; a wrong guess starts the count again."""
+    length = DraftLength()
+    length.next()
+    length.plain(1.0)
+    length.update(length.next(), 0, 2.5)  # lost 1.5: a pause of dozens of steps
+    assert length.wait > STREAK + 2
+    for right in [True] * (STREAK - 1) + [False] + [True] * (STREAK - 1):
+        assert length.next() == 0
+        length.guessed(right)
+    assert length.next() == 0
+    length.guessed(True)
+    assert length.next() == RESUME
+    spent = DraftLength()  # losses beyond what GUESSED x BUDGET allows: guesses do not end the pause
+    spent.next()
+    spent.plain(1.0)
+    spent.balance = -GUESSED * BUDGET * (1 + HORIZON)
+    spent.update(spent.next(), 0, 2.5)
+    for _ in range(STREAK + 2):
+        assert spent.next() == 0
+        spent.guessed(True)
+
+
+def test_guesses_right_in_streaks_before_checks_that_lose_spend_at_most_their_budget():
+    """Text whose guesses come right STREAK times in a row (and then wrong), and whose checks are
+    all rejected: the probes lose at most GUESSED x BUDGET of its tokens and HORIZON (one probe's
+    loss beyond it), or one loss a pause where MAX_PAUSE steps are too few."""
+    for cost in (1.2, 1.9, 2.4, 4.0):
+        for n in (64, 128, 512):
+            for period in (STREAK + 1, STREAK + 3, 10):
+                length, made, lost, plain = DraftLength(), 1, 0.0, 0
+                length.next()
+                length.plain(1.0)
+                while made < n:
+                    k = length.next()
+                    made += 1
+                    if k:
+                        length.update(k, 0, cost)
+                        lost += cost - 1
+                    else:
+                        plain += 1
+                        length.guessed(plain % period != 0)
+                bound = max(GUESSED * BUDGET, (cost - 1) / (MAX_PAUSE + 1)) * (n + HORIZON) + (cost - 1)
+                assert lost <= bound, (cost, n, period, lost)
 
 
 def test_draft_length_grows_shrinks_and_pauses_without_timings():
