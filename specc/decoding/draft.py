@@ -53,4 +53,10 @@ class PromptLookup:
         return []
 
 
+def free_guess(drafter) -> list[int] | None:
+    """The drafter's guess of the next token ([] for none) where guessing costs nothing
+    (`free`: prompt lookup), for a plain step to weigh (DraftLength.guessed); else None."""
+    return drafter.propose(1) if getattr(drafter, "free", False) else None
+
+
 DRAFTERS = {"ngram": PromptLookup}  # speculative decoding's drafters by the name a caller gives

@@ -54,7 +54,7 @@ from .errors import Busy, first_line
 from .facts import Limits, Model
 from .graphs import GraphCall
 from .prefix import PrefixCache
-from .draft import DRAFTERS
+from .draft import DRAFTERS, free_guess
 from .errors import Refused
 from .request import CANCELLED, ERROR, LENGTH, STOP, Request, check
 from .sampling import Sampler
@@ -322,8 +322,10 @@ class Engine:
             self.block.regroup([], [])
             return
         self.stats.steps += 1
+        guess = None
         if rows == 1 and self._active[0].drafts is not None:  # a plain step, what a check is weighed against
             self._active[0].drafts.plain(time.perf_counter() - start)
+            guess = free_guess(self._active[0].drafter)
         for i, seq in enumerate(self._active):
             if seq.ended is not None:
                 seq.length += 1
@@ -338,6 +340,8 @@ class Engine:
             else:
                 seq.length += 1
                 self._emit(seq, logits[i: i + 1])
+                if guess is not None:
+                    seq.drafts.guessed(guess == [seq.last])
 
     def _draft(self, seq: _Sequence, rows: int) -> list[int]:
         """A speculative row's guesses of the tokens after its last (none for another row, none

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from specc.decoding.draft import free_guess
 from specc.decoding.sampling import Sampler, greedy
 from specc.decoding.speculation import MAX_DRAFT, DraftLength, Speculation, check  # noqa: F401 - MAX_DRAFT: this module's API too
 from specc.runtime.errors import RunError
@@ -120,9 +121,8 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, e
     token = int(choose(runner.prefill())[0])
     while not keep(token):
         start = time.perf_counter()
-        k = length.next()
-        draft = drafter.propose(min(k, max_new - len(new)))
-        guess = drafter.propose(1) if k == 0 and getattr(drafter, "free", False) else None
+        draft = drafter.propose(min(length.next(), max_new - len(new)))
+        guess = None if draft else free_guess(drafter)
         out = runner.extend(np.asarray([[token] + draft], dtype=np.int64))[0]  # [1 + len(draft), vocab]
         seconds = time.perf_counter() - start
         accepted, token = check(choose, out, draft)

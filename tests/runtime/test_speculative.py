@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import specc
 from specc.cli import main
 from specc.decoding import engine as engine_module
-from specc.decoding.draft import MAX_NGRAM, PromptLookup
+from specc.decoding.draft import MAX_NGRAM, PromptLookup, free_guess
 from specc.runtime import RunError, Session
 from specc.decoding.sampling import Sampler, distribution
 from specc.runtime.generate import DecoderRunner, InplaceRunner, checks_drafts
@@ -518,6 +518,33 @@ def test_sampled_speculative_requests_with_a_seed_repeat(built):
         return sink.tokens
 
     assert run(1) == run(1) != run(2)
+
+
+def test_plain_steps_weigh_prompt_lookups_guess_of_their_token(built, monkeypatch):
+    """Session.generate and the engine's lone row ask prompt lookup for a guess on each step that
+    drafted nothing and tell DraftLength whether it was that step's token (it ends pauses)."""
+    session = built("tiny-llama")
+    guesses, told = [], []
+
+    def spy(drafter):
+        guess = free_guess(drafter)
+        guesses.append((len(drafter.tokens), guess))
+        return guess
+
+    monkeypatch.setattr(speculative_module, "free_guess", spy)
+    monkeypatch.setattr(engine_module, "free_guess", spy)
+    monkeypatch.setattr(DraftLength, "guessed", lambda self, right: told.append(right))
+    monkeypatch.setattr(DraftLength, "next", lambda self: 0)  # a pause throughout: plain steps alone
+    prompt = prompts(session.limits.vocab)[-1]
+    text = prompt + session.generate(prompt, NEW, eos_id=-1).new_ids[0]
+    runs = [lambda: session.generate(prompt, NEW, eos_id=-1, speculative="ngram"),
+            lambda: _serve(session, [GenerationRequest(ids=tuple(prompt), max_tokens=NEW, eos=-1, speculative="ngram")], 1)]
+    for run in runs:
+        guesses.clear(), told.clear()
+        run()
+        assert len(told) == len(guesses) == NEW - 1
+        assert told == [guess == text[at:at + 1] for at, guess in guesses]
+        assert True in told and False in told
 
 
 def test_sampled_speculative_requests_are_plain_sampled_requests(built):
