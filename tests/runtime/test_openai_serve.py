@@ -268,7 +268,7 @@ def test_disconnects_busy_503_generate_gaps_and_two_ctrl_c(tmp_path):
         answer = conn.getresponse()
         read_events(answer, 3)
         os.killpg(server.proc.pid, signal.SIGINT)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # (a loaded machine: make test's other worker)
         while "waiting up to 60 s" not in server.output():
             assert time.monotonic() < deadline, server.output()
             time.sleep(0.05)
@@ -280,7 +280,7 @@ def test_disconnects_busy_503_generate_gaps_and_two_ctrl_c(tmp_path):
         os.killpg(server.proc.pid, signal.SIGINT)
         code = server.proc.wait(timeout=10)
         took = time.monotonic() - t0
-        assert took < 2.0, (took, server.output())
+        assert took < 5.0, (took, server.output())  # now, not after the drain's 60 s
         assert code == 130 and "stopping now; cancelling 1 generate requests" in server.output()
         try:
             rest = answer.read()

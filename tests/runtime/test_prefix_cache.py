@@ -148,10 +148,11 @@ def test_a_prefill_after_a_reused_past_computes_the_whole_prompts_kv(built, name
     np.testing.assert_allclose(rest_logits, logits, rtol=1e-4, atol=1e-4)
 
 
-def test_a_shared_system_prompt_prefills_5x_faster_the_second_time(built):
-    """Two chat requests sharing a 1,000-token system prompt, different questions: the second's time
-    to first token is at least 5x shorter (its prefill computes its question alone), the answers
-    those of the cache off."""
+def test_a_shared_system_prompt_is_prefilled_once(built):
+    """Two chat requests sharing a 1,000-token system prompt, different questions: the later ones
+    compute their question's positions alone (the whole blocks of the system prompt come from the
+    cache), the answers those of the cache off. What that does to the time to first token is
+    benchmarks/serve_load.py's (docs/benchmarks_serving.md); the times are printed here."""
     session = built("llama-2k")
     rng = np.random.default_rng(5)
     system = rng.integers(0, 1000, size=1000).tolist()
@@ -168,18 +169,18 @@ def test_a_shared_system_prompt_prefills_5x_faster_the_second_time(built):
 
     on = Scheduler(session, GenerationLimits(2, 4096, 4))
     off = Scheduler(session, GenerationLimits(2, 4096, 4, prefix_cache_tokens=0))
-    ttft(on, GenerationRequest(ids=(1, 2, 3), max_tokens=1, eos=-1))  # each session's first call pays its warm-up
-    ttft(off, GenerationRequest(ids=(1, 2, 3), max_tokens=1, eos=-1))
     first, tokens = ttft(on, reqs[0])
-    assert tokens == ttft(off, reqs[0])[1]
+    assert tokens == ttft(off, reqs[0])[1] and on.stats.prefilled == len(reqs[0].ids) and on.stats.reused == 0
+    shared = 1000 // BLOCK * BLOCK
     later = []
     for r in reqs[1:]:
+        before = on.stats.prefilled
         took, tokens = ttft(on, r)
         later.append(took)
         assert tokens == ttft(off, r)[1]
-    assert on.stats.reused == 3 * (1000 // BLOCK * BLOCK)
+        assert on.stats.prefilled - before == len(r.ids) - shared  # the question and the system prompt's last part block
+    assert on.stats.reused == 3 * shared and off.stats.reused == 0
     print(f"time to first token: {first * 1e3:.1f} ms, then {[round(t * 1e3, 1) for t in later]} ms")
-    assert first >= 5 * max(later), (first, later)
 
 
 def test_memory_stays_within_the_budget_least_recently_used_out(built):
