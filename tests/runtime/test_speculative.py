@@ -379,22 +379,31 @@ def test_draft_length_makes_the_most_tokens_per_steps_time():
         assert length.k == {1.0: MAX_DRAFT, 0.0: 1}.get(keep, length.k)
 
 
+def _lost_to_rejected_checks(cost: float, n: int, right=None) -> float:
+    """The plain steps that checks of `cost` steps, all rejected, lose over n tokens; right(i):
+    whether the i-th plain step's guess was its token (None: no guesses)."""
+    length, made, lost, plain = DraftLength(), 1, 0.0, 0
+    length.next()
+    length.plain(1.0)
+    while made < n:
+        k = length.next()
+        made += 1
+        if k:
+            length.update(k, 0, cost)
+            lost += cost - 1
+        elif right is not None:
+            plain += 1
+            length.guessed(right(plain))
+    return lost
+
+
 def test_drafting_on_text_with_nothing_to_copy_loses_at_most_its_budget():
     """Checks of one guess, each rejected and costing `cost` steps: over a generation of n tokens
     the steps they lose stay within BUDGET of n + HORIZON (one probe's loss beyond it at most),
     or where a check loses so much that MAX_PAUSE steps are too few, one loss a pause."""
     for cost in (1.2, 1.9, 2.4, 4.0):
         for n in (64, 128, 512):
-            length, made, lost = DraftLength(), 0, 0.0
-            length.next()
-            length.plain(1.0)
-            made = 1
-            while made < n:
-                k = length.next()
-                made += 1
-                if k:
-                    length.update(k, 0, cost)
-                    lost += cost - 1
+            lost = _lost_to_rejected_checks(cost, n)
             assert lost <= max(BUDGET, (cost - 1) / (MAX_PAUSE + 1)) * (n + HORIZON) + (cost - 1), (cost, n, lost)
 
 
@@ -430,18 +439,7 @@ def test_guesses_right_in_streaks_before_checks_that_lose_spend_at_most_their_bu
     for cost in (1.2, 1.9, 2.4, 4.0):
         for n in (64, 128, 512):
             for period in (STREAK + 1, STREAK + 3, 10):
-                length, made, lost, plain = DraftLength(), 1, 0.0, 0
-                length.next()
-                length.plain(1.0)
-                while made < n:
-                    k = length.next()
-                    made += 1
-                    if k:
-                        length.update(k, 0, cost)
-                        lost += cost - 1
-                    else:
-                        plain += 1
-                        length.guessed(plain % period != 0)
+                lost = _lost_to_rejected_checks(cost, n, lambda i: i % period != 0)
                 bound = max(GUESSED * BUDGET, (cost - 1) / (MAX_PAUSE + 1)) * (n + HORIZON) + (cost - 1)
                 assert lost <= bound, (cost, n, period, lost)
 
