@@ -23,10 +23,6 @@ BUDGET = 0.03  # timed: the share of a generation's steps that its checks may lo
 HORIZON = 32  # timed: steps the budget counts ahead of the tokens made, so that the first probes can be afforded
 STREAK, GUESSED = 3, 3  # timed: right guesses in a row that end a pause early, and the budget (x BUDGET) they may spend
 RESUME = 4  # timed: the least k after such a streak
-KEPT, REACHED = 1.0, 2.0  # timed: drafts kept of drafts reached before the first check (a chance of 1/2)
-DECAY = 0.8  # timed: what the checks before the last weigh in the chance that a draft is kept
-COSTS = 8  # timed: the last checks whose costs (plain steps) a line in k is fit to
-SLOPE, LEAST_SLOPE = 0.05, 0.02  # timed: a check's cost per draft (plain steps) until two lengths were timed; the least
 
 
 def refusal(activations: str | None) -> str | None:
@@ -59,15 +55,10 @@ class Speculation:
 
 class DraftLength:
     """k, the number of tokens to draft next: 0 at first (a plain step, whose time checks are
-    weighed against), then 1 (the cheapest probe), then from how the last drafts fared. With
-    timings, the k that makes the most tokens per plain step's time: a check of k drafts makes
-    1 + a + a^2 + ... + a^k tokens where each draft is kept with chance a once those before it
-    were (a: the drafts kept over the drafts reached, each check's counts weighing DECAY of the
-    next's, KEPT of REACHED before the first), and costs c0 + c1 k plain steps (the line through
-    the last COSTS checks' costs; c1 SLOPE until two lengths were timed, at least LEAST_SLOPE).
-    Without timings: doubled (to MAX_DRAFT) when a draft is all accepted, one past the accepted
-    count when part of it is, halved when none is. `accepted`: drafts accepted per check, a
-    running mean (the newest check weighs 1/4), MAX_DRAFT before the first.
+    weighed against), then 1 (the cheapest probe), then from how the last drafts fared: doubled
+    (to MAX_DRAFT) when a draft is all accepted, one past the accepted count when part of it is,
+    halved when none is. `accepted`: drafts accepted per check, a running mean (the newest check weighs 1/4),
+    MAX_DRAFT before the first.
 
     When to draft at all (0: a plain step). With timings (`plain`: a plain step's seconds), a
     ledger: each check (drafting and checking, `seconds`) gains its tokens less its time in plain
@@ -95,8 +86,6 @@ class DraftLength:
         self.tokens = 0  # tokens made: each step's one and the drafts kept
         self.lost = 0.0  # what the check that started the pause lost
         self.streak = 0  # right guesses in a row (`guessed`)
-        self.kept, self.reached = KEPT, REACHED  # timed checks' drafts kept, of those reached (decayed)
-        self.costs: list[tuple[int, float]] = []  # the last COSTS timed checks: (drafts, plain steps)
 
     def next(self) -> int:
         self.tokens += 1
@@ -124,42 +113,23 @@ class DraftLength:
         self.tokens += accepted
         self.accepted += (accepted - self.accepted) / 4
         self.streak = 0  # (a streak counts the plain steps after a check)
-        if seconds is not None and self.step:
-            cost = seconds / self.step
-            gain = accepted + 1 - cost
-            self.balance += gain
-            self.kept = DECAY * self.kept + accepted
-            self.reached = DECAY * self.reached + accepted + (accepted < drafted)
-            self.costs = (self.costs + [(drafted, cost)])[-COSTS:]
-            self.k = self._fastest()
-            if gain < 0 and not accepted == drafted < MAX_DRAFT:  # (all kept while k can grow: the draft was too short to pay)
-                self.lost = -gain
-                self.wait = min(max(0, math.ceil((-gain - self.balance) / BUDGET - self.tokens - HORIZON)), MAX_PAUSE)
-            return
         if accepted == 0:
             self.k = max(1, self.k // 2)
         else:
             self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
+        if seconds is not None and self.step:
+            gain = accepted + 1 - seconds / self.step
+            self.balance += gain
+            if gain < 0 and not accepted == drafted < MAX_DRAFT:  # (all kept while k can grow: the draft was too short to pay)
+                self.lost = -gain
+                self.wait = min(max(0, math.ceil((-gain - self.balance) / BUDGET - self.tokens - HORIZON)), MAX_PAUSE)
+            return
         if accepted > 0:
             self.misses, self.pause = 0, PAUSE
             return
         self.misses += 1
         if self.misses >= 2:
             self.wait, self.pause, self.misses = self.pause, min(2 * self.pause, MAX_PAUSE), 0
-
-
-    def _cost(self, k: int) -> float:
-        """A check of k drafts in plain steps: the line through the timed checks (at least 1)."""
-        ks, cs = zip(*self.costs)
-        mean_k, mean_c = sum(ks) / len(ks), sum(cs) / len(cs)
-        spread = sum((x - mean_k) ** 2 for x in ks)
-        slope = sum((x - mean_k) * (c - mean_c) for x, c in zip(ks, cs)) / spread if spread else SLOPE
-        return max(1.0, mean_c + max(slope, LEAST_SLOPE) * (k - mean_k))
-
-    def _fastest(self) -> int:
-        """The k whose checks make the most tokens per plain step's time (the class's doc)."""
-        a = self.kept / self.reached
-        return max(range(1, MAX_DRAFT + 1), key=lambda k: sum(a ** i for i in range(k + 1)) / self._cost(k))
 
 
 def check(choose: Sampler, logits: np.ndarray, draft: list[int]) -> tuple[int, int]:
