@@ -12,7 +12,9 @@ draws are plain sampling's, one per token kept).
 A draft that is all rejected costs one call of k + 1 positions (and the drafter's time) where
 plain decoding makes one of 1; the loop times both and DraftLength weighs each check against the
 plain steps its time would have made, halving k after a rejection and pausing drafting after
-checks that lost, long enough that text with nothing to copy runs (nearly) plain steps.
+checks that lost, long enough that text with nothing to copy runs (nearly) plain steps; prompt
+lookup's guesses, free, are still weighed on those plain steps, and a streak of right ones (text
+that has started to copy) ends the pause.
 
 The runner is generate.py's InplaceRunner over the build's in-place graph, whose LM output holds
 a call's last io.LM_POSITIONS positions (MAX_DRAFT drafts and the token before them), where the
