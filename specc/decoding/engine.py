@@ -322,10 +322,8 @@ class Engine:
             self.block.regroup([], [])
             return
         self.stats.steps += 1
-        guess = None
         if rows == 1 and self._active[0].drafts is not None:  # a plain step, what a check is weighed against
             self._active[0].drafts.plain(time.perf_counter() - start)
-            guess = free_guess(self._active[0].drafter)
         for i, seq in enumerate(self._active):
             if seq.ended is not None:
                 seq.length += 1
@@ -339,6 +337,7 @@ class Engine:
                 self._checked(seq, drafts[i], np.concatenate([logits[i: i + 1], after]))
             else:
                 seq.length += 1
+                guess = free_guess(seq.drafter) if rows == 1 and seq.drafts is not None else None
                 self._emit(seq, logits[i: i + 1])
                 if guess is not None:
                     seq.drafts.guessed(guess == [seq.last])

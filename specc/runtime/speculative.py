@@ -124,7 +124,6 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, e
     while not keep(token):
         start = time.perf_counter()
         draft = drafter.propose(min(length.next(), max_new - len(new)))
-        guess = None if draft else free_guess(drafter)
         out = runner.extend(np.asarray([[token] + draft], dtype=np.int64))[0]  # [1 + len(draft), vocab]
         seconds = time.perf_counter() - start
         accepted, token = check(choose, out, draft)
@@ -133,7 +132,7 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, e
             length.update(len(draft), accepted, seconds)
         else:
             length.plain(seconds)
-            if guess is not None:
+            if (guess := free_guess(drafter)) is not None:  # (the drafter's text ends before `token`)
                 length.guessed(guess == [token])
         for d in draft[:accepted]:
             if keep(d):
