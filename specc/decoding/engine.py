@@ -145,7 +145,7 @@ class Engine:
         if request.speculative is not None and not isinstance(self.block, InplaceBlock):
             raise Refused("speculative: this build decodes with model.onnx (it has no in-place cache graph), "
                           "whose store cannot check drafts; send the request without it")
-        if request.speculative is not None and (why := refusal(self.facts.activations)):
+        if request.speculative is not None and (why := refusal(self.facts.activations, self.block.facts.spare)):
             raise Refused(why)
         return checked
 

@@ -95,6 +95,12 @@ class GraphFacts:
         return tuple(names)
 
     @property
+    def spare(self) -> int:
+        """Positions an in-place graph's cache buffers hold past the sequence's: 1 where its
+        attention runs a spare position after each call's own (io.SPARE_SEQUENCE), else 0."""
+        return max((io.spare(c.dims) for c in self.cache), default=0)
+
+    @property
     def outputs(self) -> tuple[str, ...]:
         """The names of the outputs the engine reads: the logits, then the caches' presents."""
         return (self.logits,) + tuple(c.present for c in self.cache)

@@ -25,18 +25,22 @@ STREAK, GUESSED = 3, 3  # timed: right guesses in a row that end a pause early, 
 RESUME = 4  # timed: the least k after such a streak
 
 
-def refusal(activations: str | None) -> str | None:
+def refusal(activations: str | None, spare: int) -> str | None:
     """Why a build that decodes in `activations` (facts.Model's) cannot decode speculatively, or
-    None where it can. At int8 activations a call of several positions does not compute what single
-    steps do: GroupQueryAttention's several-position path rounds otherwise (about 1e-6), and the
-    next MatMulNBits' 8-bit input codes turn that into a quantization step (llama-2-7b's seeded
-    int4 build: a logit 0.20 of 5.4 apart), so drafts checked in one call would not give plain
-    decoding's tokens."""
-    if activations != "int8":
+    None where it can. `spare`: whether the graph that checks drafts runs a spare position in its
+    attention (io.spare). At int8 activations a call of several positions computes what single
+    steps do only with it: GroupQueryAttention's one-position path rounds otherwise (about 1e-6),
+    and the next MatMulNBits' 8-bit input codes turn that into a quantization step (llama-2-7b's
+    seeded int4 build: a logit 0.20 of 5.4 apart), so drafts checked in one call would not give
+    plain decoding's tokens; with the spare every call has two positions or more
+    (specc/export/inplace.py's `spare`)."""
+    if activations != "int8" or spare:
         return None
-    return ("speculative: this build decodes with int8 activations (an int8 build, or serving.activations int8), "
-            "which onnxruntime computes differently for several positions in one call than for one, so checked drafts "
-            "would not give plain decoding's tokens; build it with --activations fp32 to decode it speculatively")
+    return ("speculative: this build decodes with int8 activations (an int8 build, or serving.activations int8) and its "
+            "in-place graph runs no spare position (a model with routed experts, or a build made before they had one), "
+            "so onnxruntime computes several positions in one call differently than one and checked drafts would not "
+            "give plain decoding's tokens; build it with --activations fp32 (or build it again, where it has no routed "
+            "experts) to decode it speculatively")
 
 
 @dataclass

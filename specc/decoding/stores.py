@@ -261,6 +261,8 @@ class InplaceBlock:
         return len(next(iter(self.store.values()), ()))
 
     def _buffers(self, rows: int, columns: int) -> tuple[dict, dict]:
+        """Buffers for `columns` positions a row (and the graph's spare one past them)."""
+        columns += self.facts.spare
         caches = {name: np.zeros((rows, h, columns, d), dtype) for name, (h, d, dtype) in self.shapes.items()}
         return caches, {self.presents[name]: buf for name, buf in caches.items()}
 

@@ -47,6 +47,7 @@ from specc.errors import BuildError, first_line
 from specc.export.external import referenced
 from specc.spec import io
 from specc.spec.resolve import ResolvedSpec
+from specc.spec.targets import decode_activations
 
 FILE = "inplace.onnx"
 GRAPH = "model"  # the graph it is made from
@@ -109,11 +110,65 @@ def _signature(values) -> list[dict]:
              "dims": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]} for v in values]
 
 
-def rewrite(model, r: ResolvedSpec) -> None:
-    """MODEL (model.onnx's proto, edited in place) with every layer's cached attention one
-    GroupQueryAttention node; Unfit naming the layer where the nodes are not the expected ones."""
+def spare(r: ResolvedSpec) -> bool:
+    """Whether the in-place graph's attention runs a spare position after the positions of a call
+    of one row: where the build decodes with int8 activations and has no routed experts. There a
+    single step must compute what a speculative check's call of several positions does
+    (specc/decoding/speculation.py): the products' 8-bit inputs turn any other rounding into a
+    quantization step. MatMulNBits at level 4 computes a row alone or among others alike (blocks
+    of 16 and 32); GroupQueryAttention does not, its one-position path meeting the values in a
+    matrix-vector product, while calls of two positions and more give a position the same floats
+    whatever the others. So a row's every call has two or more: its last position once more (a
+    copy of its query, key and value) after the call's own, its output dropped, its cache entry
+    one past the call's positions (the buffers hold one more, io.SPARE_SEQUENCE), written over by
+    the next call. A call of several rows (a batched decode step) has none: GroupQueryAttention
+    takes several positions after a cache for one row only. Routed experts (QMoE) are not known
+    to compute a row alone as among others, so they keep the refusal."""
+    return decode_activations(r.serving.precision, r.serving.activations) == "int8" and not r.routed_layers
+
+
+_SPARE = "inplace/spare"
+# the shared values the layers' spare positions read: where a call's positions start and end
+# ([1] each: the call's sequence less the spare count, and the sequence), the axis, and
+# seqlens_k and total_sequence_length counting the spare
+_SPARE_LAST = (f"{_SPARE}/from", f"{_SPARE}/sequence", f"{_SPARE}/axis")
+_SPARE_OWN = (f"{_SPARE}/zero", f"{_SPARE}/sequence", f"{_SPARE}/axis")
+_SPARE_LENGTHS = (f"{_SPARE}/{SEQLENS_K}", f"{_SPARE}/{TOTAL_SEQUENCE_LENGTH}")
+
+
+def _spare_lengths(g) -> list:
+    """The values _SPARE_LAST, _SPARE_OWN and _SPARE_LENGTHS name. A call of one row has a spare
+    position, a call of several none: GroupQueryAttention takes several new positions after a
+    cache for one row only, and a batched step's rows run its one-position path anyway."""
     from onnx import TensorProto, helper
 
+    g.initializer.extend([helper.make_tensor(f"{_SPARE}/zero", TensorProto.INT64, [1], [0]),
+                          helper.make_tensor(f"{_SPARE}/axis", TensorProto.INT64, [1], [1]),
+                          helper.make_tensor(f"{_SPARE}/one", TensorProto.INT64, [1], [1]),
+                          helper.make_tensor(f"{_SPARE}/scalar", TensorProto.INT64, [0], [])])
+    made = [
+        helper.make_node("Shape", [io.INPUT_IDS], [f"{_SPARE}/rows"], start=0, end=1),
+        helper.make_node("Shape", [io.INPUT_IDS], [f"{_SPARE}/sequence"], start=1, end=2),
+        helper.make_node("Equal", [f"{_SPARE}/rows", f"{_SPARE}/one"], [f"{_SPARE}/alone"]),
+        helper.make_node("Cast", [f"{_SPARE}/alone"], [f"{_SPARE}/count"], to=TensorProto.INT64),
+        helper.make_node("Sub", [f"{_SPARE}/sequence", f"{_SPARE}/count"], [f"{_SPARE}/from"]),
+        helper.make_node("Reshape", [f"{_SPARE}/count", f"{_SPARE}/scalar"], [f"{_SPARE}/count/scalar"]),
+        helper.make_node("Cast", [f"{_SPARE}/count/scalar"], [f"{_SPARE}/count/int32"], to=TensorProto.INT32),
+    ]
+    made += [helper.make_node("Add", [name, f"{_SPARE}/count/int32"], [spared], name=spared)
+             for name, spared in zip((SEQLENS_K, TOTAL_SEQUENCE_LENGTH), _SPARE_LENGTHS)]
+    for n in made:
+        n.name = n.name or n.output[0]
+    return made
+
+
+def rewrite(model, r: ResolvedSpec) -> None:
+    """MODEL (model.onnx's proto, edited in place) with every layer's cached attention one
+    GroupQueryAttention node (with a spare position where `spare`); Unfit naming the layer where
+    the nodes are not the expected ones."""
+    from onnx import TensorProto, helper
+
+    with_spare = spare(r)
     g = model.graph
     layers = r.stack("decoder").layers
     producer = {o: n for n in g.node for o in n.output}
@@ -161,10 +216,19 @@ def rewrite(model, r: ResolvedSpec) -> None:
         natural = 1.0 / np.sqrt(att.d_k)
         attrs = {} if abs(scale - natural) <= 1e-6 * natural else {"scale": float(scale)}
         inputs = [q3, k3, v3, key.past, value.past, SEQLENS_K, TOTAL_SEQUENCE_LENGTH]
+        attended = out
+        if with_spare:  # the call's last position once more after its own, its output dropped
+            for j, x in enumerate((q3, k3, v3)):
+                added += [helper.make_node("Slice", [x, *_SPARE_LAST], [x + "/last"], name=x + "/last"),
+                          helper.make_node("Concat", [x, x + "/last"], [x + "/spare"], axis=1, name=x + "/spare")]
+                inputs[j] = x + "/spare"
+            inputs[5:7] = _SPARE_LENGTHS
+            attended = out + "/spare"
+            added.append(helper.make_node("Slice", [attended, *_SPARE_OWN], [out], name=out + "/own"))
         if turned:
             inputs += [t.name for t in turned]
             attrs.update(do_rotary=1, rotary_interleaved=0)
-        added.append(helper.make_node(OP, inputs, [out, key.present, value.present], domain=DOMAIN,
+        added.append(helper.make_node(OP, inputs, [attended, key.present, value.present], domain=DOMAIN,
                                       name=f"inplace/{i}/attention", num_heads=att.heads, kv_num_heads=att.kv_heads,
                                       **attrs))
         dropped |= {id(k_cat), id(v_cat)}
@@ -179,10 +243,12 @@ def rewrite(model, r: ResolvedSpec) -> None:
             raise Unfit(f"the attention's output {o.name} is a graph output")
     flat = helper.make_tensor("inplace/flat", TensorProto.INT64, [3], [0, 0, -1])
     added += _last_positions_logits(g, producer, constants, r.lm_output) if r.lm_output else []
+    if with_spare:
+        added += _spare_lengths(g)
     kept = [n for n in g.node if id(n) not in dropped] + added
     g.initializer.append(flat)
     _set_nodes(g, _live(_sorted(kept, g), g))
-    _set_inputs(g, r)
+    _set_inputs(g, r, io.SPARE_SEQUENCE if with_spare else MAX_SEQUENCE)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
 
@@ -420,7 +486,7 @@ def _rotary_tables(model, producer, pair: tuple[str, str], r: ResolvedSpec, pref
                           ir_version=model.ir_version)  # not onnx's newest: the runtime may read older ones only
     ort = require_onnxruntime("making the in-place graph's rotary tables")
     session = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])
-    positions = r.serving.length.max
+    positions = r.serving.length.max + spare(r)  # a spare position may follow the last one
     tables = []
     for n in sorted({min(8, positions), positions}):
         c, s = session.run(None, {io.POSITION_IDS: np.arange(n, dtype=np.int64)[None]})
@@ -586,16 +652,17 @@ def _set_nodes(g, nodes: list) -> None:
     del g.value_info[:]
 
 
-def _set_inputs(g, r: ResolvedSpec) -> None:
+def _set_inputs(g, r: ResolvedSpec, length: str) -> None:
     """The graph's inputs: model.onnx's that the nodes still read, the caches as buffers of
-    MAX_SEQUENCE positions, then seqlens_k and total_sequence_length; its present outputs alike."""
+    LENGTH positions (MAX_SEQUENCE, or io.SPARE_SEQUENCE), then seqlens_k and total_sequence_length;
+    its present outputs alike."""
     from onnx import TensorProto, helper
 
     used = {i for n in g.node for i in n.input}
     kept = [v for v in g.input if v.name in used]
     for v in list(kept) + [o for o in g.output if io.is_present(o.name)]:
         if io.parse_cache(v.name):
-            v.type.tensor_type.shape.dim[2].dim_param = MAX_SEQUENCE
+            v.type.tensor_type.shape.dim[2].dim_param = length
     del g.input[:]
     g.input.extend(kept)
     g.input.extend([helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, [io.BATCH]),
@@ -648,7 +715,8 @@ def check(root: Path, r: ResolvedSpec, graph_files: dict[str, str], open_session
     session = open_session(root / FILE, FILE)
     names = {t.name: t for t in session.get_inputs()}
     capacity = prompt + steps + several - 1
-    caches = {n: np.zeros((1, t.shape[1], capacity, t.shape[3]), dtype=_np_type(t.type)) for n, t in names.items() if io.is_past(n)}
+    caches = {n: np.zeros(io.concrete_dims(t.shape, {io.BATCH: 1, MAX_SEQUENCE: capacity}), dtype=_np_type(t.type))
+              for n, t in names.items() if io.is_past(n)}
     binding_names = [o.name for o in session.get_outputs()]
     worst: dict = {}
     tokens, start = ids, 0

@@ -226,11 +226,20 @@ def past_from_caches(caches: Iterable[tuple[int, int | None]]) -> int | None:
     return n if n < w else None
 
 
+def spare(dims: Iterable[int | str]) -> int:
+    """Positions past the sequence's that a cache buffer with these dims holds: 1 for an in-place
+    graph with a spare position (SPARE_SEQUENCE), else 0."""
+    dims = list(dims)
+    return int(len(dims) == 4 and dims[2] == SPARE_SEQUENCE)
+
+
 def dim_size(dim: str, sizes: Mapping[str, int]) -> int:
     """The size of a symbolic dim: from `sizes`, a windowed dim from the dim it windows where
     `sizes` has no entry of its own (KeyError if neither is there)."""
     if dim in sizes:
         return sizes[dim]
+    if dim == SPARE_SEQUENCE and MAX_SEQUENCE in sizes:
+        return sizes[MAX_SEQUENCE] + 1
     parsed = parse_window(dim)
     if parsed is None:
         raise KeyError(dim)
@@ -251,6 +260,10 @@ def empty_cache_dims(dims: Iterable[int | str], batch: int) -> list[int]:
 # the in-place cache graph's own inputs (specc/export/inplace.py): per row, the positions in the cache
 # after the call minus one; the positions after the call (a scalar); the cache buffers' length dim
 SEQLENS_K, TOTAL_SEQUENCE_LENGTH, MAX_SEQUENCE = "seqlens_k", "total_sequence_length", "max_sequence"
+# the buffers' length dim of an in-place graph whose attention runs a spare position after each
+# call's own (specc/export/inplace.py's `spare`): a buffer for MAX_SEQUENCE positions has one more,
+# which each call writes past its own and the next call writes over (dim_size: MAX_SEQUENCE + 1)
+SPARE_SEQUENCE = "max_sequence_and_spare"
 # its LM output holds each row's last min(sequence, LM_POSITIONS) positions, [batch, LM_POSITIONS_DIM,
 # vocab]: a decode step's one, a prompt's last few, and a speculative step's check of up to
 # LM_POSITIONS - 1 drafted tokens after the cache (specc/runtime/speculative.py)
