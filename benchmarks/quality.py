@@ -241,8 +241,11 @@ def write(dec: list[dict], enc: list[dict], args, versions: str) -> None:
         lines.append(f"| {r['variant']} | {r['cos_mean']:.5f} | {r['cos_min']:.5f} | {100 * r['nn']:.1f}% | "
                      f"{r['ties']}/{changed} | {r['batch_ms']:.0f} ms |")
     old = DOC.read_text() if DOC.is_file() else ""
-    begin, end = "<!-- gguf_blocks -->", "<!-- /gguf_blocks -->"  # benchmarks/gguf_blocks.py's section, kept
-    kept = ["", old[old.index(begin):old.index(end) + len(end)]] if begin in old and end in old else []
+    kept = []
+    for owner in ("gguf_blocks", "gguf_activations"):  # benchmarks/OWNER.py's sections, kept
+        begin, end = f"<!-- {owner} -->", f"<!-- /{owner} -->"
+        if begin in old and end in old:
+            kept += ["", old[old.index(begin):old.index(end) + len(end)]]
     if INT4_CHAT in old:  # benchmarks/int4_chat.py's section, kept, last
         kept += ["", old[old.index(INT4_CHAT):].rstrip("\n")]
     DOC.write_text("\n".join(lines + kept) + "\n")

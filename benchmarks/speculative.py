@@ -79,8 +79,8 @@ def spec_name(model: str, precision: str) -> str:
     return f"{model}-q4" if model == "smollm2" and precision == "gguf" else model
 
 
-def build(model: str, precision: str) -> tuple[Path, Path]:
-    """(the build at `precision`, the GGUF file llama.cpp runs)."""
+def build(model: str, precision: str, activations: str | None = None) -> tuple[Path, Path]:
+    """(the build at `precision` (and `activations`, where given), the GGUF file llama.cpp runs)."""
     WORK.mkdir(parents=True, exist_ok=True)
     spec = WORK / f"{spec_name(model, precision)}.yaml"
     if model == "smollm2":
@@ -100,8 +100,9 @@ def build(model: str, precision: str) -> tuple[Path, Path]:
             for o in data["decoder"].get("overrides", []):
                 o.pop("pattern", None)
             spec.write_text(yaml.safe_dump(data, sort_keys=False))
-    out = WORK / f"{spec.stem}-{precision}"
-    specc_cli("build", str(spec), "-o", str(out), "--precision", precision, "-q")  # kept when up to date
+    out = WORK / (f"{spec.stem}-{precision}" + (f"-{activations}" if activations else ""))
+    specc_cli("build", str(spec), "-o", str(out), "--precision", precision, "-q",  # kept when up to date
+              *(["--activations", activations] if activations else []))
     return out, gguf
 
 
@@ -238,12 +239,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"], choices=["smollm2", "gemma3"])
     ap.add_argument("--precision", default="fp32", choices=["fp32", "gguf"])
+    ap.add_argument("--activations", default=None, choices=["int8"],
+                    help="gguf builds at int8 activations (llama.cpp's arithmetic), with the spare position")
     args = ap.parse_args()
+    if args.activations and args.precision != "gguf":
+        ap.error("--activations int8 goes with --precision gguf")
     source = args.text.read_text() if args.text else rm.reference_text()
     prompts_text = tasks(paragraph(source))
     rows, engine_rows = [], []
     for model in args.models:
-        out, gguf = build(model, args.precision)
+        out, gguf = build(model, args.precision, args.activations)
         session = Session(out, threads=THREADS)
         draft = Session(draft_build(spec_name(model, args.precision)), threads=THREADS)
         grounded = []
@@ -280,12 +285,17 @@ def main() -> None:
             print(engine_rows[-1], flush=True)
     command = "nice -n 10 .venv/bin/python benchmarks/speculative.py" + \
         (f" --text {args.text.name}" if args.text else "") + f" --new {args.new} --rounds {args.rounds}" + \
-        f" --models {' '.join(args.models)}" + (f" --precision {args.precision}" if args.precision != "fp32" else "")
+        f" --models {' '.join(args.models)}" + (f" --precision {args.precision}" if args.precision != "fp32" else "") + \
+        (f" --activations {args.activations}" if args.activations else "")
     source_name = f"{args.text.name}, one of the lecture-notes texts the spec language is drawn from, given with --text" \
         if args.text else "the Python language reference's text"
-    head = f"## Prompt lookup on trained checkpoints, {args.precision} builds"
-    arithmetic = {"fp32": "fp32 builds (the files' values in fp32)",
-                  "gguf": "gguf builds (the files' own quantized blocks, fp32 activations)"}[args.precision]
+    head = f"## Prompt lookup on trained checkpoints, {args.precision} builds" + \
+        (f" at {args.activations} activations" if args.activations else "")
+    arithmetic = {("fp32", None): "fp32 builds (the files' values in fp32)",
+                  ("gguf", None): "gguf builds (the files' own quantized blocks, fp32 activations)",
+                  ("gguf", "int8"): "gguf builds at int8 activations (the files' own quantized blocks, each product's "
+                                    "input rounded to 8 bits per block as llama.cpp's dot products round it; the "
+                                    "in-place graph's spare position)"}[args.precision, args.activations]
     section = f"""{head}
 
 `{command}`
@@ -323,8 +333,8 @@ requests' tokens over the wall time of the whole. Same tokens: every request's t
 |---|---|---|---|---|---|---|---|
 """ + "\n".join(engine_rows) + "\n"
     text = DOC.read_text() if DOC.is_file() else "# Speculative decoding\n"
-    if head in text:
-        start = text.index(head)
+    if head + "\n" in text:
+        start = text.index(head + "\n")
         end = text.find("\n## ", start + 1)
         text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
     else:

@@ -37,7 +37,7 @@ def refusal(activations: str | None, spare: int) -> str | None:
     if activations != "int8" or spare:
         return None
     return ("speculative: this build decodes with int8 activations (an int8 build, or serving.activations int8) and its "
-            "in-place graph runs no spare position (a model with routed experts, or a build made before they had one), "
+            "in-place graph runs no spare position (a model with routed experts, or a build made before specc gave it one), "
             "so onnxruntime computes several positions in one call differently than one and checked drafts would not "
             "give plain decoding's tokens; build it with --activations fp32 (or build it again, where it has no routed "
             "experts) to decode it speculatively")

@@ -51,7 +51,7 @@ from specc.spec.io import (
     positions_from_mask,
 )
 from specc.spec.resolve import GraphSig, ResolvedSpec
-from specc.spec.targets import DEQUANTIZED_BAR, PRECISIONS, QUALITY_BARS, VERIFY_PROVIDERS, QualityBar, decode_activations
+from specc.spec.targets import DEQUANTIZED_BAR, PRECISIONS, QUALITY_BARS, VERIFY_PROVIDERS, QualityBar, decode_activations, quality_bar
 # (target, precision) -> (atol, rtol), from the targets table: on onnxruntime's CPU and CUDA providers
 from specc.spec.targets import CUDA_TOLERANCES, TOLERANCES
 
@@ -169,11 +169,12 @@ class Report:
 def new_report(r: ResolvedSpec, target: str, precision: str, dequantized: bool = False,
                provider: str = "cpu") -> Report:
     """The empty report a build's outputs are judged into: the tolerance of (target, precision) on
-    `provider` (cpu or cuda), or an integer precision's quality bar (QUALITY_BARS against fp32, DEQUANTIZED_BAR against the
-    graph's own dequantized weights)."""
+    `provider` (cpu or cuda), or an integer precision's quality bar (targets.quality_bar against fp32, DEQUANTIZED_BAR
+    against the graph's own dequantized weights)."""
     # the onnx target's graphs are what integer builds verify (a TensorRT engine is never integer)
     integer = target == "onnx" and precision in PRECISIONS and PRECISIONS[precision].quantized
-    bar = (DEQUANTIZED_BAR if dequantized else QUALITY_BARS.get(precision)) if integer else None
+    activations = decode_activations(precision, r.serving.activations) if integer else None
+    bar = (DEQUANTIZED_BAR if dequantized else quality_bar(precision, activations)) if integer else None
     atol, rtol = tolerance(target, precision, provider) if bar is None else (0.0, 0.0)
     return Report(target, precision, atol, rtol, bar=bar, dequantized=dequantized and bar is not None, provider=provider)
 

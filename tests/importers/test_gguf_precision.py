@@ -21,6 +21,7 @@ from specc.runtime import Session
 from specc.runtime.generate import InplaceRunner, checks_drafts
 from specc.spec import io
 from specc.spec.load import loads_spec
+from specc.spec.targets import GGUF_INT8_BAR, QUALITY_BARS
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf", reason="the gguf package (make install-real-models)")
@@ -74,6 +75,30 @@ def test_a_llama_file_builds_on_its_blocks(tmp_path, qtype):
     assert session.inplace.output_sig["logits"].dims[1] == io.LM_POSITIONS_DIM and checks_drafts(session)
     runner = InplaceRunner(session, [PROMPT], 4)
     np.testing.assert_allclose(runner.prefill()[0], got[-1], atol=1e-4 * np.abs(want).max())
+
+
+def test_a_llama_file_at_int8_activations_is_judged_by_its_own_bar_and_decodes_speculatively(tmp_path):
+    """--activations int8 (llama.cpp's arithmetic: each product's input rounded to 8 bits per
+    block): MatMulNBits at level 4 take the 8-bit codes whole; the build is judged by
+    GGUF_INT8_BAR; its in-place graph runs the spare position, so prompt lookup's drafts are
+    checked to plain decoding's tokens."""
+    model = hf_model("llama")
+    file = tmp_path / "tiny-llama.Q8_0.gguf"
+    write_gguf(model, file, "Q8_0")
+    spec, _ = import_gguf(file, tmp_path / "m.yaml")
+    out = tmp_path / "build"
+    specc.build(spec, out, precision="gguf", activations="int8", progress=None)
+    facts = _facts(out)
+    assert facts["quantized_ops"] == {"MatMulNBits": 13} and facts["split_codes"] == 0
+    verification = json.loads((out / "manifest.json").read_text())["verification"]
+    assert verification["quality_bar"] == vars(GGUF_INT8_BAR) != vars(QUALITY_BARS["gguf"])
+    session = Session(out)
+    assert session.info.activations == "int8"
+    assert {t.dims[2] for n, t in session.inplace.inputs.items() if io.is_past(n)} == {io.SPARE_SEQUENCE}
+    prompt = PROMPT * 3
+    plain = session.generate(prompt, 12, eos_id=-1)
+    drafted = session.generate(prompt, 12, eos_id=-1, speculative="ngram")
+    assert drafted.new_ids == plain.new_ids and drafted.speculation.drafted > 0
 
 
 def test_precision_gguf_needs_weights_imported_from_a_gguf_file(tmp_path):
