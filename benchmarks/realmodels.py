@@ -40,6 +40,19 @@ CHAT_QUESTIONS = (
 )
 
 
+def write_section(doc: Path, owner: str, lines: list[str]) -> None:
+    """DOC with the section benchmarks/OWNER.py owns (between <!-- OWNER --> and <!-- /OWNER -->)
+    replaced by LINES, or appended where DOC has none; the rest of DOC kept."""
+    begin, end = f"<!-- {owner} -->", f"<!-- /{owner} -->"
+    section = "\n".join([begin, *lines, end])
+    old = doc.read_text() if doc.is_file() else ""
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + section + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + section + "\n"
+    doc.write_text(new)
+
+
 def chat_ids(tokenizer, text: str) -> list[int]:
     """The token ids of one user turn in the tokenizer's chat template, with the assistant's turn
     opened (transformers 5 returns them in a BatchEncoding, 4 as a list)."""

@@ -123,7 +123,8 @@ def main() -> None:
 
     # measured runs, plain and drafted in turn, greedy, EOS off: what seeded weights accept; each
     # session's graphs opened first (a Session opens its in-place graph at its first generation).
-    # A build that decodes with int8 activations refuses speculative decoding (docs/runtime.md).
+    # A build at int8 activations whose in-place graph has no spare position (routed experts, or
+    # made before the spare) refuses speculative decoding (docs/runtime.md).
     session = Session(target, threads=THREADS, check_hashes=False)
     drafter = Session(draft, threads=THREADS, check_hashes=False)
     try:

@@ -224,7 +224,9 @@ class InplaceBlock:
     [R, H, T, Dh], of which a step binds the first B rows (a view: the active rows) as both past
     and present. Row i's l_i positions are left-aligned and the graph writes its new position at
     column l_i, reading only its own l_i + 1. T is at least the longest final length (prompt +
-    max_tokens) of the rows, and R x T stays within max_cache_tokens.
+    max_tokens) of the rows, and R x T stays within max_cache_tokens; a graph with a spare
+    position (specc/export/inplace.py's `spare`) has one column more, past T, which a call of one
+    row writes and the next call writes over.
 
     Rows come and go without a new store: a row that leaves has a row from past the new end
     moved into its place (that row's positions only), a row that joins has its prefill's
