@@ -486,7 +486,7 @@ def _rotary_tables(model, producer, pair: tuple[str, str], r: ResolvedSpec, pref
                           ir_version=model.ir_version)  # not onnx's newest: the runtime may read older ones only
     ort = require_onnxruntime("making the in-place graph's rotary tables")
     session = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])
-    positions = r.serving.length.max + spare(r)  # a spare position may follow the last one
+    positions = r.serving.length.max
     tables = []
     for n in sorted({min(8, positions), positions}):
         c, s = session.run(None, {io.POSITION_IDS: np.arange(n, dtype=np.int64)[None]})
@@ -500,6 +500,8 @@ def _rotary_tables(model, producer, pair: tuple[str, str], r: ResolvedSpec, pref
     half = d // 2
     if not (np.array_equal(c[:, :half], c[:, half:]) and np.array_equal(s[:, :half], s[:, half:])):
         return None  # not one angle per pair of halves
+    if spare(r):  # a row for the spare position after the last one: its angle turns a key nothing reads
+        c, s = np.concatenate([c, c[-1:]]), np.concatenate([s, s[-1:]])
     past = next(v for v in g.input if io.is_past(v.name))
     dtype = helper.tensor_dtype_to_np_dtype(past.type.tensor_type.elem_type)
     return tuple(onnx.numpy_helper.from_array(np.ascontiguousarray(t[:, :half].astype(dtype)), f"{prefix}/{name}")

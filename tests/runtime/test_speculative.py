@@ -609,6 +609,10 @@ def test_int8_activations_decode_speculatively_with_plain_greedy_tokens(int8_bui
     for p, got in made:
         assert got.new_ids[0] == session.generate(p, NEW, eos_id=-1).new_ids[0]
     assert sum(g.speculation.accepted for _, g in made) > 0
+    # to the build's last position (serving.length.max 128), whose spare lies past every table's row
+    full = ([3, 14, 15, 9, 2, 6] * 17)[:100]
+    assert session.generate(full, 28, eos_id=-1, speculative="ngram").new_ids == \
+        session.generate(full, 28, eos_id=-1).new_ids
     reqs = [GenerationRequest(ids=tuple(p), max_tokens=NEW, eos=-1, speculative="ngram" if i % 3 else None)
             for i, p in enumerate(prompts(61, 6))]
     for rows in (1, 3):
