@@ -99,8 +99,9 @@ class DraftLength:
         return self.k
 
     def plain(self, seconds: float) -> None:
-        """A plain step (no drafts) took `seconds`."""
-        self.step = seconds if self.step is None else self.step + (seconds - self.step) / 4
+        """A plain step (no drafts) took `seconds`: the estimate follows plain steps up slowly
+        (a running mean) and down at once (a slow step is the machine's, not the model's)."""
+        self.step = seconds if self.step is None else min(seconds, self.step + (seconds - self.step) / 4)
 
     def guessed(self, right: bool) -> None:
         """A plain step whose drafter's guess of its token (asked where guessing is free) was
@@ -122,6 +123,9 @@ class DraftLength:
         else:
             self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
         if seconds is not None and self.step:
+            if seconds < self.step:  # a check does a plain step's work and more: the estimate (a slow
+                self.step = seconds  # first step) is wrong, so it is bounded and a plain step measures again
+                self.wait = max(self.wait, 1)
             gain = accepted + 1 - seconds / self.step
             self.balance += gain
             if gain < 0 and not accepted == drafted < MAX_DRAFT:  # (all kept while k can grow: the draft was too short to pay)
