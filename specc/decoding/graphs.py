@@ -98,7 +98,7 @@ class GraphFacts:
     def spare(self) -> int:
         """Positions an in-place graph's cache buffers hold past the sequence's: 1 where its
         attention runs a spare position after each call's own (io.SPARE_SEQUENCE), else 0."""
-        return max((io.spare(c.dims) for c in self.cache), default=0)
+        return io.spare(c.dims for c in self.cache)
 
     @property
     def outputs(self) -> tuple[str, ...]:

@@ -187,11 +187,6 @@ def checks_drafts(model: Model) -> bool:
     return graph is not None and graph.output_sig[lm_output(model.info)].dims[1] == LM_POSITIONS_DIM
 
 
-def spare(graph: Graph) -> int:
-    """1 where an in-place graph runs a spare position after each call's own (io.spare), else 0."""
-    return max((io_spare(t.dims) for n, t in graph.inputs.items() if is_past(n)), default=0)
-
-
 def speculative_runner(model: Model, rows: list[list[int]], pad: int, new: int, what: str):
     """The runner a speculative generation checks drafts on (and a draft build guesses with): the
     in-place graph's where checks_drafts, else model.onnx's, whose caches must hold the whole sequence."""
@@ -278,7 +273,8 @@ def generate(model: Model, input_ids, max_new_tokens: int = 20, *, temperature: 
     eos = eos_id if eos_id is not None else info.tokens.eos
     pad = pad_id if pad_id is not None else info.pad_for(eos)
     if speculative is not None:
-        if why := refusal(info.activations, checks_drafts(model) and spare(model.inplace)):
+        spared = checks_drafts(model) and io_spare(t.dims for n, t in model.inplace.inputs.items() if is_past(n))
+        if why := refusal(info.activations, spared):
             raise RunError(why)
         runner = speculative_runner(model, rows, pad, max_new_tokens, f"speculative={speculative!r}")
         if isinstance(speculative, str):

@@ -226,11 +226,10 @@ def past_from_caches(caches: Iterable[tuple[int, int | None]]) -> int | None:
     return n if n < w else None
 
 
-def spare(dims: Iterable[int | str]) -> int:
-    """Positions past the sequence's that a cache buffer with these dims holds: 1 for an in-place
-    graph with a spare position (SPARE_SEQUENCE), else 0."""
-    dims = list(dims)
-    return int(len(dims) == 4 and dims[2] == SPARE_SEQUENCE)
+def spare(caches: Iterable[Iterable[int | str]]) -> int:
+    """Positions past the sequence's that cache buffers with these dims (a graph's caches) hold:
+    1 for an in-place graph with a spare position (SPARE_SEQUENCE), else 0."""
+    return int(any(len(d) == 4 and d[2] == SPARE_SEQUENCE for d in map(list, caches)))
 
 
 def dim_size(dim: str, sizes: Mapping[str, int]) -> int:
