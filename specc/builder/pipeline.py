@@ -36,7 +36,7 @@ from specc.errors import BuildError, VerificationError
 from specc.export.diagnose import first_wrong_layer
 from specc.export.ggufgraph import GGUFSource, quantize_gguf
 from specc.export.outdir import Staging, clean_leftovers
-from specc.export.passes import PASSES
+from specc.export.passes import PASSES, QUANTIZED_PASSES
 from specc.export.passes import apply as apply_passes
 from specc.export.quantize import dequantize_linears, quantize
 from specc.export.reference import ReferenceJob
@@ -190,7 +190,7 @@ def build(spec, out_dir: str | os.PathLike, *, target: str = "onnx", precision: 
                           lockstep=_lockstep(plan)) as references:
             exported, optimizations = _export(clock, r, plan, model, opset, built.source)
             _optimize(clock, r, exported, made.passes, optimizations)
-            _quantize(clock, r, exported, optimizations, gguf)
+            _quantize(clock, r, exported, optimizations, gguf, made.passes)
             layer_outputs: dict = {}
             files = _save(clock, r, exported, n_params, opset, stage.tmp, layer_outputs)
             refs, report = _verify(clock, r, plan, references, built, files, seed, layer_outputs, weights_file,
@@ -267,7 +267,7 @@ def _builds_engines(target: str, precision: str) -> bool:
 def _ort_passes(engines: bool) -> list[str]:
     """specc's graph passes for a build. They emit onnxruntime operators, so a build that makes
     TensorRT engines from its graphs gets none."""
-    return [] if engines else list(PASSES)
+    return [] if engines else [*PASSES, *QUANTIZED_PASSES]
 
 
 def _no_weights_file(path: Path) -> None:
@@ -467,9 +467,10 @@ def _save(clock: _Clock, r: ResolvedSpec, exported: dict, n_params: int, opset: 
 
 
 def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, optimizations: list[dict],
-              gguf: Path | None = None) -> None:
+              gguf: Path | None = None, ort_passes: list[str] = ()) -> None:
     """An integer precision's quantizer on each optimized fp32 graph, before it is written
-    (specc/export/quantize.py; gguf: the GGUF file's own blocks, specc/export/ggufgraph.py)."""
+    (specc/export/quantize.py; gguf: the GGUF file's own blocks, specc/export/ggufgraph.py), then
+    those of `ort_passes` that read its products (QUANTIZED_PASSES)."""
     precision = r.serving.precision
     if not PRECISIONS[precision].quantized:
         return
@@ -479,6 +480,11 @@ def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, optimizations: lis
             program, _ = exported[sig.name]
             optimizations.append(quantize(program.model, precision, sig, r.serving.activations) if source is None
                                  else quantize_gguf(program.model, sig, source, r.serving.activations))
+            if any(name in QUANTIZED_PASSES for name in ort_passes):
+                before = len(program.model.graph)
+                fired = apply_passes(program.model, ort_passes, quantized=True)
+                optimizations.append({"graph": sig.name, "pass": "specc.passes", "nodes_before": before,
+                                      "nodes_after": len(program.model.graph), "fusions": fired})
         facts["quantized"] = [o for o in optimizations if "precision" in o]
 
 

@@ -1,6 +1,7 @@
 """specc's own graph passes over an exported graph (onnx_ir), run after onnxscript's optimizer and
-before the graph is saved and verified, so the graph that is verified is the graph that ships.
-One pass per module; each takes the graph and returns how many times it fired. A pass is kept
+before the graph is saved and verified, so the graph that is verified is the graph that ships:
+PASSES on the fp32 graph, QUANTIZED_PASSES after an integer build's quantizer (they read the
+products it writes). One pass per module; each takes the graph and returns how many times it fired. A pass is kept
 only if it measurably helps onnxruntime: benchmarks/passes.py measures each on and off, and
 docs/benchmarks.md records what each buys and which candidates were dropped.
 
@@ -30,15 +31,21 @@ PASSES: dict[str, Callable] = {
     "fuse_gelu": _lazy("fuse_gelu"),
     "fuse_attention": _lazy("fuse_attention"),
 }
+QUANTIZED_PASSES: dict[str, Callable] = {
+    "merge_products": _lazy("merge_products"),
+}
 
 
-def apply(model, names: Iterable[str] | None = None) -> dict[str, int]:
-    """Run the named passes (all by default) on an onnx_ir Model in place; {pass: times fired}."""
-    chosen = list(PASSES) if names is None else list(names)
-    unknown = [n for n in chosen if n not in PASSES]
+def apply(model, names: Iterable[str] | None = None, quantized: bool = False) -> dict[str, int]:
+    """Run the named passes (all by default) of PASSES, or of QUANTIZED_PASSES where `quantized`,
+    on an onnx_ir Model in place; {pass: times fired}. Names of the other table are skipped, so a
+    build's one list serves both."""
+    table, other = (QUANTIZED_PASSES, PASSES) if quantized else (PASSES, QUANTIZED_PASSES)
+    chosen = list(table) if names is None else [n for n in names if n not in other]
+    unknown = [n for n in chosen if n not in table]
     if unknown:
-        raise ValueError(f"unknown graph pass {unknown[0]!r}; choose from {', '.join(PASSES)}")
-    return {name: PASSES[name](model.graph) for name in chosen}
+        raise ValueError(f"unknown graph pass {unknown[0]!r}; choose from {', '.join([*PASSES, *QUANTIZED_PASSES])}")
+    return {name: table[name](model.graph) for name in chosen}
 
 
-__all__ = ["PASSES", "apply"]
+__all__ = ["PASSES", "QUANTIZED_PASSES", "apply"]

@@ -1,0 +1,124 @@
+"""What the merge_products pass (specc/export/passes/merge_products.py) buys a decoder: the gguf
+builds at int8 activations of benchmarks/speculative.py (SmolLM2-135M-Instruct's Q4_1 file, Gemma
+3 270M's Q4_K_M file), built as specc builds them (merged) and again with the pass off (unmerged),
+both run in one process in turn: a plain decode step and a check of 8 drafts through the in-place
+cache graph after the quotation task's prompt, and greedy tokens of Session.generate. Writes its
+section of docs/benchmarks_passes.md.
+
+    .venv/bin/python benchmarks/merge_products.py [--text FILE] [--models smollm2 gemma3] [--steps 32] [--rounds 7]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import realmodels as rm  # noqa: E402
+import speculative as sp  # noqa: E402
+
+import specc  # noqa: E402
+from specc.builder import pipeline  # noqa: E402
+from specc.runtime import Session  # noqa: E402
+from specc.runtime.generate import InplaceRunner  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks_passes.md"
+THREADS = 2
+DRAFTS = 8
+
+
+def unmerged(model: str, merged: Path) -> Path:
+    """The same build with the pass off (kept when up to date: its cache key lists no merge)."""
+    out = merged.parent / f"{merged.name}-unmerged"
+    spec = sp.WORK / f"{sp.spec_name(model, 'gguf')}.yaml"
+    saved = pipeline.QUANTIZED_PASSES
+    pipeline.QUANTIZED_PASSES = {}
+    try:
+        specc.build(spec, out, precision="gguf", activations="int8", progress=None)
+    finally:
+        pipeline.QUANTIZED_PASSES = saved
+    return out
+
+
+def products(build: Path) -> int:
+    graph = onnx.load(str(build / "inplace.onnx"), load_external_data=False).graph
+    return sum(n.op_type == "MatMulNBits" for n in graph.node)
+
+
+def calls(session: Session, prompt: list[int], steps: int) -> tuple[float, float]:
+    """(a plain step's seconds, a check of DRAFTS drafts' seconds), each the median over `steps`."""
+    runner = InplaceRunner(session, [prompt], steps * (DRAFTS + 2) + 2)
+    token = int(runner.prefill()[0, -1].argmax())
+    plain, check = [], []
+    for i in range(steps):
+        start = time.perf_counter()
+        logits = runner.step(np.array([token]))
+        plain.append(time.perf_counter() - start)
+        token = int(logits[0, -1].argmax())
+        start = time.perf_counter()
+        runner.extend(np.array([[token] + prompt[i:i + DRAFTS]]))
+        check.append(time.perf_counter() - start)
+        runner.truncate(runner.length - DRAFTS - 1)
+    return statistics.median(plain), statistics.median(check)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"], choices=["smollm2", "gemma3"])
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--text", type=Path, default=None, help="the text the quotation prompt's paragraph is taken from")
+    args = ap.parse_args()
+    source = args.text.read_text() if args.text else rm.reference_text()
+    quote = sp.tasks(sp.paragraph(source))["quote"]
+    rows = []
+    for model in args.models:
+        merged, _ = sp.build(model, "gguf", "int8")
+        plain_build = unmerged(model, merged)
+        sessions = {"unmerged": Session(plain_build, threads=THREADS), "merged": Session(merged, threads=THREADS)}
+        prompt = sessions["merged"].prompts([quote], chat=sessions["merged"].tokenizer.chat_template is not None)[0]
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in sessions}
+        tokens = {name: s.generate(prompt, args.new, eos_id=-1).new_ids for name, s in sessions.items()}
+        for _ in range(args.rounds):
+            for name, session in sessions.items():
+                times[name].append(calls(session, prompt, args.steps))
+        step = {n: statistics.median(t[0] for t in ts) for n, ts in times.items()}
+        check = {n: statistics.median(t[1] for t in ts) for n, ts in times.items()}
+        ratios = [a[0] / b[0] for a, b in zip(times["unmerged"], times["merged"])]
+        rows.append(f"| {model} | {products(plain_build)} -> {products(merged)} | {step['unmerged'] * 1e3:.2f} ms | "
+                    f"{step['merged'] * 1e3:.2f} ms | {step['unmerged'] / step['merged']:.3f}x "
+                    f"({min(ratios):.2f}-{max(ratios):.2f}) | {check['unmerged'] * 1e3:.2f} ms | "
+                    f"{check['merged'] * 1e3:.2f} ms | {check['unmerged'] / check['merged']:.3f}x | "
+                    f"{'yes' if tokens['merged'] == tokens['unmerged'] else 'NO'} |")
+        print(rows[-1], flush=True)
+    command = ".venv/bin/python benchmarks/merge_products.py" + (f" --text {args.text.name}" if args.text else "") + \
+        f" --models {' '.join(args.models)} --steps {args.steps} " \
+              f"--rounds {args.rounds} --new {args.new}"
+    rm.write_section(DOC, "merge_products", [
+        "## merge_products: a decoder's products that read one input, merged", "",
+        f"`{command}`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
+        f"{os.cpu_count()} cores, {THREADS} threads.", "",
+        "The gguf builds at int8 activations of benchmarks/speculative.py, as specc builds them (merged: q, k and v "
+        "one MatMulNBits, gate and up one, a Q4_1 file's offsets products with them) and with the pass off "
+        "(unmerged), in one process, in turn, round by round. Through the in-place cache graph after the "
+        f"quotation task's prompt: a plain step and a check of {DRAFTS} drafts (one call of {DRAFTS + 1} "
+        f"positions), each the median of {args.steps} calls a round, then the median over {args.rounds} rounds; "
+        "speed-up: unmerged over merged (in brackets its range by round). Same tokens: "
+        f"{args.new} greedy tokens of Session.generate equal.", "",
+        "| model | MatMulNBits in the in-place graph | plain step, unmerged | merged | speed-up | "
+        f"check of {DRAFTS}, unmerged | merged | speed-up | same tokens |",
+        "|---|---|---|---|---|---|---|---|---|", *rows])
+
+
+if __name__ == "__main__":
+    main()
