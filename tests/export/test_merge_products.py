@@ -54,10 +54,14 @@ def _same(a: Session, b: Session) -> None:
         assert x.shape == y.shape and np.array_equal(x, y), float(np.abs(x - y).max())
 
 
-@pytest.mark.parametrize("activations", ["fp32", "int8"])
-def test_an_int4_build_merges_q_k_v_and_gate_up_and_computes_the_same_bits(tmp_path, monkeypatch, activations):
-    merged = _build("tiny-llama", tmp_path / "merged", True, monkeypatch, precision="int4", activations=activations)
-    plain = _build("tiny-llama", tmp_path / "plain", False, monkeypatch, precision="int4", activations=activations)
+@pytest.mark.parametrize("precision, activations", [("int4", "fp32"), ("int4", "int8"), ("int8", None)])
+def test_an_integer_build_merges_q_k_v_and_gate_up_and_computes_the_same_bits(tmp_path, monkeypatch, precision,
+                                                                              activations):
+    """int4 (blocks of 32, no zero points) at fp32 and int8 activations; int8 (blocks of 16 with
+    zero points)."""
+    options = {"precision": precision, **({"activations": activations} if activations else {})}
+    merged = _build("tiny-llama", tmp_path / "merged", True, monkeypatch, **options)
+    plain = _build("tiny-llama", tmp_path / "plain", False, monkeypatch, **options)
     layers = 2
     for graph in ("model", "inplace"):
         before, after = _ops(plain, graph), _ops(merged, graph)
@@ -98,19 +102,23 @@ def _product(name: str, x: str, n: int, k: int, bits: int, level: int, rng) -> t
 
 
 def test_only_products_alike_that_read_one_input_merge():
-    """Three products of x at 4 bits (two at level 4, one at level 1), one at 8 bits, one of
-    another input: the two alike merge, nothing else, and every output is what it was."""
+    """Products of x: two alike at 4 bits and level 4, one at level 1, one at 8 bits, one whose N
+    is no multiple of 16, one whose result is a graph output (a head); one of another input. The
+    two alike merge, nothing else, and every result is what it was."""
     rng = np.random.default_rng(0)
     k = 64
-    made = [_product("a", "x", 24, k, 4, 4, rng), _product("b", "x", 40, k, 4, 4, rng),
-            _product("c", "x", 16, k, 4, 1, rng), _product("d", "x", 8, k, 8, 4, rng),
-            _product("e", "z", 8, k, 4, 4, rng)]
+    made = [_product("a", "x", 32, k, 4, 4, rng), _product("b", "x", 48, k, 4, 4, rng),
+            _product("c", "x", 16, k, 4, 1, rng), _product("d", "x", 16, k, 8, 4, rng),
+            _product("e", "x", 24, k, 4, 4, rng), _product("f", "x", 16, k, 4, 4, rng),
+            _product("g", "z", 16, k, 4, 4, rng)]
+    read = [helper.make_node("Neg", [name], [f"{name}.out"]) for name in "abcdeg"]  # f: a graph output itself
+    outputs = [f"{name}.out" for name in "abcdeg"] + ["f"]
     graph = helper.make_graph(
-        [node for node, _ in made], "g",
+        [node for node, _ in made] + read, "g",
         [helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, 3, k]) for v in ("x", "z")],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in "abcde"],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
         [t for _, ts in made for t in ts])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
     feed = {v: rng.standard_normal((1, 3, k)).astype(np.float32) for v in ("x", "z")}
 
     def run(p):
@@ -119,9 +127,10 @@ def test_only_products_alike_that_read_one_input_merge():
     want = run(proto)
     model = ir.serde.deserialize_model(proto)
     assert passes.apply(model, ["merge_products"], quantized=True) == {"merge_products": 1}
-    ops = [n.op_type for n in model.graph]
-    assert ops.count("MatMulNBits") == 4 and ops.count("Split") == 1
-    assert [o.name for o in model.graph.outputs] == list("abcde")
+    products = [n for n in model.graph if n.op_type == "MatMulNBits"]
+    assert len(products) == 6 and sum(n.op_type == "Split" for n in model.graph) == 1
+    assert sorted(n.attributes["N"].value for n in products) == [16, 16, 16, 16, 24, 80]  # a + b: 80
+    assert [o.name for o in model.graph.outputs] == outputs
     got = run(ir.serde.serialize_model(model))
     for w, g in zip(want, got, strict=True):
         assert np.array_equal(w, g)

@@ -3,10 +3,12 @@ attributes (but N) and constant weights (a layer's q, k and v projections; an FF
 become one MatMulNBits over their weights stacked along N, whose output a Split cuts back into
 theirs. A decode step then makes one call where it made two or three, each reading the same bytes.
 
-Exact: MatMulNBits computes each output column from its own row of codes and scales and the
-input's blocks (at accuracy level 4, the input rounded to 8 bits once per block, the same for every
-column), so a merged product's columns are the members' bit for bit
-(tests/export/test_merge_products.py compares the logits).
+Exact on the CPU: MatMulNBits computes each output column from its own row of codes and scales
+and the input's blocks (at accuracy level 4, the input rounded to 8 bits once per block, the same
+for every column), so a merged product's columns are the members' bit for bit
+(tests/export/test_merge_products.py compares the logits), where every member's N is a multiple
+of 16 (`_alone`). A GPU's kernels may choose another algorithm for another N: there the merged
+graph is verified like any other.
 
 Where each member is in the offset form (quantize.py's and ggufgraph.py's: y = codes product +
 (block sums of x) @ offsets, an Add of the two), the members' offsets products, which read the
@@ -35,6 +37,8 @@ def run(graph: ir.Graph) -> int:
         key = _key(node)
         if key is not None:
             offsets = _offsets(node)
+            if _alone(node, offsets):
+                continue
             groups.setdefault((*key, id(offsets.sums) if offsets else None), []).append((node, offsets))
     merged = 0
     for members in groups.values():
@@ -67,7 +71,21 @@ def _key(node: ir.Node) -> tuple | None:
     if len(inputs) not in (3, 4) or inputs[0] is None or not all(_constant(v) for v in inputs[1:]):
         return None
     attributes = tuple(sorted((name, attr.value) for name, attr in node.attributes.items() if name != "N"))
-    return (id(inputs[0]), attributes, tuple(v.const_value.dtype for v in inputs[1:]))
+    return (id(inputs[0]), attributes, tuple((v.const_value.dtype, tuple(v.const_value.shape)[1:]) for v in inputs[1:]))
+
+
+def _alone(node: ir.Node, offsets: _Offsets | None) -> bool:
+    """Whether the product stays as it is: its result is a graph output (a head, whose in-place
+    graph reads a call's last positions alone: specc/export/inplace.py), its constants are read by
+    other nodes too (a merge would hold them twice: a GGUF file's 8-bit codes split in two planes
+    share their scales with a Mul), or its N is no multiple of 16 (onnxruntime's CPU kernel sums a
+    row's tail columns in another order than the rest, so a column moved past such a member would
+    round differently)."""
+    result = offsets.add.outputs[0] if offsets is not None else node.outputs[0]
+    readers = {node} | ({offsets.matmul} if offsets is not None else set())
+    constants = list(node.inputs[1:]) + ([offsets.matmul.inputs[1]] if offsets is not None else [])
+    return result.is_graph_output() or int(node.attributes["N"].value) % 16 != 0 or \
+        any(use.node not in readers for value in constants for use in value.uses())
 
 
 def _offsets(node: ir.Node) -> _Offsets | None:
@@ -85,7 +103,8 @@ def _offsets(node: ir.Node) -> _Offsets | None:
     if producer is not None and producer.op_type == "Transpose" and producer.domain == "" and \
             list(producer.attributes.get_ints("perm", [1, 0])) == [1, 0]:
         constant, transposed = producer.inputs[0], True
-    if not _constant(constant) or len(constant.const_value.shape) != 2:
+    shape = constant.const_value.shape if _constant(constant) else None
+    if shape is None or len(shape) != 2 or shape[0 if transposed else 1] != node.attributes["N"].value:
         return None
     return _Offsets(add, matmul, constant, transposed)
 
@@ -113,14 +132,18 @@ class _Stacked:
 
     def take(self, field: str) -> np.ndarray:
         if field not in self.made:
-            parts: dict[str, list[np.ndarray]] = {f: [] for f in self.fields()}
+            # the first read makes every field (a member's fields read together); a second read
+            # of one, while others wait to be written, makes that one alone
+            fields = [field] if self.made else self.fields()
+            parts: dict[str, list[np.ndarray]] = {f: [] for f in fields}
             for i, values in enumerate(self.inputs):
                 for f, value in zip(self.FIELDS, values):
-                    parts[f].append(value.const_value.numpy())
-                if self.offsets:
+                    if f in parts:
+                        parts[f].append(value.const_value.numpy())
+                if "offsets" in parts:
                     parts["offsets"].append(self._offsets(i))
-            self.made = {f: np.ascontiguousarray(np.concatenate(p, axis=1 if f == "offsets" else 0))
-                         for f, p in parts.items()}
+            self.made.update({f: np.ascontiguousarray(np.concatenate(p, axis=1 if f == "offsets" else 0))
+                              for f, p in parts.items()})
         return self.made.pop(field)
 
     def value(self, field: str, name: str) -> ir.Value:
@@ -173,6 +196,7 @@ def _merge(graph: ir.Graph, members: list[ir.Node], offsets: list[_Offsets | Non
     graph.insert_before(at, new)
     for before, after in zip(old, split.outputs):
         name = before.name
+        after.type, after.shape = before.type, before.shape
         before.replace_all_uses_with(after, replace_graph_outputs=True)
         before.name, after.name = f"{name}.unmerged", name
     removed = list(members) + [n for o in offsets if o is not None for n in (o.add, o.matmul)]
