@@ -116,6 +116,8 @@ def main() -> None:
         sessions = {"unmerged": Session(plain, threads=THREADS), "merged": Session(merged, threads=THREADS)}
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in sessions}
         tokens = {name: s.generate(prompt, args.new, eos_id=-1).new_ids for name, s in sessions.items()}
+        for name, session in sessions.items():  # a warm-up round, untimed: first calls (weights paged in) run slow
+            calls(session, prompt, args.steps)
         for _ in range(args.rounds):
             for name, session in sessions.items():
                 times[name].append(calls(session, prompt, args.steps))
@@ -142,7 +144,7 @@ def main() -> None:
         "q, k and v one MatMulNBits, gate and up one, a Q4_1 file's offsets products with them) and with the pass "
         "off (unmerged), in one process, in turn, round by round. Through the in-place cache graph after a prompt "
         f"(gguf: the quotation task's; seeded: {PROMPT} random token ids): a plain step and a check of {DRAFTS} drafts (one call of {DRAFTS + 1} "
-        f"positions), each the median of {args.steps} calls a round, then the median over {args.rounds} rounds; "
+        f"positions), each the median of {args.steps} calls a round, then the median over {args.rounds} rounds after an untimed one; "
         "speed-up: unmerged over merged (in brackets its range by round). Same tokens: "
         f"{args.new} greedy tokens of Session.generate equal.", "",
         "| model | MatMulNBits in the in-place graph | plain step, unmerged | merged | speed-up | "
