@@ -269,4 +269,4 @@ def test_preload_imports_the_exporter_and_listing_the_passes_does_not():
             "ox.preload().join(); print(before, [m for m in ox.EXPORTER_MODULES if m not in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "(['fuse_gelu', 'fuse_attention'], False, False) []"
+    assert out.stdout.strip() == "(['fuse_gelu', 'fuse_attention', 'merge_products'], False, False) []"
