@@ -140,7 +140,7 @@ def main() -> None:
         f"`{command}`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
         f"{os.cpu_count()} cores, {THREADS} threads.", "",
         "The gguf builds at int8 activations of benchmarks/speculative.py (gguf), and catalog specs cut to their "
-        "first layers with seeded weights at int4 and int8 activations (seeded), each as specc builds it (merged: "
+        "first layers with seeded weights at int4 with int8 activations (seeded), each as specc builds it (merged: "
         "q, k and v one MatMulNBits, gate and up one, a Q4_1 file's offsets products with them) and with the pass "
         "off (unmerged), in one process, in turn, round by round. Through the in-place cache graph after a prompt "
         f"(gguf: the quotation task's; seeded: {PROMPT} random token ids): a plain step and a check of {DRAFTS} drafts (one call of {DRAFTS + 1} "
