@@ -7,7 +7,7 @@ cache graph after the quotation task's prompt, and greedy tokens of Session.gene
 random prompt ids). Writes its section of docs/benchmarks_passes.md.
 
     .venv/bin/python benchmarks/merge_products.py [--text FILE] [--models smollm2 gemma3]
-        [--specs llama-2-7b:4 qwen3-30b-a3b:2] [--steps 32] [--rounds 7]
+        [--specs llama-2-7b:4 qwen3-30b-a3b:3] [--steps 32] [--rounds 7]
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import realmodels as rm  # noqa: E402
 import speculative as sp  # noqa: E402
+from speculative_cost import timed_calls  # noqa: E402
 from suite import WORK as BENCH  # noqa: E402
 
 import specc  # noqa: E402
@@ -67,21 +67,13 @@ def products(build: Path) -> int:
     return sum(n.op_type == "MatMulNBits" for n in graph.node)
 
 
-def calls(session: Session, prompt: list[int], steps: int) -> tuple[float, float]:
-    """(a plain step's seconds, a check of DRAFTS drafts' seconds), each the median over `steps`."""
-    runner = InplaceRunner(session, [prompt], steps * (DRAFTS + 2) + 2)
-    token = int(runner.prefill()[0, -1].argmax())
-    plain, check = [], []
-    for i in range(steps):
-        start = time.perf_counter()
-        logits = runner.step(np.array([token]))
-        plain.append(time.perf_counter() - start)
-        token = int(logits[0, -1].argmax())
-        start = time.perf_counter()
-        runner.extend(np.array([[token] + prompt[i:i + DRAFTS]]))
-        check.append(time.perf_counter() - start)
-        runner.truncate(runner.length - DRAFTS - 1)
-    return statistics.median(plain), statistics.median(check)
+def calls(session: Session, prompt: list[int], repeats: int) -> tuple[float, float]:
+    """(a plain step's seconds, a check of DRAFTS drafts' seconds) after the prompt, each the median
+    of `repeats` calls (speculative_cost.timed_calls: each cut back after it)."""
+    runner = InplaceRunner(session, [prompt], DRAFTS + 2)
+    runner.prefill()
+    vocab = session.limits.vocab
+    return timed_calls(runner, 1, repeats, vocab), timed_calls(runner, DRAFTS + 1, repeats, vocab)
 
 
 def main() -> None:
@@ -144,7 +136,8 @@ def main() -> None:
         "q, k and v one MatMulNBits, gate and up one, a Q4_1 file's offsets products with them) and with the pass "
         "off (unmerged), in one process, in turn, round by round. Through the in-place cache graph after a prompt "
         f"(gguf: the quotation task's; seeded: {PROMPT} random token ids): a plain step and a check of {DRAFTS} drafts (one call of {DRAFTS + 1} "
-        f"positions), each the median of {args.steps} calls a round, then the median over {args.rounds} rounds after an untimed one; "
+        f"positions), each the median of {args.steps} calls a round at the prompt's depth (each cut back after it), then "
+        f"the median over {args.rounds} rounds after an untimed one; "
         "speed-up: unmerged over merged (in brackets its range by round). Same tokens: "
         f"{args.new} greedy tokens of Session.generate equal.", "",
         "| model | MatMulNBits in the in-place graph | plain step, unmerged | merged | speed-up | "

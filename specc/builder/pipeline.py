@@ -436,11 +436,7 @@ def _optimize(clock: _Clock, r: ResolvedSpec, exported: dict, ort_passes: list[s
             program, prefolded = exported[sig.name]
             with onnx_export.quiet():
                 optimizations.append({"graph": sig.name, **onnx_export.optimize(program, prefolded)})
-            if ort_passes:
-                before = len(program.model.graph)
-                fired = apply_passes(program.model, ort_passes)
-                optimizations.append({"graph": sig.name, "pass": "specc.passes", "nodes_before": before,
-                                      "nodes_after": len(program.model.graph), "fusions": fired})
+            _run_passes(program.model, sig.name, ort_passes, optimizations)
         facts["optimizations"] = optimizations
 
 
@@ -466,6 +462,18 @@ def _save(clock: _Clock, r: ResolvedSpec, exported: dict, n_params: int, opset: 
     return files
 
 
+def _run_passes(model, graph: str, names: list[str], optimizations: list[dict], quantized: bool = False) -> None:
+    """Those of specc's passes `names` that run on the fp32 graph (PASSES), or after the quantizer
+    (QUANTIZED_PASSES, where `quantized`), on `model` in place; their facts appended to
+    `optimizations` (none where no such pass is named)."""
+    if not any(name in (QUANTIZED_PASSES if quantized else PASSES) for name in names):
+        return
+    before = len(model.graph)
+    fired = apply_passes(model, names, quantized=quantized)
+    optimizations.append({"graph": graph, "pass": "specc.passes", "nodes_before": before,
+                          "nodes_after": len(model.graph), "fusions": fired})
+
+
 def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, optimizations: list[dict],
               gguf: Path | None = None, ort_passes: list[str] = ()) -> None:
     """An integer precision's quantizer on each optimized fp32 graph, before it is written
@@ -480,11 +488,7 @@ def _quantize(clock: _Clock, r: ResolvedSpec, exported: dict, optimizations: lis
             program, _ = exported[sig.name]
             optimizations.append(quantize(program.model, precision, sig, r.serving.activations) if source is None
                                  else quantize_gguf(program.model, sig, source, r.serving.activations))
-            if any(name in QUANTIZED_PASSES for name in ort_passes):
-                before = len(program.model.graph)
-                fired = apply_passes(program.model, ort_passes, quantized=True)
-                optimizations.append({"graph": sig.name, "pass": "specc.passes", "nodes_before": before,
-                                      "nodes_after": len(program.model.graph), "fusions": fired})
+            _run_passes(program.model, sig.name, ort_passes, optimizations, quantized=True)
         facts["quantized"] = [o for o in optimizations if "precision" in o]
 
 

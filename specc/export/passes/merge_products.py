@@ -164,19 +164,19 @@ def _merge(graph: ir.Graph, members: list[ir.Node], offsets: list[_Offsets | Non
     first = members[0]
     stacked = _Stacked(members, offsets)
     base = f"{first.name}.merged"
-    values = [stacked.value(f, f"{base}.{f}") for f in stacked.fields()]
-    for v in values:
+    values = {f: stacked.value(f, f"{base}.{f}") for f in stacked.fields()}
+    for v in values.values():
         graph.register_initializer(v)
     ns = [int(node.attributes["N"].value) for node in members]
     attributes = {name: attr.value for name, attr in first.attributes.items()}
     attributes["N"] = sum(ns)
-    inputs = [first.inputs[0]] + [v for v in values if not v.name.endswith(".offsets")]
+    inputs = [first.inputs[0]] + [values[f] for f in _Stacked.FIELDS if f in values]
     product = ir.node("MatMulNBits", inputs, attributes=attributes, domain=DOMAIN, name=base)
     product.outputs[0].name = f"{base}.out"
     new = [product]
     out = product.outputs[0]
     if offsets[0] is not None:
-        matmul = ir.node("MatMul", [offsets[0].sums, values[-1]], name=f"{base}.offsets_product")
+        matmul = ir.node("MatMul", [offsets[0].sums, values["offsets"]], name=f"{base}.offsets_product")
         matmul.outputs[0].name = f"{base}.offsets_product"
         add = ir.node("Add", [out, matmul.outputs[0]], name=f"{base}.add")
         add.outputs[0].name = f"{base}.sum"
