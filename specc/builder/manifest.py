@@ -71,7 +71,8 @@ class Inputs:
 # the graphs a build composes from its verified ones beside the clients' files (specc/export/inplace.py),
 # each with what its form depends on: part of the cache key, so that a build made before one was
 # added or changed is built again, not reused
-COMPOSED_GRAPHS = {"inplace": {"lm_positions": io.LM_POSITIONS, "spare": io.SPARE_SEQUENCE}}
+COMPOSED_GRAPHS = {"inplace": {"lm_positions": io.LM_POSITIONS, "spare": io.SPARE_SEQUENCE,
+                              "spare_rows": "4-bit MatMulNBits at level 4"}}
 # how a spec's routed experts are exported (specc/export/moe.py: one MoE / QMoE node a layer): part of
 # the key of a build with a `moe` FFN, so that one made with the loop over experts is built again
 ROUTED_EXPERTS_FORM = "MoE"

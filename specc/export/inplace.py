@@ -111,19 +111,22 @@ def _signature(values) -> list[dict]:
 
 
 def spare(r: ResolvedSpec) -> bool:
-    """Whether the in-place graph's attention runs a spare position after the positions of a call
-    of one row: where the build decodes with int8 activations and has no routed experts. There a
-    single step must compute what a speculative check's call of several positions does
+    """Whether the in-place graph runs a spare position after the positions of a call of one row:
+    where the build decodes with int8 activations and has no routed experts. There a single step
+    must compute what a speculative check's call of several positions does
     (specc/decoding/speculation.py): the products' 8-bit inputs turn any other rounding into a
-    quantization step. MatMulNBits at level 4 computes a row alone or among others alike (blocks
-    of 16 and 32); GroupQueryAttention does not, its one-position path meeting the values in a
-    matrix-vector product, while calls of two positions and more give a position the same floats
-    whatever the others. So a row's every call has two or more: its last position once more (a
-    copy of its query, key and value) after the call's own, its output dropped, its cache entry
-    one past the call's positions (the buffers hold one more, io.SPARE_SEQUENCE), written over by
-    the next call. A call of several rows (a batched decode step) has none: GroupQueryAttention
-    takes several positions after a cache for one row only. Routed experts (QMoE) are not known
-    to compute a row alone as among others, so they keep the refusal."""
+    quantization step. GroupQueryAttention computes one position by a path of its own (its
+    weights meet the values in a matrix-vector product), while calls of two positions and more
+    give a position the same floats whatever the others. So a row's every call has two or more:
+    its last position once more (a copy of its query, key and value) after the call's own, its
+    output dropped, its cache entry one past the call's positions (the buffers hold one more,
+    io.SPARE_SEQUENCE), written over by the next call. A call of several rows (a batched decode
+    step) has none: GroupQueryAttention takes several positions after a cache for one row only.
+    MatMulNBits at level 4 computes a row alone as among others at 8 bits; at 4 bits some CPUs
+    (AVX2 without AVX-512) multiply a lone row (a call of one position for one row) in a kernel
+    of their own, about 1e-6 apart, so each 4-bit product gets its input's lone row twice
+    (`_single_row_spares`). Routed experts (QMoE) are not known to compute a row alone as among
+    others, so they keep the refusal."""
     return decode_activations(r.serving.precision, r.serving.activations) == "int8" and not r.routed_layers
 
 
@@ -159,6 +162,55 @@ def _spare_lengths(g) -> list:
              for name, spared in zip((SEQLENS_K, TOTAL_SEQUENCE_LENGTH), _SPARE_LENGTHS)]
     for n in made:
         n.name = n.name or n.output[0]
+    return made
+
+
+_SINGLE = f"{_SPARE}/single"
+_SINGLE_ROWS = f"{_SINGLE}/rows"  # [2, 1] in a call of one position for one row, else [1, 1]: what Expand broadcasts a product's input to
+_SINGLE_OWN = (f"{_SPARE}/zero", f"{_SINGLE}/own_end", f"{_SINGLE}/axis")  # the Slice that drops a product's spare row
+_END = np.iinfo(np.int64).max
+
+
+def _lone_row_kernel(node) -> bool:
+    """Whether a product may multiply a lone row in a kernel of its own: MatMulNBits of 4-bit
+    weights at accuracy level 4 (int8 activations), whatever its block (`spare`)."""
+    return node.op_type == "MatMulNBits" and node.domain == DOMAIN and \
+        _attr(node, "bits") == 4 and _attr(node, "accuracy_level") == 4
+
+
+def _single_row_spares(g, nodes: list) -> list:
+    """Every product in NODES that multiplies a lone row in a kernel of its own
+    (`_lone_row_kernel`), given in a call of one row and one position its input's row once more
+    (an Expand of its one row to two) and its output's second row dropped, so that it runs the
+    kernel of several rows in every call; the nodes this adds (the shared values first). A call of
+    more positions or rows passes its rows as they are (copies of a few rows)."""
+    from onnx import TensorProto, helper
+
+    products = [n for n in nodes if _lone_row_kernel(n)]
+    if not products:
+        return []
+    g.initializer.extend([helper.make_tensor(f"{_SINGLE}/last", TensorProto.INT64, [1], [-1]),
+                          helper.make_tensor(f"{_SINGLE}/axis", TensorProto.INT64, [1], [-2]),
+                          helper.make_tensor(f"{_SINGLE}/end", TensorProto.INT64, [1], [_END]),
+                          helper.make_tensor(f"{_SINGLE}/one_one", TensorProto.INT64, [2], [1, 1]),
+                          helper.make_tensor(f"{_SINGLE}/two_one", TensorProto.INT64, [2], [2, 1])])
+    made = [
+        helper.make_node("Size", [io.INPUT_IDS], [f"{_SINGLE}/positions"]),
+        helper.make_node("Equal", [f"{_SINGLE}/positions", f"{_SPARE}/one"], [f"{_SINGLE}/alone"]),
+        helper.make_node("Where", [f"{_SINGLE}/alone", f"{_SINGLE}/two_one", f"{_SINGLE}/one_one"], [_SINGLE_ROWS]),
+        helper.make_node("Where", [f"{_SINGLE}/alone", f"{_SINGLE}/last", f"{_SINGLE}/end"], [f"{_SINGLE}/own_end"]),
+    ]
+    padded: dict[str, str] = {}
+    for n in products:
+        x = n.input[0]
+        if x not in padded:
+            padded[x] = f"{x}/single"
+            made.append(helper.make_node("Expand", [x, _SINGLE_ROWS], [padded[x]]))
+        y = n.output[0]
+        n.input[0], n.output[0] = padded[x], f"{y}/single"
+        made.append(helper.make_node("Slice", [f"{y}/single", *_SINGLE_OWN], [y]))
+    for m in made:
+        m.name = m.name or m.output[0]
     return made
 
 
@@ -246,6 +298,8 @@ def rewrite(model, r: ResolvedSpec) -> None:
     if with_spare:
         added += _spare_lengths(g)
     kept = [n for n in g.node if id(n) not in dropped] + added
+    if with_spare:
+        kept += _single_row_spares(g, kept)
     g.initializer.append(flat)
     _set_nodes(g, _live(_sorted(kept, g), g))
     _set_inputs(g, r, io.SPARE_SEQUENCE if with_spare else MAX_SEQUENCE)

@@ -572,10 +572,11 @@ def test_sampled_speculative_requests_are_plain_sampled_requests(built):
 
 # int8 activations, at widths where onnxruntime's one-position attention rounds otherwise than its
 # several-position one (a head of 64; at the tiny specs' heads of 8 both agree anyway)
-INT8 = speclib.tiny({"d_model": 128, "vocab": {"size": 61, "tie_output": False},
-                     "position": {"kind": "rotary", "max_length": 128}, "norm": {"kind": "rmsnorm"},
-                     "serving": {"precision": "int8", "length": {"min": 1, "opt": 16, "max": 128}},
-                     "decoder": {"attention": {"heads": 2, "kv_heads": 1}, "ffn": {"d_ff": 256, "activation": "swiglu"}}})
+_INT8 = {"d_model": 128, "vocab": {"size": 61, "tie_output": False},
+         "position": {"kind": "rotary", "max_length": 128}, "norm": {"kind": "rmsnorm"},
+         "serving": {"precision": "int8", "length": {"min": 1, "opt": 16, "max": 128}},
+         "decoder": {"attention": {"heads": 2, "kv_heads": 1}, "ffn": {"d_ff": 256, "activation": "swiglu"}}}
+INT8 = speclib.tiny(_INT8)
 
 
 def _single_steps_and_one_call(session, prompt, tokens) -> tuple[np.ndarray, np.ndarray]:
@@ -634,6 +635,78 @@ def test_int8_activations_decode_speculatively_with_plain_greedy_tokens(int8_bui
         for r, s in zip(reqs, sinks):
             assert s.tokens == session.generate(list(r.ids), NEW, eos_id=-1).new_ids[0]
         assert stats.speculation.accepted > 0
+
+
+# the same at int4 with int8 activations: 4-bit products, which some CPUs' kernels (AVX2 without
+# AVX-512) multiply a lone row in apart from rows among others
+INT4 = speclib.tiny(speclib.merge(_INT8, {"serving": {"precision": "int4", "activations": "int8"}}))
+
+
+def _lone_row_apart() -> bool:
+    """Whether this CPU's MatMulNBits (4-bit, blocks of 32, int8 activations) multiplies a lone row
+    otherwise than the same row among others."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    k = n = 256
+    node = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=32, accuracy_level=4)
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+                              [numpy_helper.from_array(rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8), "w"),
+                               numpy_helper.from_array(rng.random(n * k // 32, dtype=np.float32), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((2, k), dtype=np.float32)
+    return not np.array_equal(session.run(None, {"x": x[:1]})[0][0], session.run(None, {"x": x})[0][0])
+
+
+@pytest.fixture(scope="module")
+def int4_builds(tmp_path_factory):
+    """INT4 built as specc builds it (its 4-bit products given a spare row in a call of one
+    position) and without those spare rows (inplace._single_row_spares off)."""
+    root = tmp_path_factory.getbasetemp() / "specc-speculative-int4"
+    spared = Session(specc.build(INT4, root / "spare", seed=3).out_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inplace_module, "_single_row_spares", lambda g, nodes: [])
+        unspared = Session(specc.build(INT4, root / "no-spare-rows", seed=3).out_dir)
+    return spared, unspared
+
+
+def test_at_int4_with_int8_activations_every_4_bit_product_reads_two_rows_or_more(int4_builds):
+    """Each 4-bit product of the in-place graph reads its input with a lone row given twice, and
+    the graph's single steps are bit for bit a several-position call's rows; greedy speculative
+    decoding gives plain decoding's tokens."""
+    import onnx
+
+    session = int4_builds[0]
+    graph = onnx.load(str(session.dir / "inplace.onnx"), load_external_data=False).graph
+    products = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    four = [n for n in products if any(a.name == "bits" and a.i == 4 for a in n.attribute)]
+    assert four and all(n.input[0].endswith("/single") for n in four)
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        prompt, tokens = rng.integers(0, 61, 40).tolist(), rng.integers(0, 61, 5).tolist()
+        assert np.array_equal(*_single_steps_and_one_call(session, prompt, tokens))
+    # one position's prompt is a lone row too
+    assert np.array_equal(*_single_steps_and_one_call(session, [7], [3, 9, 4]))
+    made = [(p, session.generate(p, NEW, eos_id=-1, speculative="ngram")) for p in prompts(61, 12)]
+    for p, got in made:
+        assert got.new_ids[0] == session.generate(p, NEW, eos_id=-1).new_ids[0]
+    assert sum(g.speculation.accepted for _, g in made) > 0
+
+
+def test_without_the_spare_rows_a_lone_rows_kernel_moves_int8_codes(int4_builds):
+    """Where this CPU multiplies a lone row in a kernel of its own, the build without the products'
+    spare rows computes a single step otherwise than a several-position call's row: what the spare
+    rows are for."""
+    if not _lone_row_apart():
+        pytest.skip("this CPU's MatMulNBits multiplies a lone row as it does rows among others")
+    unspared = int4_builds[1]
+    rng = np.random.default_rng(1)
+    cases = [(rng.integers(0, 61, 40).tolist(), rng.integers(0, 61, 5).tolist()) for _ in range(6)]
+    assert any(not np.array_equal(*_single_steps_and_one_call(unspared, p, t)) for p, t in cases)
 
 
 def test_builds_with_int8_activations_and_no_spare_position_are_refused(int8_builds):
