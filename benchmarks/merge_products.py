@@ -76,15 +76,37 @@ def calls(session: Session, prompt: list[int], repeats: int) -> tuple[float, flo
     return timed_calls(runner, 1, repeats, vocab), timed_calls(runner, DRAFTS + 1, repeats, vocab)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str, new: int) -> argparse.ArgumentParser:
+    """The options of an A/B of two builds of the packaged GGUF files (this script's and
+    spare_rows.py's): the models, calls a round, rounds, greedy tokens, the text of the tasks."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=["smollm2", "gemma3"], choices=["smollm2", "gemma3"])
-    ap.add_argument("--specs", nargs="*", default=[], metavar="NAME:LAYERS",
-                    help="catalog specs with their first LAYERS layers, seeded, int4 at int8 activations")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--text", type=Path, default=None, help="the text the quotation prompt's paragraph is taken from")
+    ap.add_argument("--new", type=int, default=new)
+    ap.add_argument("--text", type=Path, default=None, help="the text the tasks' paragraph is taken from")
+    return ap
+
+
+def in_turn(sessions: dict, prompt: list[int], steps: int, rounds: int) -> tuple[dict, dict, list[dict]]:
+    """(a plain step's median seconds, a check's median seconds, each round's plain-step seconds)
+    for each of `sessions` {name: Session}, `rounds` rounds of `calls` after an untimed one (first
+    calls, weights paged in, run slow), the sessions in turn in each round."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in sessions}
+    for session in sessions.values():
+        calls(session, prompt, steps)
+    for _ in range(rounds):
+        for name, session in sessions.items():
+            times[name].append(calls(session, prompt, steps))
+    step = {n: statistics.median(t[0] for t in ts) for n, ts in times.items()}
+    check = {n: statistics.median(t[1] for t in ts) for n, ts in times.items()}
+    return step, check, [{n: ts[i][0] for n, ts in times.items()} for i in range(rounds)]
+
+
+def main() -> None:
+    ap = arguments(__doc__, new=64)
+    ap.add_argument("--specs", nargs="*", default=[], metavar="NAME:LAYERS",
+                    help="catalog specs with their first LAYERS layers, seeded, int4 at int8 activations")
     args = ap.parse_args()
     source = args.text.read_text() if args.text else rm.reference_text()
     quote = sp.tasks(sp.paragraph(source))["quote"]
@@ -106,16 +128,9 @@ def main() -> None:
     rows = []
     for label, plain, merged, prompt in cases:
         sessions = {"unmerged": Session(plain, threads=THREADS), "merged": Session(merged, threads=THREADS)}
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in sessions}
         tokens = {name: s.generate(prompt, args.new, eos_id=-1).new_ids for name, s in sessions.items()}
-        for name, session in sessions.items():  # a warm-up round, untimed: first calls (weights paged in) run slow
-            calls(session, prompt, args.steps)
-        for _ in range(args.rounds):
-            for name, session in sessions.items():
-                times[name].append(calls(session, prompt, args.steps))
-        step = {n: statistics.median(t[0] for t in ts) for n, ts in times.items()}
-        check = {n: statistics.median(t[1] for t in ts) for n, ts in times.items()}
-        ratios = [a[0] / b[0] for a, b in zip(times["unmerged"], times["merged"])]
+        step, check, by_round = in_turn(sessions, prompt, args.steps, args.rounds)
+        ratios = [r["unmerged"] / r["merged"] for r in by_round]
         rows.append(f"| {label} | {products(plain)} -> {products(merged)} | {step['unmerged'] * 1e3:.2f} ms | "
                     f"{step['merged'] * 1e3:.2f} ms | {step['unmerged'] / step['merged']:.3f}x "
                     f"({min(ratios):.2f}-{max(ratios):.2f}) | {check['unmerged'] * 1e3:.2f} ms | "

@@ -11,18 +11,16 @@ docs/benchmarks_speculative.md.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import realmodels as rm  # noqa: E402
 import speculative as sp  # noqa: E402
-from merge_products import DRAFTS, THREADS, calls  # noqa: E402
+from merge_products import DRAFTS, THREADS, arguments, in_turn  # noqa: E402
 
 import specc  # noqa: E402
 from specc.export import inplace  # noqa: E402
@@ -51,13 +49,7 @@ def spare_rows(build: Path) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="*", default=["smollm2", "gemma3"], choices=["smollm2", "gemma3"])
-    ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--text", type=Path, default=None, help="the text the tasks' paragraph is taken from")
-    args = ap.parse_args()
+    args = arguments(__doc__, new=128).parse_args()
     source = args.text.read_text() if args.text else rm.reference_text()
     tasks = {k: v for k, v in sp.tasks(sp.paragraph(source)).items() if k != "free"}
     rows = []
@@ -71,15 +63,8 @@ def main() -> None:
         same = {name: sum(s.generate(p, args.new, eos_id=-1, speculative="ngram").new_ids ==
                           s.generate(p, args.new, eos_id=-1).new_ids for p in prompts.values())
                 for name, s in sessions.items()}
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in sessions}
-        for name, session in sessions.items():  # a warm-up round, untimed
-            calls(session, prompts["quote"], args.steps)
-        for _ in range(args.rounds):
-            for name, session in sessions.items():
-                times[name].append(calls(session, prompts["quote"], args.steps))
-        step = {n: statistics.median(t[0] for t in ts) for n, ts in times.items()}
-        check = {n: statistics.median(t[1] for t in ts) for n, ts in times.items()}
-        ratios = [a[0] / b[0] for a, b in zip(times["with"], times["without"])]
+        step, check, by_round = in_turn(sessions, prompts["quote"], args.steps, args.rounds)
+        ratios = [r["with"] / r["without"] for r in by_round]
         rows.append(f"| {model} (gguf) | {spare_rows(spared)} | {step['without'] * 1e3:.2f} ms | "
                     f"{step['with'] * 1e3:.2f} ms | {step['with'] / step['without']:.3f}x "
                     f"({min(ratios):.2f}-{max(ratios):.2f}) | {check['without'] * 1e3:.2f} ms | "
