@@ -45,7 +45,7 @@ def spare_rows(build: Path) -> int:
     import onnx
 
     graph = onnx.load(str(build / "inplace.onnx"), load_external_data=False).graph
-    return sum(n.op_type == "MatMulNBits" and n.input[0].endswith("/single") for n in graph.node)
+    return sum(n.op_type == "MatMulNBits" and n.input[0].endswith("/single/in") for n in graph.node)
 
 
 def main() -> None:

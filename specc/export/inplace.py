@@ -203,12 +203,12 @@ def _single_row_spares(g, nodes: list) -> list:
     padded: dict[str, str] = {}
     for n in products:
         x = n.input[0]
-        if x not in padded:
-            padded[x] = f"{x}/single"
+        if x not in padded:  # (/in and /out: a product that reads another's output names both apart)
+            padded[x] = f"{x}/single/in"
             made.append(helper.make_node("Expand", [x, _SINGLE_ROWS], [padded[x]]))
         y = n.output[0]
-        n.input[0], n.output[0] = padded[x], f"{y}/single"
-        made.append(helper.make_node("Slice", [f"{y}/single", *_SINGLE_OWN], [y]))
+        n.input[0], n.output[0] = padded[x], f"{y}/single/out"
+        made.append(helper.make_node("Slice", [f"{y}/single/out", *_SINGLE_OWN], [y]))
     for m in made:
         m.name = m.name or m.output[0]
     return made
