@@ -62,9 +62,10 @@ def seeded(row: str) -> Path:
     return spec
 
 
-def products(build: Path) -> int:
+def products(build: Path, reading: str = "") -> int:
+    """The MatMulNBits nodes of BUILD's in-place graph (those whose input's name ends in `reading`)."""
     graph = onnx.load(str(build / "inplace.onnx"), load_external_data=False).graph
-    return sum(n.op_type == "MatMulNBits" for n in graph.node)
+    return sum(n.op_type == "MatMulNBits" and n.input[0].endswith(reading) for n in graph.node)
 
 
 def calls(session: Session, prompt: list[int], repeats: int) -> tuple[float, float]:

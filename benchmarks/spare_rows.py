@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import realmodels as rm  # noqa: E402
 import speculative as sp  # noqa: E402
-from merge_products import DRAFTS, THREADS, arguments, in_turn  # noqa: E402
+from merge_products import DRAFTS, THREADS, arguments, in_turn, products  # noqa: E402
 
 import specc  # noqa: E402
 from specc.export import inplace  # noqa: E402
@@ -41,13 +41,6 @@ def without_rows(spec: Path, out: Path) -> Path:
     return out
 
 
-def spare_rows(build: Path) -> int:
-    import onnx
-
-    graph = onnx.load(str(build / "inplace.onnx"), load_external_data=False).graph
-    return sum(n.op_type == "MatMulNBits" and n.input[0].endswith("/single/in") for n in graph.node)
-
-
 def main() -> None:
     args = arguments(__doc__, new=128).parse_args()
     source = args.text.read_text() if args.text else rm.reference_text()
@@ -65,7 +58,7 @@ def main() -> None:
                 for name, s in sessions.items()}
         step, check, by_round = in_turn(sessions, prompts["quote"], args.steps, args.rounds)
         ratios = [r["with"] / r["without"] for r in by_round]
-        rows.append(f"| {model} (gguf) | {spare_rows(spared)} | {step['without'] * 1e3:.2f} ms | "
+        rows.append(f"| {model} (gguf) | {products(spared, '/single/in')} | {step['without'] * 1e3:.2f} ms | "
                     f"{step['with'] * 1e3:.2f} ms | {step['with'] / step['without']:.3f}x "
                     f"({min(ratios):.2f}-{max(ratios):.2f}) | {check['without'] * 1e3:.2f} ms | "
                     f"{check['with'] * 1e3:.2f} ms | {same['without']} of {len(prompts)} | "

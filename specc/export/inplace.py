@@ -183,7 +183,8 @@ def _single_row_spares(g, nodes: list) -> list:
     (`_lone_row_kernel`), given in a call of one row and one position its input's row once more
     (an Expand of its one row to two) and its output's second row dropped, so that it runs the
     kernel of several rows in every call; the nodes this adds (the shared values first). A call of
-    more positions or rows passes its rows as they are (copies of a few rows)."""
+    more positions or rows passes its rows as they are (copies of a few rows). Called after
+    _spare_lengths, whose constants (_SPARE/one, _SPARE/zero) it reads."""
     from onnx import TensorProto, helper
 
     products = [n for n in nodes if _lone_row_kernel(n)]
