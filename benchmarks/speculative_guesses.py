@@ -1,12 +1,14 @@
-"""Prompt lookup with and without its guesses on the plain steps of a pause (DraftLength.guessed,
-docs/runtime.md), against plain decoding, in one process: the tasks of benchmarks/speculative.py
-on a build it made, each variant in turn per round, greedy, EOS off. Prints a Markdown table.
+"""Prompt lookup against a variant of it, and both against plain decoding, in one process: the
+tasks of benchmarks/speculative.py on a build it made, each variant in turn per round, greedy,
+EOS off. Prints a Markdown table.
 
     .venv/bin/python benchmarks/speculative_guesses.py BUILD_DIR [--text FILE] [--tasks repeat rewrite ...]
-        [--new 128] [--rounds 3]
+        [--new 128] [--rounds 3] [--against unguessed|single-token]
 
-"Without" is DraftLength with `guessed` doing nothing (what drafting did before the guesses):
-the same tokens, only when drafting resumes after a pause differs.
+The variant (--against): `unguessed`, DraftLength with `guessed` doing nothing (what drafting did
+before the guesses on the plain steps of a pause, docs/runtime.md); `single-token`, prompt lookup
+drafting after a suffix of one token too (draft.MIN_NGRAM 1, what it did before the least suffix
+of two). The same tokens either way; only how often and how much is drafted differs.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import realmodels as rm  # noqa: E402
 from speculative import THREADS, paragraph, tasks, timed  # noqa: E402
 
+from specc.decoding import draft  # noqa: E402
 from specc.decoding.speculation import DraftLength  # noqa: E402
 from specc.runtime import Session  # noqa: E402
 from specc.runtime import speculative as loop  # noqa: E402 - (not this folder's speculative.py)
@@ -29,18 +32,22 @@ class _Unguessed(DraftLength):
 
 
 class _Without:
-    """A session's generate with DraftLength's guesses switched off (the speculative loop's
-    DraftLength swapped for the call)."""
+    """A session's generate with one thing swapped for the call: the speculative loop's
+    DraftLength for one without guesses (`unguessed`), or the drafter's least suffix for one
+    token (`single-token`)."""
 
-    def __init__(self, session: Session):
-        self.session = session
+    SWAPS = {"unguessed": (loop, "DraftLength", _Unguessed), "single-token": (draft, "MIN_NGRAM", 1)}
+
+    def __init__(self, session: Session, against: str):
+        self.session, (self.module, self.name, self.value) = session, self.SWAPS[against]
 
     def generate(self, *args, **kwargs):
-        was, loop.DraftLength = loop.DraftLength, _Unguessed
+        was = getattr(self.module, self.name)
+        setattr(self.module, self.name, self.value)
         try:
             return self.session.generate(*args, **kwargs)
         finally:
-            loop.DraftLength = was
+            setattr(self.module, self.name, was)
 
 
 def main() -> None:
@@ -50,18 +57,20 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=["repeat", "rewrite", "extract", "quote", "free"])
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--against", default="unguessed", choices=sorted(_Without.SWAPS))
     args = ap.parse_args()
     prompts_text = tasks(paragraph(args.text.read_text() if args.text else rm.reference_text()))
     session = Session(args.build, threads=THREADS)
     chat = session.tokenizer.chat_template is not None
 
     print(f"{args.build.name}: speed-up over plain decoding (calls after the prompt, drafts kept/drafted)\n")
-    print("| task | with the guesses | without | same tokens |")
+    print({"unguessed": "| task | with the guesses | without | same tokens |",
+           "single-token": "| task | a suffix of two tokens or more | of one token too | same tokens |"}[args.against])
     print("|---|---|---|---|")
     for task in args.tasks:
         prompt = session.prompts([prompts_text[task]], chat=chat)[0]
         runs = timed({"plain": (session, {}), "with": (session, {"speculative": "ngram"}),
-                      "without": (_Without(session), {"speculative": "ngram"})}, prompt, args.new, args.rounds)
+                      "without": (_Without(session, args.against), {"speculative": "ngram"})}, prompt, args.new, args.rounds)
         (t0, plain), (t1, on), (t2, off) = runs["plain"], runs["with"], runs["without"]
         cell = [f"{t0 / t:.2f}x ({r.speculation.steps}, {r.speculation.accepted}/{r.speculation.drafted})"
                 for t, r in ((t1, on), (t2, off))]

@@ -3,10 +3,12 @@ in one multi-token step (specc/runtime/speculative.py), so a guess changes how f
 never which tokens come.
 
 PromptLookup needs no second model: where the last n tokens of the text so far (prompt and
-generated tokens, n from MAX_NGRAM down to 1, the longest first) occurred before, it proposes
-the tokens that followed their latest earlier occurrence. Text that copies from its prompt
-(a quotation, a rewrite, code edited in place) is drafted well; free text rarely is, and then
-nothing is proposed.
+generated tokens, n from MAX_NGRAM down to MIN_NGRAM, the longest first) occurred before, it
+proposes the tokens that followed their latest earlier occurrence. Text that copies from its
+prompt (a quotation, a rewrite, code edited in place) is drafted well; free text rarely is, and
+then nothing is proposed. A single token seen before (a quotation mark, a comma) is too common
+to say where the text goes, so a suffix of one token proposes nothing (MIN_NGRAM; what it
+saves: docs/benchmarks_speculative.md).
 
 Each n-gram's two latest end positions are kept in a dict updated per token, so a proposal costs
 O(MAX_NGRAM) whatever the length of the text.
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Iterable
 
 MAX_NGRAM = 3  # the longest suffix matched
+MIN_NGRAM = 2  # the shortest
 
 
 class PromptLookup:
@@ -27,7 +30,7 @@ class PromptLookup:
     def __init__(self, tokens: Iterable[int] = ()):
         self.tokens: list[int] = []
         # n -> n-gram -> (its latest end position, the one before or -1)
-        self.ends: dict[int, dict[tuple[int, ...], tuple[int, int]]] = {n: {} for n in range(1, MAX_NGRAM + 1)}
+        self.ends: dict[int, dict[tuple[int, ...], tuple[int, int]]] = {n: {} for n in range(MIN_NGRAM, MAX_NGRAM + 1)}
         self.extend(tokens)
 
     def extend(self, tokens: Iterable[int]) -> None:
@@ -41,11 +44,11 @@ class PromptLookup:
                     index[gram] = (end, latest[0] if latest else -1)
 
     def propose(self, k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the longest suffix (of at
-        most MAX_NGRAM tokens) seen before; [] where no suffix occurred before or k < 1."""
+        """Up to k tokens that followed the latest earlier occurrence of the longest suffix (of
+        MIN_NGRAM to MAX_NGRAM tokens) seen before; [] where no such suffix occurred before or k < 1."""
         if k < 1 or not self.tokens:
             return []
-        for n in range(min(MAX_NGRAM, len(self.tokens)), 0, -1):
+        for n in range(min(MAX_NGRAM, len(self.tokens)), MIN_NGRAM - 1, -1):
             found = self.ends[n].get(tuple(self.tokens[-n:]))
             if found is not None and found[1] >= 0:
                 start = found[1] + 1  # the suffix itself is the latest occurrence; the one before

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 import specc
 from specc.cli import main
+from specc.decoding import draft as draft_module
 from specc.decoding import engine as engine_module
-from specc.decoding.draft import MAX_NGRAM, PromptLookup, free_guess
+from specc.decoding.draft import MAX_NGRAM, MIN_NGRAM, PromptLookup, free_guess
 from specc.runtime import RunError, Session
 from specc.decoding.sampling import Sampler, distribution
 from specc.runtime.generate import DecoderRunner, InplaceRunner, checks_drafts
@@ -61,6 +62,14 @@ def step_clock(monkeypatch):
     monkeypatch.setattr(speculative_module, "time", clock)
     monkeypatch.setattr(engine_module, "time", clock)
     return clock
+
+
+@pytest.fixture
+def single_token_matches(monkeypatch):
+    """Prompt lookup drafting after a suffix of one token too: a seeded model's sampled text
+    repeats tokens, rarely pairs of them, and the sampling tests need drafts at most steps,
+    accepted and rejected (the rule they check does not depend on where drafts come from)."""
+    monkeypatch.setattr(draft_module, "MIN_NGRAM", 1)
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +237,7 @@ def test_the_sampling_rule_draws_each_token_from_the_targets_distribution():
 
 
 @pytest.mark.parametrize("options", [{"temperature": 0.8}, {"temperature": 1.3, "top_k": 5}, {"temperature": 0.6, "top_p": 0.9}])
-def test_a_seeds_sampled_tokens_are_plain_samplings(built, options):
+def test_a_seeds_sampled_tokens_are_plain_samplings(built, options, single_token_matches):
     """Sampled speculative decoding draws one uniform per token kept, as plain sampling does:
     the same seed, the same tokens, token for token, drafts accepted and rejected."""
     session = built("small-seed3")
@@ -240,7 +249,7 @@ def test_a_seeds_sampled_tokens_are_plain_samplings(built, options):
     assert 0 < accepted < drafted
 
 
-def test_speculative_sampling_keeps_the_models_distribution(built):
+def test_speculative_sampling_keeps_the_models_distribution(built, single_token_matches):
     """The third token's distribution (the first a check of drafts makes: the first step after the
     prompt is a plain one, which checks are timed against) against the exact one."""
     session = built("small-seed3")
@@ -297,7 +306,7 @@ def test_window_caches_are_refused(built):
 
 
 def brute_force(tokens: list[int], k: int) -> list[int]:
-    for n in range(min(MAX_NGRAM, len(tokens)), 0, -1):
+    for n in range(min(MAX_NGRAM, len(tokens)), MIN_NGRAM - 1, -1):
         suffix = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):  # the latest occurrence before the suffix itself
             if tokens[start:start + n] == suffix:
@@ -317,6 +326,8 @@ def test_prompt_lookup_proposes_what_a_brute_force_search_finds():
     assert PromptLookup([1, 2, 3]).propose(4) == []
     assert PromptLookup([1, 2, 3, 1, 2]).propose(0) == []
     assert PromptLookup([9, 1, 2, 3, 4, 5, 1, 2]).propose(2) == [3, 4]
+    assert MIN_NGRAM == 2 and PromptLookup([9, 1, 2, 3, 4, 5, 1]).propose(2) == []  # one token seen before: no draft
+    assert PromptLookup([1, 2, 3, 1, 2, 3]).propose(3) == [1, 2, 3]  # the longest suffix first: [1, 2, 3]
 
 
 def test_draft_length_weighs_a_check_against_plain_steps():
@@ -560,7 +571,7 @@ def test_plain_steps_weigh_prompt_lookups_guess_of_their_token(built, monkeypatc
         assert True in told and False in told
 
 
-def test_sampled_speculative_requests_are_plain_sampled_requests(built):
+def test_sampled_speculative_requests_are_plain_sampled_requests(built, single_token_matches):
     session = built("small-seed3")
     prompt = tuple([7, 8, 9, 10] * 6)
     reqs = [GenerationRequest(ids=prompt, max_tokens=NEW, eos=-1, temperature=0.7, seed=seed, speculative=drafter)
