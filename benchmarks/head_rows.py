@@ -1,10 +1,11 @@
 """What onnxruntime's MatMulNBits costs by rows at an output projection's shape (Gemma 3 270M's
 head by default: K 640, N 262144, blocks of 32, accuracy level 4, int8 compute): 8-bit codes,
-the same codes as two 4-bit planes added (the high nibbles about 8, the low ones about a zero
+8-bit codes' width as two 4-bit planes added (the high nibbles about 8, the low ones about a zero
 point of 0, as ggufgraph writes codes wider than a level's kernel), and 4-bit codes. Seeded codes
-and scales; medians of --repeats calls after one, 2 threads. Prints a Markdown table in ms.
+and scales, each plane its own (a kernel's time does not hang on the values); medians of
+--repeats calls after one, 2 threads. Prints a Markdown table in ms.
 
-    .venv/bin/python benchmarks/head_rows.py [--k 640] [--n 262144] [--rows 1 2 5 9]
+    .venv/bin/python benchmarks/head_rows.py [--k 640] [--n 262144] [--rows 1 2 5 9] [--repeats 15]
 
 A speculative check of k drafts runs k + 1 rows through the head; where each further row costs
 about what one does, the check's cost grows with k whatever it keeps (docs/benchmarks_speculative.md).

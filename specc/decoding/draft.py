@@ -29,8 +29,9 @@ class PromptLookup:
 
     def __init__(self, tokens: Iterable[int] = ()):
         self.tokens: list[int] = []
+        self.lengths = tuple(range(MAX_NGRAM, MIN_NGRAM - 1, -1))  # the suffixes matched, longest first
         # n -> n-gram -> (its latest end position, the one before or -1)
-        self.ends: dict[int, dict[tuple[int, ...], tuple[int, int]]] = {n: {} for n in range(MIN_NGRAM, MAX_NGRAM + 1)}
+        self.ends: dict[int, dict[tuple[int, ...], tuple[int, int]]] = {n: {} for n in self.lengths}
         self.extend(tokens)
 
     def extend(self, tokens: Iterable[int]) -> None:
@@ -48,7 +49,9 @@ class PromptLookup:
         MIN_NGRAM to MAX_NGRAM tokens) seen before; [] where no such suffix occurred before or k < 1."""
         if k < 1 or not self.tokens:
             return []
-        for n in range(min(MAX_NGRAM, len(self.tokens)), MIN_NGRAM - 1, -1):
+        for n in self.lengths:
+            if n > len(self.tokens):
+                continue
             found = self.ends[n].get(tuple(self.tokens[-n:]))
             if found is not None and found[1] >= 0:
                 start = found[1] + 1  # the suffix itself is the latest occurrence; the one before

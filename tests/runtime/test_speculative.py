@@ -327,7 +327,7 @@ def test_prompt_lookup_proposes_what_a_brute_force_search_finds():
     assert PromptLookup([1, 2, 3, 1, 2]).propose(0) == []
     assert PromptLookup([9, 1, 2, 3, 4, 5, 1, 2]).propose(2) == [3, 4]
     assert MIN_NGRAM == 2 and PromptLookup([9, 1, 2, 3, 4, 5, 1]).propose(2) == []  # one token seen before: no draft
-    assert PromptLookup([1, 2, 3, 1, 2, 3]).propose(3) == [1, 2, 3]  # the longest suffix first: [1, 2, 3]
+    assert PromptLookup([5, 1, 2, 7, 9, 1, 2, 8, 5, 1, 2]).propose(1) == [7]  # the longest suffix first: [5, 1, 2], not [1, 2]
 
 
 def test_draft_length_weighs_a_check_against_plain_steps():
