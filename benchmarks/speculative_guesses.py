@@ -36,10 +36,12 @@ class _Without:
     DraftLength for one without guesses (`unguessed`), or the drafter's least suffix for one
     token (`single-token`)."""
 
-    SWAPS = {"unguessed": (loop, "DraftLength", _Unguessed), "single-token": (draft, "MIN_NGRAM", 1)}
+    # variant -> (module, name, the value swapped in, the table's two columns: as it is, swapped)
+    SWAPS = {"unguessed": (loop, "DraftLength", _Unguessed, ("with the guesses", "without")),
+             "single-token": (draft, "MIN_NGRAM", 1, (f"a suffix of {draft.MIN_NGRAM} tokens or more", "of one token too"))}
 
     def __init__(self, session: Session, against: str):
-        self.session, (self.module, self.name, self.value) = session, self.SWAPS[against]
+        self.session, (self.module, self.name, self.value, _) = session, self.SWAPS[against]
 
     def generate(self, *args, **kwargs):
         was = getattr(self.module, self.name)
@@ -64,8 +66,7 @@ def main() -> None:
     chat = session.tokenizer.chat_template is not None
 
     print(f"{args.build.name}: speed-up over plain decoding (calls after the prompt, drafts kept/drafted)\n")
-    print({"unguessed": "| task | with the guesses | without | same tokens |",
-           "single-token": "| task | a suffix of two tokens or more | of one token too | same tokens |"}[args.against])
+    print("| task | {} | {} | same tokens |".format(*_Without.SWAPS[args.against][3]))
     print("|---|---|---|---|")
     for task in args.tasks:
         prompt = session.prompts([prompts_text[task]], chat=chat)[0]
