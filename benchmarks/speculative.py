@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -161,19 +162,40 @@ def tasks(p: str) -> dict[str, str]:
     }
 
 
-def timed(variants: dict, prompt: list[int], new: int, rounds: int) -> dict:
-    """name -> (median seconds, last result) for variants {name: (session, options)}, each warmed
-    up once, then run once per round in turn (so that a shared machine's load falls on all)."""
-    times: dict = {name: [] for name in variants}
+class Run(NamedTuple):
+    """One variant's generations of a prompt (`timed`): median seconds of the whole (the prompt's
+    prefill, then the decode), median seconds of the decode alone (from the first new token, which
+    the prefill gives, to the last: new - 1 tokens, as llama.cpp's decode rates count), and the last
+    result."""
+
+    whole: float
+    decode: float
+    result: object
+
+
+def timed(variants: dict, prompt: list[int], new: int, rounds: int) -> dict[str, Run]:
+    """name -> Run for variants {name: (session, options)}, each warmed up once, then run once per
+    round in turn (so that a shared machine's load falls on all)."""
+    whole: dict = {name: [] for name in variants}
+    decode: dict = {name: [] for name in variants}
     results: dict = {}
     for name, (session, options) in variants.items():
         session.generate(prompt, new, eos_id=-1, **options)
     for _ in range(rounds):
         for name, (session, options) in variants.items():
+            first: list[float] = []
+
+            def on_token(step, ids, first=first):
+                if not first:
+                    first.append(time.perf_counter())
+
             start = time.perf_counter()
-            results[name] = session.generate(prompt, new, eos_id=-1, **options)
-            times[name].append(time.perf_counter() - start)
-    return {name: (statistics.median(times[name]), results[name]) for name in variants}
+            results[name] = session.generate(prompt, new, eos_id=-1, on_token=on_token, **options)
+            end = time.perf_counter()
+            whole[name].append(end - start)
+            decode[name].append(end - first[0])
+    return {name: Run(statistics.median(whole[name]), statistics.median(decode[name]), results[name])
+            for name in variants}
 
 
 class _Sink:
@@ -259,19 +281,20 @@ def main() -> None:
                 grounded.append(prompt)
             runs = timed({"plain": (session, {}), "ngram": (session, {"speculative": "ngram"}),
                           "draft": (session, {"speculative": draft})}, prompt, args.new, args.rounds)
-            (t_plain, plain), (t_spec, spec), (t_draft, drafted) = runs["plain"], runs["ngram"], runs["draft"]
-            s, d = spec.speculation, drafted.speculation
+            plain, spec, drafted = runs["plain"], runs["ngram"], runs["draft"]
+            s, d = spec.result.speculation, drafted.result.speculation
+            rate = {name: (args.new - 1) / run.decode for name, run in runs.items()}  # decode tokens/s
             bench = llama_bench(gguf, len(prompt), args.new)
             lookup = llama_lookup(gguf, session.tokenizer.chat([{"role": "user", "content": text}]) if chat else text,
                                   args.new)
             peer = f"{bench:.1f}" if bench else "-"
             peer_lookup = f"{lookup[0]:.1f} ({lookup[2]}/{lookup[1]})" if lookup else "-"
-            ahead = f"{(args.new / t_spec) / bench:.2f}x" if bench else "-"
-            rows.append(f"| {model} | {task} | {len(prompt)} | {args.new / t_plain:.1f} | {args.new / t_spec:.1f} | "
-                        f"{t_plain / t_spec:.2f}x | {s.steps} | {s.accepted}/{s.drafted} ({s.acceptance:.0%}) | "
-                        f"{args.new / t_draft:.1f} ({d.accepted}/{d.drafted}) | "
-                        f"{'yes' if spec.new_ids == plain.new_ids == drafted.new_ids else 'NO'} | {peer} | "
-                        f"{peer_lookup} | {ahead} |")
+            ahead = f"{rate['ngram'] / bench:.2f}x" if bench else "-"
+            same = plain.result.new_ids == spec.result.new_ids == drafted.result.new_ids
+            rows.append(f"| {model} | {task} | {len(prompt)} | {rate['plain']:.1f} | {rate['ngram']:.1f} | "
+                        f"{plain.decode / spec.decode:.2f}x | {plain.whole / spec.whole:.2f}x | {s.steps} | "
+                        f"{s.accepted}/{s.drafted} ({s.acceptance:.0%}) | {rate['draft']:.1f} ({d.accepted}/{d.drafted}) | "
+                        f"{'yes' if same else 'NO'} | {peer} | {peer_lookup} | {ahead} |")
             print(rows[-1], flush=True)
         if model != "smollm2":
             continue
@@ -308,18 +331,21 @@ model's, has no chat template: the text as it is) from a paragraph of
 about 120 words ({source_name}): repeat it; rewrite it with one word changed; copy out the
 sentences with that word; answer with quotations; and a free one, "{FREE}"
 
-Tokens/s: {args.new} / the median wall time of {args.rounds} runs after a warm-up (the variants in
-turn in each round), prefill included. Plain: Session.generate's default path (the in-place cache
-graph); ngram: speculative="ngram", its drafts checked on the same graph; draft: speculative=a
-draft build, the model's own first {DRAFT_LAYERS} layers with its final norm and head (built fp32
-the same way), tokens/s (accepted/drafted). Speed-up: ngram against plain. Calls: model calls after the prompt (plain decoding makes {args.new - 1}). Same tokens: the
-outputs equal, token for token. llama.cpp, on the GGUF file the build was imported from (smollm2:
-the Q4_1 file; gemma3: the Q4_K_M file), 2 threads: llama-bench's decode tokens/s at the prompt's
-depth, and llama-lookup's decode tokens/s (accepted/drafted) on the same chat text; "ngram /
-llama.cpp": specc's ngram against llama.cpp's plain decode.
+Tokens/s: decode, as llama.cpp's are counted: the {args.new - 1} tokens after the first (which the
+prefill gives) over the time from the first to the last, the median of {args.rounds} runs after a
+warm-up (the variants in turn in each round). Plain: Session.generate's default path (the in-place
+cache graph); ngram: speculative="ngram", its drafts checked on the same graph; draft:
+speculative=a draft build, the model's own first {DRAFT_LAYERS} layers with its final norm and head
+(built fp32 the same way), tokens/s (accepted/drafted). Speed-up: ngram against plain, by their
+decode times; "with prefill": by the whole generations' wall times, the prompt's prefill (the same
+work in both) counted in. Calls: model calls after the prompt (plain decoding makes {args.new - 1}).
+Same tokens: the outputs equal, token for token. llama.cpp, on the GGUF file the build was imported
+from (smollm2: the Q4_1 file; gemma3: the Q4_K_M file), 2 threads: llama-bench's decode tokens/s at
+the prompt's depth, and llama-lookup's decode tokens/s (accepted/drafted) on the same chat text;
+"ngram / llama.cpp": specc's ngram decode against llama.cpp's plain decode.
 
-| model | task | prompt tokens | plain tok/s | ngram tok/s | speed-up | calls | accepted/drafted | draft tok/s | same tokens | llama.cpp plain tok/s | llama.cpp lookup tok/s | ngram / llama.cpp |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| model | task | prompt tokens | plain tok/s | ngram tok/s | speed-up | with prefill | calls | accepted/drafted | draft tok/s | same tokens | llama.cpp plain tok/s | llama.cpp lookup tok/s | ngram / llama.cpp |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + f"""
 
 ### In the serving engine

@@ -1,6 +1,7 @@
 """Prompt lookup against a variant of it, and both against plain decoding, in one process: the
 tasks of benchmarks/speculative.py on a build it made, each variant in turn per round, greedy,
-EOS off. Prints a Markdown table.
+EOS off; each speed-up is of decode times (speculative.py's `timed`: the prefill left out). Prints a
+Markdown table.
 
     .venv/bin/python benchmarks/speculative_guesses.py BUILD_DIR [--text FILE] [--tasks repeat rewrite ...]
         [--new 128] [--rounds 3] [--against unguessed|single-token]
@@ -65,17 +66,18 @@ def main() -> None:
     session = Session(args.build, threads=THREADS)
     chat = session.tokenizer.chat_template is not None
 
-    print(f"{args.build.name}: speed-up over plain decoding (calls after the prompt, drafts kept/drafted)\n")
+    print(f"{args.build.name}: speed-up over plain decoding, by decode time (calls after the prompt, "
+          "drafts kept/drafted)\n")
     print("| task | {} | {} | same tokens |".format(*_Without.SWAPS[args.against][3]))
     print("|---|---|---|---|")
     for task in args.tasks:
         prompt = session.prompts([prompts_text[task]], chat=chat)[0]
         runs = timed({"plain": (session, {}), "with": (session, {"speculative": "ngram"}),
                       "without": (_Without(session, args.against), {"speculative": "ngram"})}, prompt, args.new, args.rounds)
-        (t0, plain), (t1, on), (t2, off) = runs["plain"], runs["with"], runs["without"]
-        cell = [f"{t0 / t:.2f}x ({r.speculation.steps}, {r.speculation.accepted}/{r.speculation.drafted})"
-                for t, r in ((t1, on), (t2, off))]
-        same = "yes" if plain.new_ids == on.new_ids == off.new_ids else "NO"
+        plain, on, off = runs["plain"], runs["with"], runs["without"]
+        cell = [f"{plain.decode / r.decode:.2f}x ({r.result.speculation.steps}, "
+                f"{r.result.speculation.accepted}/{r.result.speculation.drafted})" for r in (on, off)]
+        same = "yes" if plain.result.new_ids == on.result.new_ids == off.result.new_ids else "NO"
         print(f"| {task} | {cell[0]} | {cell[1]} | {same} |", flush=True)
 
 
