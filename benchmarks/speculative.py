@@ -22,8 +22,10 @@ word changed, extract the sentences with a word, answer with a quotation) and a 
 story). Each runs greedy with EOS off (every run makes --new tokens): plain decoding as
 Session.generate runs it (the in-place cache graph), speculative="ngram" and speculative=a draft
 build (the model's first DRAFT_LAYERS layers with its final norm and head); the figure is the
-median wall time of --rounds runs after one warm-up, the variants in turn in each round; 2
-threads. The serving engine (specc/decoding/engine.py, in process): the four grounded prompts as
+decode rate, as llama.cpp's are counted (from the first new token, which the prefill gives, to the
+last; a draft build's own prefill runs with the target's, before the first token), and beside it
+the ratio of whole generations, prefill included: medians of --rounds runs after one warm-up, the
+variants in turn in each round; 2 threads. The serving engine (specc/decoding/engine.py, in process): the four grounded prompts as
 requests with and without `speculative`, one stream at a time and 16 at once (each prompt four
 times), the tokens per second of the whole. llama.cpp (build/llama-server/bin, `make
 llama-server` then `cmake --build build/llama-server --target llama-bench llama-lookup`, with

@@ -21,7 +21,9 @@ a call's last io.LM_POSITIONS positions (MAX_DRAFT drafts and the token before t
 build has one that runs here; else its DecoderRunner over model.onnx, whose LM output holds every
 position and whose caches must then hold the whole sequence (a window cache has lost the positions
 a roll-back would need). A drafter has two methods: extend(tokens), the tokens kept, and
-propose(k), up to k guesses.
+propose(k), up to k guesses; and may have a third, prefill(), its own work on the prompt, which the
+loop runs right after the target's, before the first token (as llama.cpp's speculative example
+evaluates the prompt with both models before it decodes).
 """
 from __future__ import annotations
 
@@ -73,6 +75,13 @@ class ModelDraft:
     def extend(self, tokens) -> None:
         self.tokens.extend(int(t) for t in tokens)
 
+    def prefill(self) -> None:
+        """The prompt (the runner's rows) through the draft build, once: what its first guess
+        would wait for otherwise."""
+        if self.cached is None:
+            self.runner.prefill()
+            self.cached = self.tokens[: self.runner.ids.shape[1]]
+
     def propose(self, k: int) -> list[int]:
         k = min(k, self.context - len(self.tokens))
         if k < 1:
@@ -88,9 +97,7 @@ class ModelDraft:
 
     def _catch_up(self) -> np.ndarray:
         """The draft's logits after the text so far, its cache holding the text's K/V but the last's."""
-        if self.cached is None:  # the prompt (the runner's rows) first; the tokens after it below
-            self.runner.prefill()
-            self.cached = self.tokens[: self.runner.ids.shape[1]]
+        self.prefill()  # the prompt first, where the loop has not run it; the tokens after it below
         shared = 0
         for a, b in zip(self.cached, self.tokens):
             if a != b:
@@ -121,6 +128,8 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, e
         return token == eos or len(new) == max_new
 
     token = int(choose(runner.prefill())[0])
+    if max_new > 1 and (prefill := getattr(drafter, "prefill", None)):
+        prefill()
     while not keep(token):
         start = time.perf_counter()
         draft = drafter.propose(min(length.next(), max_new - len(new)))
