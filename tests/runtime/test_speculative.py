@@ -194,6 +194,26 @@ def test_a_draft_build_gives_plain_greedy_tokens_and_itself_drafts_all_accepted(
         session.generate(prompts(61)[-1], NEW, eos_id=eos).new_ids
 
 
+def test_a_draft_builds_prompt_runs_before_the_first_token(built, monkeypatch):
+    """As llama.cpp's speculative example evaluates the prompt with both models before it
+    decodes: the draft build's prefill comes before the first token, so a check's time (the
+    ledger's) and the decode's never hold it."""
+    session = built("small-seed3")
+    events: list[str] = []
+    real = speculative_module.ModelDraft.prefill
+
+    def prefill(self):
+        events.append("draft prefill" if self.cached is None else "prefilled already")
+        real(self)
+
+    monkeypatch.setattr(speculative_module.ModelDraft, "prefill", prefill)
+    got = session.generate([5, 6, 7, 8], 6, eos_id=-1, speculative=Session(session.dir),
+                           on_token=lambda step, ids: events.append(f"token {step}"))
+    assert events[:2] == ["draft prefill", "token 0"]
+    assert "draft prefill" not in events[2:] and got.speculation.drafted > 0
+    assert got.new_ids == session.generate([5, 6, 7, 8], 6, eos_id=-1).new_ids
+
+
 def test_a_draft_build_of_another_vocabulary_is_refused(built):
     with pytest.raises(RunError, match="vocabulary of"):
         built("small-seed3").generate([1, 2, 3], 4, speculative=built("tiny-llama"))
