@@ -70,7 +70,7 @@ class DraftLength:
     sums the gains. After a check that lost L (but one that kept every draft while k could grow:
     its draft was too short for a check that costs several steps), drafting waits until another loss of L would
     leave the generation within BUDGET of its steps and HORIZON more: balance - L + BUDGET x
-    (tokens + HORIZON) >= 0 (at most MAX_PAUSE steps). So text with nothing to copy loses about
+    (tokens + HORIZON) >= 0 (at most MAX_PAUSE steps, or uncapped: `capped`). So text with nothing to copy loses about
     BUDGET to probes (of its tokens and HORIZON), and text that copies, whose checks have gained,
     goes on drafting through the rejections in it.
     Where guessing costs nothing (prompt lookup), the plain steps of a pause still ask the drafter
@@ -80,9 +80,16 @@ class DraftLength:
     pauses as before; guesses that come right in streaks and whose checks still lose spend at most
     GUESSED x BUDGET.
     Without timings (the engine's batched steps): after two all-rejected drafts in a row, PAUSE
-    steps, the pause doubling (to MAX_PAUSE) while drafts keep failing."""
+    steps, the pause doubling (to MAX_PAUSE) while drafts keep failing.
 
-    def __init__(self):
+    `capped` False (a drafter whose guesses cost: a draft build): timed pauses are the budget's
+    alone, not cut at MAX_PAUSE. Such a drafter runs the text made during a pause at its next
+    guess, so a longer pause makes the next probe dearer, not cheaper, and probes every MAX_PAUSE
+    steps would each lose that catch-up (SmolLM2's 8-layer draft: about 4 plain steps after 64
+    tokens, docs/benchmarks_speculative.md)."""
+
+    def __init__(self, capped: bool = True):
+        self.capped = capped
         self.k, self.misses, self.pause, self.wait = 1, 0, PAUSE, 1
         self.accepted = float(MAX_DRAFT)
         self.step: float | None = None  # a plain step's seconds, a running mean (`plain`)
@@ -130,7 +137,8 @@ class DraftLength:
             self.balance += gain
             if gain < 0 and not accepted == drafted < MAX_DRAFT:  # (all kept while k can grow: the draft was too short to pay)
                 self.lost = -gain
-                self.wait = min(max(0, math.ceil((-gain - self.balance) / BUDGET - self.tokens - HORIZON)), MAX_PAUSE)
+                wait = max(0, math.ceil((-gain - self.balance) / BUDGET - self.tokens - HORIZON))
+                self.wait = min(wait, MAX_PAUSE) if self.capped else wait
             return
         if accepted > 0:
             self.misses, self.pause = 0, PAUSE

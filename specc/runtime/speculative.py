@@ -116,7 +116,7 @@ def speculative_loop(runner, prompt: list[int], max_new: int, choose: Sampler, e
     """The new tokens of one prompt (batch 1), stopped at EOS (kept) or max_new; on_token(step,
     [token]) for each as it is kept: generate.py's _step_loop's tokens, greedy or sampled with
     the same seed (`check`)."""
-    length = DraftLength()
+    length = DraftLength(capped=getattr(drafter, "free", False))  # (a draft build's pauses: the budget's alone)
     new: list[int] = []
 
     def keep(token: int) -> bool:

@@ -386,11 +386,11 @@ def test_draft_length_weighs_a_check_against_plain_steps():
     assert dear.next() == 0
 
 
-def _lost_to_rejected_checks(cost: float, n: int, right=None, first: float = 1.0) -> float:
+def _lost_to_rejected_checks(cost: float, n: int, right=None, first: float = 1.0, capped: bool = True) -> float:
     """The plain steps that checks of `cost` steps, all rejected, lose over n tokens; right(i):
     whether the i-th plain step's guess was its token (None: no guesses); `first`: what the first
-    plain step took (every other one takes 1)."""
-    length, made, lost, plain = DraftLength(), 1, 0.0, 0
+    plain step took (every other one takes 1); `capped`: DraftLength's."""
+    length, made, lost, plain = DraftLength(capped), 1, 0.0, 0
     length.next()
     length.plain(first)
     while made < n:
@@ -415,6 +415,30 @@ def test_drafting_on_text_with_nothing_to_copy_loses_at_most_its_budget():
         for n in (64, 128, 512):
             lost = _lost_to_rejected_checks(cost, n)
             assert lost <= max(BUDGET, (cost - 1) / (MAX_PAUSE + 1)) * (n + HORIZON) + (cost - 1), (cost, n, lost)
+
+
+def test_a_drafter_whose_guesses_cost_pauses_as_long_as_its_budget_says():
+    """Uncapped pauses (a draft build's): whatever a rejected check costs, the steps lost stay
+    within BUDGET of n + HORIZON and one probe's loss, where MAX_PAUSE lets dear probes recur."""
+    for cost in (2.4, 4.0, 8.0):
+        for n in (128, 512, 2048):
+            assert _lost_to_rejected_checks(cost, n, capped=False) <= BUDGET * (n + HORIZON) + (cost - 1), (cost, n)
+    assert _lost_to_rejected_checks(8.0, 2048) > BUDGET * (2048 + HORIZON) + 7.0  # capped: every 64 steps
+
+
+def test_a_draft_build_drafts_with_uncapped_pauses_and_prompt_lookup_with_capped_ones(built, monkeypatch):
+    made: list[bool] = []
+
+    class Recorded(DraftLength):
+        def __init__(self, capped: bool = True):
+            made.append(capped)
+            super().__init__(capped)
+
+    monkeypatch.setattr(speculative_module, "DraftLength", Recorded)
+    session = built("small-seed3")
+    session.generate([5, 6, 7, 8], 4, eos_id=-1, speculative="ngram")
+    session.generate([5, 6, 7, 8], 4, eos_id=-1, speculative=Session(session.dir))
+    assert made == [True, False]
 
 
 def test_a_slow_first_plain_step_does_not_make_rejected_checks_look_cheap():
