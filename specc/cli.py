@@ -84,6 +84,25 @@ def main() -> None:
     _quick_exit()
 
 
+# the commands that open a build's sessions and decode with them
+_RUNS_MODELS = ("run", "generate", "serve")
+
+
+def entry() -> None:
+    """The `specc` program (pyproject's console script). A command that runs a model first starts
+    again in the environment where glibc's malloc gives its weights huge pages
+    (specc.malloc.huge_pages_environment: a tunable glibc reads only when a program starts), the
+    same process id and arguments; `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` keeps 4 KiB pages. Every
+    other command, and main() called in-process, runs as it is."""
+    if len(sys.argv) > 1 and sys.argv[1] in _RUNS_MODELS:
+        from specc.malloc import huge_pages_environment
+
+        environ = huge_pages_environment()
+        if environ is not None:
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
+    main()
+
+
 _exit_registered = False
 
 

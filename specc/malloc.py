@@ -1,7 +1,9 @@
-"""What a build asks of glibc's malloc, so that its peak memory is the same from run to run.
+"""What specc asks of glibc's malloc: of a build, that its peak memory be the same from run to run
+(one_arena, trim); of a process that runs a model, that its weights sit in huge pages
+(huge_pages_environment).
 
-Both are no-ops on other C libraries (and off Linux): they change where freed memory goes, never
-what is computed.
+All are no-ops on other C libraries (and off Linux): they change where memory comes from and where
+freed memory goes, never what is computed.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import os
 import sys
 
 _M_ARENA_MAX = -8  # glibc's malloc.h
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb"
+THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
 @functools.cache
@@ -47,3 +51,43 @@ def trim() -> bool:
     onnxruntime run (a few ms). Returns whether any memory was given back."""
     libc = _libc()
     return libc is not None and libc.malloc_trim(0) == 1
+
+
+def huge_pages_environment(environ=None) -> dict[str, str] | None:
+    """The environment in which glibc's malloc backs this process's large allocations with
+    transparent huge pages (its tunable glibc.malloc.hugetlb=1, glibc 2.35 on; read when a program
+    starts, so it takes a new process), or None where it would change nothing: not glibc or an
+    older one, the kernel's transparent huge pages not in `madvise` mode (`always` gives them
+    already, `never` refuses them), or GLIBC_TUNABLES naming the tunable already (the user's choice,
+    glibc.malloc.hugetlb=0 included).
+
+    Why: onnxruntime copies a build's integer weights into its own packed layout when a session
+    opens, and a decode step then reads those GBs once, a routed model's experts in an order the
+    router picks. In 4 KiB pages each of them is a translation to look up, most of them missed;
+    in 2 MiB pages they are 512 times fewer (what it gains: docs/benchmarks_streamed.md)."""
+    environ = os.environ if environ is None else environ
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if HUGE_PAGES_TUNABLE in tunables or _glibc_version() < (2, 35) or _thp_mode() != "madvise":
+        return None
+    return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, f"{HUGE_PAGES_TUNABLE}=1") if t)}
+
+
+def _glibc_version() -> tuple[int, ...]:
+    libc = _libc()
+    if libc is None:
+        return ()
+    try:
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+        return tuple(int(part) for part in libc.gnu_get_libc_version().decode().split(".")[:2])
+    except (AttributeError, ValueError):  # not glibc
+        return ()
+
+
+def _thp_mode() -> str | None:
+    """The kernel's transparent huge page mode (the bracketed word of THP_MODE), None off Linux."""
+    try:
+        with open(THP_MODE) as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    return next((w[1:-1] for w in words if w.startswith("[")), None)

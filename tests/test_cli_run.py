@@ -398,6 +398,36 @@ def test_generate_json_in_a_real_process(gpt2, session):
     assert "Traceback" not in out.stderr
 
 
+_STARTS = """
+import os
+with open(os.environ["SPECC_TEST_STARTS"], "a") as f:
+    f.write(f"{os.getpid()} {os.environ.get('GLIBC_TUNABLES', '-')}\\n")
+"""
+
+
+@pytest.mark.parametrize("users", [None, "glibc.malloc.hugetlb=0"])
+def test_generate_starts_again_in_huge_pages_as_the_same_process(gpt2, session, tmp_path, users):
+    """`specc generate` runs in the environment specc.malloc.huge_pages_environment gives (one exec,
+    the same process id, the same answer), unless there is none here or the user set the tunable."""
+    from specc.malloc import huge_pages_environment
+
+    if not SPECC.exists():
+        pytest.skip("the specc console script is not installed next to this Python")
+    (tmp_path / "sitecustomize.py").write_text(_STARTS)  # runs at every interpreter start
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECC_DEBUG", "GLIBC_TUNABLES")}
+    env.update(PYTHONPATH=str(tmp_path), SPECC_TEST_STARTS=str(tmp_path / "starts"), **({"GLIBC_TUNABLES": users} if users else {}))
+    out = subprocess.run([str(SPECC), "generate", str(gpt2), "--ids", "5,6,7", "--max-new-tokens", "3", "--json"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["new_ids"] == session.generate([5, 6, 7], max_new_tokens=3).new_ids
+    starts = [line.split() for line in (tmp_path / "starts").read_text().splitlines()]
+    if users is None and huge_pages_environment(env) is not None:
+        assert [t for _, t in starts] == ["-", "glibc.malloc.hugetlb=1"]
+        assert starts[0][0] == starts[1][0]  # exec, not a child
+    else:
+        assert [t for _, t in starts] == [users or "-"]
+
+
 # --- examples/generate_with_onnxruntime.py ------------------------------------------------------------------
 
 

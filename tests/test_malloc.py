@@ -1,10 +1,12 @@
-"""specc.malloc and the CLI's exit: what the process asks of glibc and of Python's collector."""
+"""specc.malloc and the CLI's entry and exit: what the process asks of glibc and of Python's collector."""
 from __future__ import annotations
 
 import subprocess
 import sys
 
 import pytest
+
+from specc import malloc
 
 _TRIM = """
 import ctypes, re, sys
@@ -57,3 +59,61 @@ def test_the_cli_freezes_the_heap_at_exit(invoke):
     proc = subprocess.run([sys.executable, "-c", _EXIT, invoke], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == f"frozen at exit: {invoke == '1'}"
+
+
+# --- huge pages for the processes that run a model ------------------------------------------------------------
+
+
+def _glibc(monkeypatch, version=(2, 36), mode="madvise"):
+    monkeypatch.setattr(malloc, "_glibc_version", lambda: version)
+    monkeypatch.setattr(malloc, "_thp_mode", lambda: mode)
+
+
+def test_huge_pages_environment_adds_the_tunable_beside_the_users(monkeypatch):
+    _glibc(monkeypatch)
+    env = malloc.huge_pages_environment({"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    env = malloc.huge_pages_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert env == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+
+
+@pytest.mark.parametrize("version, mode, environ", [
+    ((2, 36), "madvise", {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}),  # the user's choice
+    ((2, 36), "madvise", {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}),  # set: a started-again process
+    ((2, 34), "madvise", {}),  # before the tunable
+    ((), "madvise", {}),  # not glibc
+    ((2, 36), "always", {}),  # huge pages already
+    ((2, 36), "never", {}),  # refused
+    ((2, 36), None, {}),  # not Linux
+])
+def test_huge_pages_environment_is_none_where_it_changes_nothing(monkeypatch, version, mode, environ):
+    _glibc(monkeypatch, version, mode)
+    assert malloc.huge_pages_environment(environ) is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and the kernel's settings")
+def test_this_machines_glibc_and_kernel_are_read():
+    assert malloc._glibc_version() >= (2, 17)
+    assert malloc._thp_mode() in ("always", "madvise", "never")
+
+
+@pytest.mark.parametrize("argv, starts_again", [(["specc", "generate", "B"], True), (["specc", "run", "B"], True),
+                                                (["specc", "serve", "B"], True), (["specc", "build", "S"], False),
+                                                (["specc", "validate", "S"], False), (["specc"], False)])
+def test_entry_starts_a_model_running_command_again_in_huge_pages(monkeypatch, argv, starts_again):
+    """The console script: `run`, `generate` and `serve` exec the same arguments in the huge-pages
+    environment (where there is one); other commands go straight to main()."""
+    from specc import cli
+
+    calls = []
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "orig_argv", ["/venv/bin/python", "/venv/bin/specc", *argv[1:]])
+    monkeypatch.setattr(malloc, "huge_pages_environment", lambda: {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    monkeypatch.setattr(cli.os, "execve", lambda *a: calls.append(("exec", *a)))
+    monkeypatch.setattr(cli, "main", lambda: calls.append(("main",)))
+    cli.entry()
+    if starts_again:
+        assert calls[0] == ("exec", sys.executable, [sys.executable, "/venv/bin/specc", *argv[1:]],
+                            {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    else:
+        assert calls == [("main",)]
