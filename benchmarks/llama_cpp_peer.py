@@ -8,7 +8,11 @@ weights read once per decode step at the machine's read bandwidth, suite.read_ba
 The sides run in turn, --rounds times (a shared machine's speed drifts between runs): each
 figure is the median over the rounds, and the ratios' range over rounds is given beside it. A
 third side, "specc, model graph", is the same build generating through model.onnx
-(Session(..., inplace=False)) instead of its in-place cache graph (docs/build.md).
+(Session(..., inplace=False)) instead of its in-place cache graph (docs/build.md). specc's sides
+run in the environment `specc generate` starts in (their weights in huge pages:
+specc.malloc.huge_pages_environment), but "specc, 4 KiB pages" (the in-place graph with
+glibc.malloc.hugetlb=0); "llama.cpp" runs as it is started, and "llama.cpp, huge pages" in specc's
+environment: what huge pages give either side is in the table.
 
 SPEC (default llama-2-7b) is built with `specc build --precision int4 --keep-weights` into
 build/bench (a cache hit after the first time; a 7B build streams, docs/build.md). Its own weights
@@ -36,7 +40,9 @@ import datetime
 import itertools
 import json
 import math
+import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -46,6 +52,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import WORK, _cpu, read_bandwidth  # noqa: E402
+
+from specc.malloc import huge_pages_environment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = 2
@@ -264,8 +272,9 @@ def prompt_ids(vocab: int, n: int) -> list[int]:
     return np.random.default_rng(0).integers(3, vocab, size=n).tolist()
 
 
-SPECC, SPECC_MODEL = "specc", "specc, model graph"
-SIDES = (SPECC, SPECC_MODEL, "llama.cpp")
+SPECC, SPECC_MODEL, SPECC_SMALL = "specc", "specc, model graph", "specc, 4 KiB pages"
+LLAMA, LLAMA_HUGE = "llama.cpp", "llama.cpp, huge pages"
+SIDES = (SPECC, SPECC_MODEL, SPECC_SMALL, LLAMA, LLAMA_HUGE)
 
 
 def run_specc(build: Path, prompt: list[int], new: int, inplace: bool = True) -> dict:
@@ -327,7 +336,7 @@ def run_llama_bench(gguf_path: Path, prompt: int, new: int) -> dict:
 def side(args) -> None:
     """The child: one side's run, its figures as JSON on stdout."""
     prompt = prompt_ids(args.vocab, args.prompt)
-    if args.side == "llama.cpp":
+    if args.side in (LLAMA, LLAMA_HUGE):
         try:
             import llama_cpp  # noqa: F401
         except ImportError:
@@ -335,7 +344,7 @@ def side(args) -> None:
             return
         fig = run_llama_cpp(Path(args.path), prompt, args.new)
     else:
-        fig = run_specc(Path(args.path), prompt, args.new, inplace=args.side == SPECC)
+        fig = run_specc(Path(args.path), prompt, args.new, inplace=args.side != SPECC_MODEL)
     fig["peak"] = peak_resident()
     print(json.dumps(fig))
 
@@ -348,10 +357,16 @@ def peak_resident() -> int:
 
 
 def measure(which: str, path: Path, vocab: int, args) -> dict:
-    """One side in a fresh process (both run in-process: no children to count)."""
+    """One side in a fresh process (both run in-process: no children to count). specc's sides,
+    and llama.cpp's second, run in the environment `specc generate` runs in (its weights in huge
+    pages: specc.malloc.huge_pages_environment); llama.cpp's first in this one, as it is run."""
     cmd = [sys.executable, __file__, "--side", which, "--path", str(path), "--vocab", str(vocab),
            "--prompt", str(args.prompt), "--new", str(args.new)]
-    done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
+    env = None if which == LLAMA else huge_pages_environment()
+    if which == SPECC_SMALL:
+        tunables = os.environ.get("GLIBC_TUNABLES", "")
+        env = {**os.environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, "glibc.malloc.hugetlb=0") if t)}
+    done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -408,14 +423,23 @@ def main() -> None:
             partial.rename(q4)
             print(f"[peer] GGUF Q4_0 written from the seeds: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
-    sizes = {SPECC: graph_bytes(build), SPECC_MODEL: graph_bytes(build), "llama.cpp": q4.stat().st_size}
+    sizes = {SPECC: graph_bytes(build), SPECC_MODEL: graph_bytes(build), SPECC_SMALL: graph_bytes(build),
+             LLAMA: q4.stat().st_size, LLAMA_HUGE: q4.stat().st_size}
     runs: dict[str, list[dict]] = {which: [] for which in args.sides}
     for r in range(args.rounds):
         for which in args.sides:
-            runs[which].append(measure(which, q4 if which == "llama.cpp" else build, spec["vocab"]["size"], args))
+            runs[which].append(measure(which, q4 if which in (LLAMA, LLAMA_HUGE) else build, spec["vocab"]["size"], args))
             print(f"[peer] round {r + 1}, {which}: {runs[which][-1]['decode_tok_s']:.2f} tok/s decode", file=sys.stderr)
     bandwidth = read_bandwidth()
     write(args, spec, runs, sizes, bandwidth, manifest["parameters"])
+
+
+def huge_pages_note() -> str:
+    """How this run's environment stood on huge pages, for the doc."""
+    if huge_pages_environment() is not None:
+        return "GLIBC_TUNABLES=glibc.malloc.hugetlb=1, the kernel's transparent huge pages in madvise mode"
+    return ("none set by specc here: GLIBC_TUNABLES was " + repr(os.environ.get("GLIBC_TUNABLES", "unset"))
+            + ", the kernel's transparent huge pages not in madvise mode, or not glibc 2.35+")
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -454,7 +478,7 @@ def write(args, spec: dict, runs: dict, sizes: dict, bandwidth: float, parameter
     # the sides measured (a run may leave out the model graph)
     rows = {which: rows[which] for which in SIDES if which in rows}
     options = (f" --build {args.build}" if args.build else "") + (
-        f" --sides {' '.join(args.sides)}" if args.sides != list(SIDES) else "")
+        f" --sides {' '.join(map(shlex.quote, args.sides))}" if args.sides != list(SIDES) else "")
     gguf_from = ("its weights file written as an F16 GGUF and quantized to Q4_0 by llama.cpp's quantizer"
                  if not args.build else "the same seeded weights made again tensor by tensor and written as Q4_0 by "
                  "gguf's Q4_0 routine (every matrix Q4_0, as llama-quantize --pure; router and norms fp32)")
@@ -473,7 +497,10 @@ def write(args, spec: dict, runs: dict, sizes: dict, bandwidth: float, parameter
         f"own process, the sides in turn, {args.rounds} rounds: each figure is the median over the rounds; "
         "\"vs llama.cpp\" is the ratio of the medians, and in brackets the range of the ratio within a round. "
         "specc generates through its in-place cache graph; \"specc, model graph\" is the same build through "
-        "model.onnx. Memory is a side's peak resident set. Read bandwidth "
+        "model.onnx. specc's sides run in the environment `specc generate` starts in, their weights in huge pages "
+        f"({huge_pages_note()}), but \"{SPECC_SMALL}\" (its in-place graph with glibc.malloc.hugetlb=0); "
+        f"\"{LLAMA}\" runs as it is started, and \"{LLAMA_HUGE}\" in specc's environment. "
+        "Memory is a side's peak resident set. Read bandwidth "
         f"{bandwidth:.1f} GB/s (suite.read_bandwidth): "
         f"the floor is that bandwidth over {floor}.",
         "",
@@ -484,7 +511,7 @@ def write(args, spec: dict, runs: dict, sizes: dict, bandwidth: float, parameter
     base = rows["llama.cpp"]["decode_tok_s"]
     for which, r in rows.items():
         floor = bandwidth * 1e9 / read_per_token(spec, args.spec, parameters, sizes[which])
-        within = f" ({min(ratios[which]):.2f}-{max(ratios[which]):.2f})" if which != "llama.cpp" else ""
+        within = f" ({min(ratios[which]):.2f}-{max(ratios[which]):.2f})" if which != LLAMA else ""
         load = "-" if math.isnan(r["load_s"]) else f"{r['load_s']:.1f} s"
         lines.append(f"| {which} | {r['decode_tok_s']:.2f} | {r['decode_tok_s'] / base:.2f}x{within} | "
                      f"{r['decode_tok_s'] / floor:.0%} | {args.prompt / r['ttft_s']:.1f} | {r['ttft_s']:.2f} s | "
