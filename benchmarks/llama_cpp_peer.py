@@ -53,7 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import WORK, _cpu, read_bandwidth  # noqa: E402
 
-from specc.malloc import huge_pages_environment  # noqa: E402
+from specc.malloc import HUGE_PAGES_TUNABLE, huge_pages_environment, with_tunable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = 2
@@ -274,7 +274,8 @@ def prompt_ids(vocab: int, n: int) -> list[int]:
 
 SPECC, SPECC_MODEL, SPECC_SMALL = "specc", "specc, model graph", "specc, 4 KiB pages"
 LLAMA, LLAMA_HUGE = "llama.cpp", "llama.cpp, huge pages"
-SIDES = (SPECC, SPECC_MODEL, SPECC_SMALL, LLAMA, LLAMA_HUGE)
+LLAMA_SIDES = (LLAMA, LLAMA_HUGE)  # the sides that run the GGUF
+SIDES = (SPECC, SPECC_MODEL, SPECC_SMALL, *LLAMA_SIDES)
 
 
 def run_specc(build: Path, prompt: list[int], new: int, inplace: bool = True) -> dict:
@@ -336,7 +337,7 @@ def run_llama_bench(gguf_path: Path, prompt: int, new: int) -> dict:
 def side(args) -> None:
     """The child: one side's run, its figures as JSON on stdout."""
     prompt = prompt_ids(args.vocab, args.prompt)
-    if args.side in (LLAMA, LLAMA_HUGE):
+    if args.side in LLAMA_SIDES:
         try:
             import llama_cpp  # noqa: F401
         except ImportError:
@@ -362,10 +363,12 @@ def measure(which: str, path: Path, vocab: int, args) -> dict:
     pages: specc.malloc.huge_pages_environment); llama.cpp's first in this one, as it is run."""
     cmd = [sys.executable, __file__, "--side", which, "--path", str(path), "--vocab", str(vocab),
            "--prompt", str(args.prompt), "--new", str(args.new)]
-    env = None if which == LLAMA else huge_pages_environment()
-    if which == SPECC_SMALL:
-        tunables = os.environ.get("GLIBC_TUNABLES", "")
-        env = {**os.environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, "glibc.malloc.hugetlb=0") if t)}
+    if which == LLAMA:
+        env = None
+    elif which == SPECC_SMALL:
+        env = with_tunable(os.environ, f"{HUGE_PAGES_TUNABLE}=0")
+    else:
+        env = huge_pages_environment()
     done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -423,12 +426,11 @@ def main() -> None:
             partial.rename(q4)
             print(f"[peer] GGUF Q4_0 written from the seeds: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
-    sizes = {SPECC: graph_bytes(build), SPECC_MODEL: graph_bytes(build), SPECC_SMALL: graph_bytes(build),
-             LLAMA: q4.stat().st_size, LLAMA_HUGE: q4.stat().st_size}
+    sizes = {which: q4.stat().st_size if which in LLAMA_SIDES else graph_bytes(build) for which in SIDES}
     runs: dict[str, list[dict]] = {which: [] for which in args.sides}
     for r in range(args.rounds):
         for which in args.sides:
-            runs[which].append(measure(which, q4 if which in (LLAMA, LLAMA_HUGE) else build, spec["vocab"]["size"], args))
+            runs[which].append(measure(which, q4 if which in LLAMA_SIDES else build, spec["vocab"]["size"], args))
             print(f"[peer] round {r + 1}, {which}: {runs[which][-1]['decode_tok_s']:.2f} tok/s decode", file=sys.stderr)
     bandwidth = read_bandwidth()
     write(args, spec, runs, sizes, bandwidth, manifest["parameters"])

@@ -66,10 +66,15 @@ def huge_pages_environment(environ=None) -> dict[str, str] | None:
     router picks. In 4 KiB pages each of them is a translation to look up, most of them missed;
     in 2 MiB pages they are 512 times fewer (what it gains: docs/benchmarks_streamed.md)."""
     environ = os.environ if environ is None else environ
-    tunables = environ.get("GLIBC_TUNABLES", "")
-    if HUGE_PAGES_TUNABLE in tunables or _glibc_version() < (2, 35) or _thp_mode() != "madvise":
+    if HUGE_PAGES_TUNABLE in environ.get("GLIBC_TUNABLES", "") or _glibc_version() < (2, 35) or _thp_mode() != "madvise":
         return None
-    return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, f"{HUGE_PAGES_TUNABLE}=1") if t)}
+    return with_tunable(environ, f"{HUGE_PAGES_TUNABLE}=1")
+
+
+def with_tunable(environ, setting: str) -> dict[str, str]:
+    """`environ` with `setting` (NAME=VALUE) appended to its GLIBC_TUNABLES."""
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, setting) if t)}
 
 
 def _glibc_version() -> tuple[int, ...]:
